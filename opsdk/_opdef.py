@@ -1,0 +1,563 @@
+"""Op definitions: one Python function is the schema, the TE compute and the entry point.
+
+An op is declared once with :func:`op`. Its schema (tensor inputs, optional tensors, typed
+attributes with defaults) is read from the compute's Python signature, the way
+``torch.library.custom_op`` reads it. The result type is derived by tracing the compute on
+(symbolic) TE placeholders; an author-written ``infer_type`` is checked against the trace when
+the op is defined, so a definition that disagrees with itself never gets registered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+from tvm import te, tirx
+
+from ._dtypes import FLOAT_DTYPES, np_dtype
+
+__all__ = [
+    "Axis",
+    "OpDef",
+    "OpDefinitionError",
+    "Param",
+    "Tensor",
+    "op",
+]
+
+
+class OpDefinitionError(TypeError):
+    """An op definition is inconsistent (raised when the op is defined, not when used)."""
+
+
+class Tensor:
+    """Annotation marker for a tensor input of an op compute (a ``te.Tensor`` at trace time)."""
+
+
+class _AxisMarker:
+    def __repr__(self) -> str:
+        return "Axis"
+
+
+#: Annotation for an integer attribute that names an axis of the first tensor input.
+#: Negative values count from the end; the compute and reference receive it normalized.
+Axis = Annotated[int, _AxisMarker()]
+
+_ATTR_TYPES = (int, float, bool, str)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op schema.
+
+    ``kind`` is ``"tensor"`` or ``"attr"``. Attributes carry their Python type, their
+    allowed values (from ``Literal[...]``) and whether they name an axis.
+    """
+
+    name: str
+    kind: str
+    optional: bool = False
+    type: type | None = None
+    default: Any = inspect.Parameter.empty
+    choices: tuple[Any, ...] | None = None
+    is_axis: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.kind == "attr" and self.default is inspect.Parameter.empty
+
+
+def _parse_param(opname: str, p: inspect.Parameter, hint: Any) -> Param:
+    where = f"op {opname!r}: parameter {p.name!r}"
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Tensor:
+        if p.default is not inspect.Parameter.empty:
+            raise OpDefinitionError(f"{where}: a Tensor input cannot have a default; use `Tensor | None = None`")
+        return Param(p.name, "tensor")
+    if origin in (Union, types.UnionType) and set(args) == {Tensor, type(None)}:
+        if p.default is not None:
+            raise OpDefinitionError(f"{where}: an optional Tensor must default to None")
+        return Param(p.name, "tensor", optional=True, default=None)
+    if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+        raise OpDefinitionError(
+            f"{where}: attributes must be keyword-only (put them after `*`) and tensors "
+            f"annotated `Tensor` or `Tensor | None`; got annotation {hint!r}"
+        )
+    if origin is Annotated and args[0] is int and any(isinstance(a, _AxisMarker) for a in args[1:]):
+        return Param(p.name, "attr", type=int, default=p.default, is_axis=True)
+    if origin is Literal:
+        kinds = {type(a) for a in args}
+        if len(kinds) != 1 or next(iter(kinds)) not in _ATTR_TYPES:
+            raise OpDefinitionError(f"{where}: Literal choices must share one of int/float/bool/str")
+        if p.default is not inspect.Parameter.empty and p.default not in args:
+            raise OpDefinitionError(f"{where}: default {p.default!r} is not one of {args}")
+        return Param(p.name, "attr", type=type(args[0]), default=p.default, choices=tuple(args))
+    if hint in _ATTR_TYPES:
+        return Param(p.name, "attr", type=hint, default=p.default)
+    raise OpDefinitionError(
+        f"{where}: unsupported annotation {hint!r}; use Tensor, Tensor | None, int, float, "
+        "bool, str, Literal[...] or opsdk.Axis"
+    )
+
+
+def _shape_tuple(t: te.Tensor) -> tuple[Any, ...]:
+    return tuple(int(s) if isinstance(s, tirx.IntImm) else s for s in t.shape)
+
+
+@dataclass
+class OpDef:
+    """A declared op: schema, TE compute, float64 reference and capability matrix.
+
+    Create one with the :func:`op` decorator rather than directly.
+    """
+
+    name: str
+    compute: Callable[..., te.Tensor]
+    reference: Callable[..., np.ndarray]
+    params: tuple[Param, ...]
+    dtypes: tuple[str, ...]
+    ranks: tuple[int, int]
+    input_shapes: Callable[[tuple, dict], dict[str, tuple]] | None
+    check: Callable[[dict, dict, dict], None] | None
+    infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None
+    layouts: dict[str, dict[str, Any]]
+    domain: dict[str, tuple[float, float]]
+    attr_domain: dict[str, Any]
+    kind: str
+    doc: str
+    examples: tuple[tuple[int, ...], ...]
+    module: str = ""
+    source: str = "builtin"
+    rules: list = field(default_factory=list)
+
+    # ------------------------------------------------------------------ schema
+    @property
+    def tensor_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.kind == "tensor")
+
+    @property
+    def attr_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.kind == "attr")
+
+    @property
+    def primary(self) -> str:
+        """Name of the first tensor input, which fixes rank, axes and dtype."""
+        return self.tensor_params[0].name
+
+    @property
+    def op_name(self) -> str:
+        """The registered Relax op name, ``opsdk.<name>``."""
+        return f"opsdk.{self.name}"
+
+    def error(self, arg: str, problem: str, fix: str) -> ValueError:
+        """A ``ValueError`` naming this op, the argument and the fix."""
+        return ValueError(f"{self.op_name}: argument '{arg}' {problem}; {fix}")
+
+    # ------------------------------------------------------------------ attributes
+    def bind_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """Check attribute names, types and choices; fill defaults (axes not yet normalized)."""
+        known = {p.name: p for p in self.attr_params}
+        for key in attrs:
+            if key not in known:
+                tensors = [p.name for p in self.tensor_params]
+                if key in tensors:
+                    raise self.error(key, "is a tensor input, not an attribute", "pass it positionally")
+                raise self.error(
+                    key, "is not an attribute of this op", f"known attributes: {sorted(known) or 'none'}"
+                )
+        out: dict[str, Any] = {}
+        for p in self.attr_params:
+            if p.name in attrs:
+                v = attrs[p.name]
+            elif p.required:
+                raise self.error(p.name, "is required", f"pass {p.name}=<{p.type.__name__}>")
+            else:
+                v = p.default
+            out[p.name] = self._coerce(p, v)
+        return out
+
+    def _coerce(self, p: Param, v: Any) -> Any:
+        if isinstance(v, np.generic):
+            v = v.item()
+        want = p.type
+        ok = isinstance(v, want) and not (want is not bool and isinstance(v, bool))
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            v, ok = float(v), True
+        if not ok:
+            raise self.error(
+                p.name, f"must be {want.__name__}, got {type(v).__name__} {v!r}", f"pass a {want.__name__}"
+            )
+        if p.choices is not None and v not in p.choices:
+            raise self.error(p.name, f"is {v!r}", f"allowed values: {', '.join(map(repr, p.choices))}")
+        if want is float and not math.isfinite(v):
+            raise self.error(p.name, f"is {v!r}", "pass a finite float")
+        return v
+
+    def normalize_attrs(self, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
+        """Normalize axis attributes against the primary input's rank."""
+        out = dict(attrs)
+        for p in self.attr_params:
+            if p.is_axis:
+                a = out[p.name]
+                if not -rank <= a < rank:
+                    raise self.error(
+                        p.name,
+                        f"is {a}, out of range for a rank-{rank} input '{self.primary}'",
+                        f"use an axis in [{-rank}, {rank - 1}]",
+                    )
+                out[p.name] = a % rank
+        return out
+
+    # ------------------------------------------------------------------ type checking
+    def validate(
+        self, shapes: Mapping[str, tuple | None], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Validate inputs against the schema; return normalized attributes.
+
+        ``shapes`` maps each present tensor input to its shape (ints or symbolic PrimExprs).
+        Raises ``ValueError`` naming the op, the argument and what is allowed.
+        """
+        for p in self.tensor_params:
+            if p.name not in shapes and not p.optional:
+                raise self.error(p.name, "is missing", "pass a tensor for it")
+        prim = self.primary
+        pshape = shapes[prim]
+        if pshape is None:
+            raise self.error(prim, "has unknown rank", "give the Relax var a TensorType with a shape")
+        rank = len(pshape)
+        lo, hi = self.ranks
+        if not lo <= rank <= hi:
+            allowed = f"rank {lo}" if lo == hi else f"rank {lo}..{hi}"
+            raise self.error(prim, f"has rank {rank}", f"this op takes {allowed}")
+        pdt = dtypes[prim]
+        if pdt not in self.dtypes:
+            raise self.error(prim, f"has dtype {pdt}", f"supported dtypes: {', '.join(self.dtypes)}")
+        for name, dt in dtypes.items():
+            if name != prim and dt != pdt:
+                raise self.error(name, f"has dtype {dt} but '{prim}' is {pdt}", f"cast '{name}' to {pdt}")
+        nattrs = self.normalize_attrs(self.bind_attrs(attrs), rank)
+        if self.input_shapes is not None:
+            expected = self.input_shapes(tuple(pshape), nattrs)
+            for name, shp in shapes.items():
+                if name == prim or name not in expected:
+                    continue
+                want = tuple(expected[name])
+                if shp is None or len(shp) != len(want) or not all(
+                    _dims_may_equal(a, b) for a, b in zip(shp, want)
+                ):
+                    raise self.error(
+                        name,
+                        f"has shape {_fmt(shp)} but must have shape {_fmt(want)} for '{prim}' of "
+                        f"shape {_fmt(pshape)} and attributes {_fmt_attrs(nattrs)}",
+                        "reshape it or change the attributes",
+                    )
+        if self.check is not None:
+            try:
+                self.check(dict(shapes), dict(dtypes), nattrs)
+            except ValueError as e:
+                msg = str(e)
+                if not msg.startswith(self.op_name):
+                    msg = f"{self.op_name}: {msg}"
+                raise ValueError(msg) from None
+        return nattrs
+
+    def trace(
+        self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
+    ) -> te.Tensor:
+        """Run the TE compute on placeholders of the given (possibly symbolic) shapes."""
+        nattrs = self.validate(shapes, dtypes, attrs)
+        args = [
+            te.placeholder(shapes[p.name], dtypes[p.name], name=p.name) if p.name in shapes else None
+            for p in self.tensor_params
+        ]
+        return self.call_compute(args, nattrs)
+
+    def call_compute(self, tensors: Sequence[te.Tensor | None], nattrs: Mapping[str, Any]) -> te.Tensor:
+        """Call the compute with tensors (None for absent optionals) and normalized attributes."""
+        out = self.compute(*tensors, **nattrs)
+        if not isinstance(out, te.Tensor):
+            raise OpDefinitionError(
+                f"op {self.name!r}: compute must return one te.Tensor, got {type(out).__name__}"
+            )
+        return out
+
+    def result_type(
+        self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
+    ) -> tuple[tuple, str]:
+        """Output (shape, dtype): the author's ``infer_type`` if given, else the traced compute."""
+        if self.infer_type is not None:
+            nattrs = self.validate(shapes, dtypes, attrs)
+            shape, dtype = self.infer_type(dict(shapes), dict(dtypes), nattrs)
+            return tuple(shape), str(dtype)
+        out = self.trace(shapes, dtypes, attrs)
+        return _shape_tuple(out), str(out.dtype)
+
+    # ------------------------------------------------------------------ examples
+    def example_shapes(self, primary_shape: tuple, attrs: Mapping[str, Any]) -> dict[str, tuple]:
+        """Shapes of every tensor input for a primary shape (optionals included)."""
+        nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(primary_shape))
+        out = {self.primary: tuple(primary_shape)}
+        derived = self.input_shapes(tuple(primary_shape), nattrs) if self.input_shapes else {}
+        for p in self.tensor_params[1:]:
+            if p.name in derived:
+                out[p.name] = tuple(_as_dim(d) for d in derived[p.name])
+            else:
+                out[p.name] = tuple(primary_shape)
+        return out
+
+    def default_attrs(self) -> dict[str, Any]:
+        """Defaults, with required attributes taken from ``attr_domain`` examples."""
+        out = {}
+        for p in self.attr_params:
+            if not p.required:
+                out[p.name] = p.default
+            elif p.name in self.attr_domain:
+                dom = self.attr_domain[p.name]
+                out[p.name] = dom[0] if isinstance(dom, (list, tuple)) else dom
+        return out
+
+    def run_reference(self, inputs: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+        """Float64 reference from the (already rounded) inputs; absent optionals are None."""
+        pshape = inputs[self.primary].shape
+        nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(pshape))
+        args: list[np.ndarray | None] = []
+        for p in self.tensor_params:
+            a = inputs.get(p.name)
+            if a is not None:
+                a = np.asarray(a)
+                if a.dtype.kind == "f" or a.dtype == np_dtype("bfloat16"):
+                    a = a.astype(np.float64)
+            args.append(a)
+        return np.asarray(self.reference(*args, **nattrs))
+
+    def rule(self, target_key: str, **kwargs: Any) -> Callable:
+        """Decorator: register a schedule rule for this op (see :func:`opsdk.schedules.rule`)."""
+        from .schedules import rule as _rule
+
+        return _rule(self, target_key, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        """Build a Relax call of this op (the op must be registered)."""
+        from .register import builder
+
+        return builder(self)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<opsdk op {self.name} ({self.source})>"
+
+
+def _dims_may_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return int(a) == int(b)
+    ia = a.value if isinstance(a, tirx.IntImm) else a
+    ib = b.value if isinstance(b, tirx.IntImm) else b
+    if isinstance(ia, int) and isinstance(ib, int):
+        return ia == ib
+    from tvm import arith
+
+    diff = arith.Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
+    # A symbolic difference that does not fold to a constant may still be zero at run time.
+    return not (isinstance(diff, tirx.IntImm) and diff.value != 0)
+
+
+def _as_dim(d: Any) -> Any:
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    if isinstance(d, tirx.IntImm):
+        return int(d.value)
+    return d
+
+
+def _fmt(shape: Any) -> str:
+    if shape is None:
+        return "unknown"
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _fmt_attrs(attrs: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in attrs.items()) + "}"
+
+
+def _default_examples(ranks: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
+    base = (2, 3, 4, 5, 6, 7)
+    return tuple(tuple(base[: r]) for r in sorted({ranks[0], min(ranks[1], ranks[0] + 1)}))
+
+
+def op(
+    *,
+    reference: Callable[..., np.ndarray],
+    dtypes: Sequence[str] = FLOAT_DTYPES,
+    ranks: tuple[int, int] = (1, 6),
+    input_shapes: Callable[[tuple, dict], dict[str, tuple]] | None = None,
+    check: Callable[[dict, dict, dict], None] | None = None,
+    infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None = None,
+    layouts: Mapping[str, Mapping[str, Any]] | None = None,
+    domain: Mapping[str, tuple[float, float]] | None = None,
+    attr_domain: Mapping[str, Any] | None = None,
+    kind: str = "elementwise",
+    examples: Sequence[tuple[int, ...]] | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[..., te.Tensor]], OpDef]:
+    """Declare an op from its TE compute.
+
+    Parameters
+    ----------
+    reference
+        float64 numpy implementation with the same signature as the compute.
+    dtypes
+        Dtypes the first tensor input may have; other tensor inputs must match it.
+    ranks
+        Inclusive (min, max) rank of the first tensor input.
+    input_shapes
+        ``f(primary_shape, attrs) -> {input: shape}`` giving the shape every other tensor
+        input must have; used for type checking and for generating test inputs.
+    check
+        Extra validation ``f(shapes, dtypes, attrs)`` raising ``ValueError``.
+    infer_type
+        Optional hand-written type relation ``f(shapes, dtypes, attrs) -> (shape, dtype)``;
+        it is checked against the traced compute when the op is defined.
+    layouts
+        Named attribute settings forming the layout axis of the capability matrix,
+        e.g. ``{"NCHW": {"layout": "NCHW"}, "NHWC": {"layout": "NHWC"}}``.
+    domain
+        Value range hints per tensor input for test generation, e.g. ``{"x": (-4, 4)}``.
+    attr_domain
+        Values to draw attributes from, e.g. ``{"epsilon": [1e-5, 1e-3]}``.
+    kind
+        ``"elementwise"``, ``"reduction"`` or ``"norm"``: lets generic schedule rules apply.
+    examples
+        Primary-input shapes traced at definition time (defaults derived from ``ranks``).
+
+    Returns
+    -------
+    Callable
+        A decorator turning the compute function into an :class:`OpDef`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm import te
+    >>> import opsdk
+    >>> def _ref(x):
+    ...     return x * (1.0 / (1.0 + np.exp(-x)))
+    >>> @opsdk.op(reference=_ref)
+    ... def demo_swish(x: opsdk.Tensor) -> te.Tensor:
+    ...     return te.compute(x.shape, lambda *i: x(*i) * te.sigmoid(x(*i)), name="swish")
+    >>> demo_swish.name, [p.name for p in demo_swish.params]
+    ('demo_swish', ['x'])
+    """
+
+    def wrap(fn: Callable[..., te.Tensor]) -> OpDef:
+        opname = name or fn.__name__
+        if not opname.isidentifier():
+            raise OpDefinitionError(f"op name {opname!r} is not a valid identifier")
+        sig = inspect.signature(fn)
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as e:  # unresolved forward references and the like
+            raise OpDefinitionError(f"op {opname!r}: cannot resolve annotations: {e}") from e
+        params = []
+        for p in sig.parameters.values():
+            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                raise OpDefinitionError(f"op {opname!r}: *args/**kwargs are not allowed in a compute")
+            if p.name not in hints:
+                raise OpDefinitionError(f"op {opname!r}: parameter {p.name!r} needs an annotation")
+            params.append(_parse_param(opname, p, hints[p.name]))
+        if not params or params[0].kind != "tensor" or params[0].optional:
+            raise OpDefinitionError(f"op {opname!r}: the first parameter must be a required Tensor")
+        seen_optional = False
+        for p in params:
+            if p.kind == "tensor":
+                if seen_optional and not p.optional:
+                    raise OpDefinitionError(
+                        f"op {opname!r}: required tensor {p.name!r} follows an optional one"
+                    )
+                seen_optional |= p.optional
+        ref_sig = inspect.signature(reference)
+        if list(ref_sig.parameters) != list(sig.parameters):
+            raise OpDefinitionError(
+                f"op {opname!r}: reference parameters {list(ref_sig.parameters)} differ from the "
+                f"compute's {list(sig.parameters)}"
+            )
+        for dt in dtypes:
+            np_dtype(dt)  # raises for unknown dtypes
+        d = OpDef(
+            name=opname,
+            compute=fn,
+            reference=reference,
+            params=tuple(params),
+            dtypes=tuple(dtypes),
+            ranks=tuple(ranks),  # type: ignore[arg-type]
+            input_shapes=input_shapes,
+            check=check,
+            infer_type=infer_type,
+            layouts={k: dict(v) for k, v in (layouts or {"default": {}}).items()},
+            domain=dict(domain or {}),
+            attr_domain=dict(attr_domain or {}),
+            kind=kind,
+            doc=inspect.getdoc(fn) or "",
+            examples=tuple(examples or _default_examples(tuple(ranks))),
+            module=fn.__module__,
+        )
+        _self_check(d)
+        return d
+
+    return wrap
+
+
+def _self_check(d: OpDef) -> None:
+    """Trace the compute for every dtype x layout on static and symbolic shapes.
+
+    Checks that the compute builds, that a hand-written ``infer_type`` agrees with it, and
+    that the reference returns the traced shape. Raises :class:`OpDefinitionError`.
+    """
+    for layout, lattrs in d.layouts.items():
+        attrs = {**d.default_attrs(), **lattrs}
+        for shape in d.examples:
+            for dt in d.dtypes:
+                shapes = d.example_shapes(shape, attrs)
+                dts = {k: dt for k in shapes}
+                where = f"op {d.name!r} ({dt}, layout {layout!r}, {d.primary} shape {shape})"
+                try:
+                    out = d.trace(shapes, dts, attrs)
+                except OpDefinitionError:
+                    raise
+                except Exception as e:
+                    raise OpDefinitionError(f"{where}: compute failed: {e}") from e
+                traced = (_shape_tuple(out), str(out.dtype))
+                if d.infer_type is not None:
+                    declared = d.result_type(shapes, dts, attrs)
+                    declared = (tuple(int(s) for s in declared[0]), declared[1])
+                    if declared != traced:
+                        raise OpDefinitionError(
+                            f"{where}: declared type (infer_type) gives shape {declared[0]} "
+                            f"dtype {declared[1]}, but the compute produces shape {traced[0]} "
+                            f"dtype {traced[1]}"
+                        )
+                if dt == d.dtypes[0]:
+                    rng = np.random.default_rng(0)
+                    ins = {k: rng.uniform(-1, 1, v) for k, v in shapes.items()}
+                    ref = d.run_reference(ins, attrs)
+                    if tuple(ref.shape) != traced[0]:
+                        raise OpDefinitionError(
+                            f"{where}: reference returns shape {tuple(ref.shape)} but the compute "
+                            f"produces {traced[0]}"
+                        )
+            # A symbolic leading dim must survive tracing (Relax keeps it in the type).
+            n = tirx.Var("n", "int64")
+            shapes = d.example_shapes((n, *shape[1:]), attrs)
+            dts = {k: d.dtypes[0] for k in shapes}
+            try:
+                d.trace(shapes, dts, attrs)
+            except Exception as e:
+                raise OpDefinitionError(
+                    f"op {d.name!r} (layout {layout!r}): compute fails on a symbolic leading "
+                    f"dimension: {e}"
+                ) from e

@@ -1,0 +1,32 @@
+"""Small TE helpers shared by the built-in op computes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tvm import te, tirx
+
+__all__ = ["acc", "dtype_of", "prod", "reduce_axes"]
+
+
+def acc(value: tirx.PrimExpr, dtype: str = "float32") -> tirx.PrimExpr:
+    """Cast to the accumulation dtype (float32 for float16/bfloat16/float32 inputs)."""
+    return value if dtype_of(value) == dtype else value.astype(dtype)
+
+
+def dtype_of(value: tirx.PrimExpr) -> str:
+    """Dtype string of a TIR expression (0.27 exposes it as ``.ty``)."""
+    return str(value.ty)
+
+
+def prod(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
+    """Product of dims as a float32 expression (the element count of a reduction)."""
+    out = tirx.const(1.0, "float32")
+    for d in dims:
+        out = out * d.astype("float32") if hasattr(d, "astype") else out * float(d)
+    return out
+
+
+def reduce_axes(shape: Sequence[tirx.PrimExpr], prefix: str) -> list[tirx.IterVar]:
+    """One reduce axis per dim in ``shape``."""
+    return [te.reduce_axis((0, d), name=f"{prefix}{i}") for i, d in enumerate(shape)]

@@ -1,0 +1,38 @@
+"""``bias_gelu``: ``gelu(x + bias)`` fused, bias broadcast over the last axis."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tvm import te
+
+from .._dtypes import FLOAT_DTYPES
+from .._opdef import Tensor, op
+from ._te import acc
+from .gelu import gelu_expr, gelu_reference
+
+
+def _reference(x, bias, *, approximate="none"):
+    return gelu_reference(x + bias, approximate)
+
+
+@op(
+    reference=_reference,
+    dtypes=FLOAT_DTYPES,
+    ranks=(1, 6),
+    input_shapes=lambda s, a: {"bias": (s[-1],)},
+    layouts={"erf": {"approximate": "none"}, "tanh": {"approximate": "tanh"}},
+    domain={"x": (-4.0, 4.0), "bias": (-2.0, 2.0)},
+    kind="elementwise",
+    examples=[(2, 3, 8)],
+)
+def bias_gelu(x: Tensor, bias: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """GELU of ``x + bias`` (bias of shape ``(x.shape[-1],)``), the Linear + GELU epilogue.
+
+    The add happens in float32 for float16/bfloat16 inputs, so the sum is not rounded twice.
+    """
+    return te.compute(
+        x.shape,
+        lambda *i: gelu_expr(acc(x(*i)) + acc(bias(i[-1])), approximate).astype(x.dtype),
+        name="bias_gelu",
+    )

@@ -1,0 +1,54 @@
+"""``gelu``: exact (erf) or tanh-approximated Gaussian error linear unit."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from tvm import te, tirx
+
+from .._dtypes import FLOAT_DTYPES
+from .._opdef import Tensor, op
+from ._te import acc
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu_expr(v: tirx.PrimExpr, approximate: str) -> tirx.PrimExpr:
+    """GELU of a float32 expression; shared with ``bias_gelu``."""
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
+        return 0.5 * v * (1.0 + tirx.tanh(inner))
+    return 0.5 * v * (1.0 + tirx.erf(v * (1.0 / math.sqrt(2.0))))
+
+
+def gelu_reference(x: np.ndarray, approximate: str) -> np.ndarray:
+    """float64 GELU; shared with ``bias_gelu``."""
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _reference(x, *, approximate="none"):
+    return gelu_reference(x, approximate)
+
+
+@op(
+    reference=_reference,
+    dtypes=FLOAT_DTYPES,
+    ranks=(1, 6),
+    layouts={"erf": {"approximate": "none"}, "tanh": {"approximate": "tanh"}},
+    domain={"x": (-6.0, 6.0)},
+    kind="elementwise",
+    examples=[(2, 3, 8)],
+)
+def gelu(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """GELU, ``x * Phi(x)``; ``approximate="tanh"`` uses the tanh formula (as in torch).
+
+    Computed in float32 for float16/bfloat16 inputs; the output has the input dtype.
+    """
+    return te.compute(
+        x.shape, lambda *i: gelu_expr(acc(x(*i)), approximate).astype(x.dtype), name="gelu"
+    )

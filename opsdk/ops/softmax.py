@@ -1,0 +1,48 @@
+"""``softmax`` along any axis, numerically stable (the row maximum is subtracted first)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from .._dtypes import FLOAT_DTYPES
+from .._opdef import Axis, Tensor, op
+from ._te import acc
+
+
+def _reference(x, *, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@op(
+    reference=_reference,
+    dtypes=FLOAT_DTYPES,
+    ranks=(1, 6),
+    layouts={"last": {"axis": -1}, "axis1": {"axis": 1}},
+    domain={"x": (-8.0, 8.0)},
+    kind="reduction",
+    examples=[(2, 3, 8)],
+)
+def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``, accumulated in float32."""
+    nd = len(x.shape)
+
+    def outer_idx(o, r):
+        return (*o[:axis], r, *o[axis:])
+
+    outer = [x.shape[i] for i in range(nd) if i != axis]
+    rm = te.reduce_axis((0, x.shape[axis]), name="rm")
+    mx = te.compute(outer, lambda *o: te.max(acc(x(*outer_idx(o, rm))), axis=rm), name="max")
+    rs = te.reduce_axis((0, x.shape[axis]), name="rs")
+    ex = te.compute(
+        outer,
+        lambda *o: te.sum(tirx.exp(acc(x(*outer_idx(o, rs))) - mx(*o)), axis=rs),
+        name="expsum",
+    )
+
+    def out(*i):
+        o = (*i[:axis], *i[axis + 1:])
+        return (tirx.exp(acc(x(*i)) - mx(*o)) / ex(*o)).astype(x.dtype)
+
+    return te.compute(x.shape, out, name="softmax")

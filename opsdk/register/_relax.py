@@ -1,0 +1,208 @@
+"""Relax glue: turn an :class:`~opsdk.OpDef` into the Relax op ``opsdk.<name>``.
+
+TVM's op registry cannot forget an op, and setting an attribute twice at one level raises.
+So each TVM op gets trampolines once (FInferType, FLegalize) that look the definition up in
+``_REGISTRY`` by name: registering again is a no-op, a new definition replaces the table entry,
+and ``unregister`` removes it (the trampolines then raise a clear error).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .._opdef import OpDef
+
+__all__ = [
+    "builder",
+    "decode_call",
+    "get_op",
+    "is_registered",
+    "register",
+    "registered_ops",
+    "unregister",
+]
+
+_REGISTRY: dict[str, OpDef] = {}
+_INPUTS_KEY = "opsdk.inputs"  # comma-joined names of the tensor inputs present in the call
+_HOOKED: set[str] = set()
+
+
+def register(d: OpDef, *, replace: bool = False) -> OpDef:
+    """Register ``d`` as the Relax op ``opsdk.<name>``.
+
+    Registering the same definition twice is a no-op. A different definition under an existing
+    name raises unless ``replace=True``.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.register(opsdk.get_op("gelu")).op_name
+    'opsdk.gelu'
+    """
+    old = _REGISTRY.get(d.name)
+    if old is d:
+        return d
+    if old is not None and not replace:
+        raise ValueError(
+            f"opsdk.{d.name}: an op of this name is already registered (from {old.module}); "
+            "pick another name, or pass replace=True / call opsdk.unregister first"
+        )
+    _ensure_tvm_op(d.name)
+    _REGISTRY[d.name] = d
+    return d
+
+
+def unregister(name: str | OpDef) -> None:
+    """Remove an op from opsdk (its TVM op stays, inert). Unknown names are ignored."""
+    key = name.name if isinstance(name, OpDef) else name
+    _REGISTRY.pop(key, None)
+
+
+def is_registered(name: str) -> bool:
+    """Whether ``opsdk.<name>`` is registered with opsdk."""
+    return name in _REGISTRY
+
+
+def registered_ops() -> list[OpDef]:
+    """The registered op definitions, sorted by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def get_op(name: str) -> OpDef:
+    """Look up a registered op by name (with or without the ``opsdk.`` prefix)."""
+    key = name.removeprefix("opsdk.")
+    try:
+        return _REGISTRY[key]
+    except KeyError:
+        raise KeyError(
+            f"no opsdk op named {key!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}"
+        ) from None
+
+
+def _ensure_tvm_op(name: str) -> None:
+    full = f"opsdk.{name}"
+    if full in _HOOKED:
+        return
+    try:
+        op = tvm.ir.Op.get(full)
+    except Exception:  # not registered with TVM yet
+        tvm.get_global_func("ir.RegisterOp")(full, f"opsdk op {name}")
+        op = tvm.ir.Op.get(full)
+    for attr, value in (
+        ("FInferType", lambda call, ctx: _infer_type(name, call)),
+        ("FLegalize", lambda bb, call: _legalize(name, bb, call)),
+        ("FPurity", True),
+        ("TScriptPrinterName", full),
+    ):
+        if op.has_attr(attr):  # e.g. left by an earlier opsdk in the same process
+            op.reset_attr(attr)
+        op.set_attr(attr, value)
+    _HOOKED.add(full)
+
+
+def _lookup(name: str) -> OpDef:
+    d = _REGISTRY.get(name)
+    if d is None:
+        raise ValueError(f"opsdk.{name} is not registered (it was unregistered); register it again")
+    return d
+
+
+def decode_call(call: relax.Call) -> tuple[OpDef, dict[str, Any], dict[str, Any]]:
+    """Split an ``opsdk.*`` call into (definition, {input: relax expr}, attributes)."""
+    d = _lookup(call.op.name.removeprefix("opsdk."))
+    attrs = {k: call.attrs[k] for k in call.attrs.keys()} if call.attrs is not None else {}
+    names = str(attrs.pop(_INPUTS_KEY, d.primary)).split(",")
+    if len(names) != len(call.args):
+        raise ValueError(f"{d.op_name}: call has {len(call.args)} inputs but attrs list {names}")
+    return d, dict(zip(names, call.args)), attrs
+
+
+def _types(d: OpDef, args: dict[str, Any]) -> tuple[dict, dict]:
+    shapes, dtypes = {}, {}
+    for name, arg in args.items():
+        ty = arg.ty
+        if not isinstance(ty, relax.TensorType):
+            raise d.error(name, f"is a {type(ty).__name__}, not a tensor", "pass a Relax tensor")
+        if ty.ndim < 0:
+            shapes[name] = None
+        elif ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+            raise d.error(name, "has a rank but no shape", "give it a shape (symbolic dims are fine)")
+        else:
+            shapes[name] = tuple(ty.shape.values)
+        dtypes[name] = str(ty.dtype)
+    return shapes, dtypes
+
+
+def _infer_type(name: str, call: relax.Call) -> relax.TensorType:
+    d, args, attrs = decode_call(call)
+    shapes, dtypes = _types(d, args)
+    shape, dtype = d.result_type(shapes, dtypes, attrs)
+    return relax.TensorType(list(shape), dtype)
+
+
+def _legalize(name: str, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    from ..schedules import apply_schedule
+
+    d, args, attrs = decode_call(call)
+    shapes, dtypes = _types(d, args)
+    nattrs = d.validate(shapes, dtypes, attrs)
+    present = list(args)
+
+    def te_fn(*tensors):
+        by_name = dict(zip(present, tensors))
+        return d.call_compute([by_name.get(p.name) for p in d.tensor_params], nattrs)
+
+    out = bb.call_te(
+        te_fn,
+        *args.values(),
+        primfunc_name_hint=f"opsdk_{d.name}",
+        primfunc_attrs={"opsdk.op": d.name},
+    )
+    gv = out.args[0]
+    func = bb.get()[gv]
+    if "opsdk.rule" not in (func.attrs or {}):  # call_te may reuse an identical function
+        target = tvm.target.Target.current(allow_none=True)
+        scheduled = apply_schedule(d, func, target)
+        bb.update_func(gv, scheduled)
+    return out
+
+
+def builder(d: OpDef) -> Callable[..., relax.Call]:
+    """A function building ``relax.Call(opsdk.<name>, ...)`` with checked attributes."""
+    sig = inspect.signature(d.compute)
+
+    def build(*args: Any, **kwargs: Any) -> relax.Call:
+        if d.name not in _REGISTRY:
+            raise ValueError(f"{d.op_name} is not registered; call opsdk.register(op) first")
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{d.op_name}: {e}") from None
+        tensors, names = [], []
+        attrs: dict[str, Any] = {}
+        for p in d.params:
+            if p.name not in bound.arguments:
+                continue
+            v = bound.arguments[p.name]
+            if p.kind == "tensor":
+                if v is None:
+                    continue
+                if not isinstance(v, relax.Expr):
+                    raise d.error(p.name, f"is a {type(v).__name__}", "pass a relax.Expr (Var or call)")
+                tensors.append(v)
+                names.append(p.name)
+            else:
+                attrs[p.name] = v
+        attrs = d.bind_attrs(attrs)
+        attrs[_INPUTS_KEY] = ",".join(names)
+        return relax.Call(tvm.ir.Op.get(d.op_name), tensors, tvm.ir.attrs.DictAttrs(attrs))
+
+    build.__name__ = d.name
+    build.__doc__ = f"Build a Relax call of ``{d.op_name}``.\n\n{d.doc}"
+    build.__signature__ = sig  # type: ignore[attr-defined]
+    return build

@@ -1,0 +1,209 @@
+"""Target strategy: per-op schedule rules keyed by TVM target keys, chosen by one driver.
+
+A rule is a small dlight-style function ``f(func, target) -> s_tir.Schedule | None``. Rules
+never check the target themselves: the driver filters them by target key (``cpu``,
+``arm_cpu``, ``cuda``, ...) and required features (``avx512f``, ``dotprod``, ``arch:x86_64``),
+tries them by descending priority (like Relay's OpStrategy plevels) and records why each one
+was taken or passed over. The unscheduled generic lowering is always the last resort.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from ..targets import target_features
+
+__all__ = [
+    "BUILTIN_RULE_MODULES",
+    "Choice",
+    "Rule",
+    "apply_schedule",
+    "choose",
+    "load_builtin_rules",
+    "rule",
+    "rules_for",
+]
+
+#: Modules holding the built-in rules, imported explicitly (no import-time discovery).
+BUILTIN_RULE_MODULES: tuple[str, ...] = (
+    "opsdk.schedules.cpu.x86",
+    "opsdk.schedules.arm_cpu.neon",
+)
+
+GENERIC = "generic"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A schedule rule.
+
+    ``ops`` names the ops it is for; ``kinds`` the op kinds (``elementwise``, ``norm``,
+    ``reduction``) it applies to generically. ``claims`` lists structural facts verify lints
+    check on its output (``"vectorize"``, ``"parallel"``).
+    """
+
+    name: str
+    fn: Callable[[tirx.PrimFunc, Target], s_tir.Schedule | None]
+    target_key: str
+    ops: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    priority: int = 0
+    claims: tuple[str, ...] = ()
+    doc: str = ""
+
+    def matches_op(self, op) -> bool:
+        return op.name in self.ops or op.kind in self.kinds
+
+
+@dataclass
+class Choice:
+    """The driver's decision for one op on one target, kept for ``opsdk explain``."""
+
+    op: str
+    target: str
+    rule: str
+    claims: tuple[str, ...]
+    reasons: list[str] = field(default_factory=list)
+    func: tirx.PrimFunc | None = None
+
+
+_RULES: list[Rule] = []
+_LOADED = False
+
+
+def rule(
+    op_or_kinds: object,
+    target_key: str,
+    *,
+    name: str | None = None,
+    requires: Sequence[str] = (),
+    priority: int = 0,
+    claims: Sequence[str] = (),
+) -> Callable:
+    """Decorator registering a schedule rule.
+
+    Parameters
+    ----------
+    op_or_kinds
+        An :class:`~opsdk.OpDef`, an op name, or ``kind:<kind>`` (e.g. ``"kind:norm"``) for a
+        rule that applies to every op of that kind; a sequence of these is accepted.
+    target_key
+        TVM target key the rule is for (``"cpu"``, ``"arm_cpu"``, ``"cuda"``).
+    requires
+        Target features that must all be present (see :func:`opsdk.targets.target_features`).
+    priority
+        Higher runs first.
+    claims
+        Structural facts of the produced schedule, checked by ``opsdk verify``.
+
+    Examples
+    --------
+    >>> from opsdk.schedules import rule
+    >>> @rule("kind:elementwise", "cpu", name="demo.noop", priority=-100)
+    ... def _noop(func, target):
+    ...     return None
+    """
+    items = op_or_kinds if isinstance(op_or_kinds, (list, tuple)) else [op_or_kinds]
+    ops, kinds = [], []
+    for it in items:
+        if isinstance(it, str) and it.startswith("kind:"):
+            kinds.append(it[5:])
+        else:
+            ops.append(it if isinstance(it, str) else it.name)
+
+    def deco(fn: Callable) -> Callable:
+        r = Rule(
+            name=name or f"{target_key}.{fn.__name__.lstrip('_')}",
+            fn=fn,
+            target_key=target_key,
+            ops=tuple(ops),
+            kinds=tuple(kinds),
+            requires=tuple(requires),
+            priority=priority,
+            claims=tuple(claims),
+            doc=(fn.__doc__ or "").strip().split("\n")[0],
+        )
+        # Re-defining a rule of the same name (module reload) replaces it.
+        _RULES[:] = [x for x in _RULES if x.name != r.name]
+        _RULES.append(r)
+        return fn
+
+    return deco
+
+
+def load_builtin_rules() -> None:
+    """Import the built-in rule modules once."""
+    global _LOADED
+    if not _LOADED:
+        for m in BUILTIN_RULE_MODULES:
+            importlib.import_module(m)
+        _LOADED = True
+
+
+def rules_for(op) -> list[Rule]:
+    """Rules that apply to ``op`` on some target, highest priority first."""
+    return sorted((r for r in _RULES if r.matches_op(op)), key=lambda r: -r.priority)
+
+
+def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
+    """Pick and apply the highest-priority rule that fits ``target`` and accepts ``func``."""
+    tname = "none" if target is None else str(target.kind.name) + str(list(target.keys))
+    ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func)
+    if target is None:
+        ch.reasons.append("no target in scope: generic lowering")
+        return ch
+    keys = set(target.keys)
+    feats = target_features(target)
+    for r in rules_for(op):
+        if r.target_key not in keys:
+            ch.reasons.append(f"{r.name}: skipped, target keys {sorted(keys)} lack {r.target_key!r}")
+            continue
+        missing = [f for f in r.requires if f not in feats]
+        if missing:
+            ch.reasons.append(f"{r.name}: skipped, target lacks {', '.join(missing)}")
+            continue
+        try:
+            sch = r.fn(func, target)
+        except Exception as e:  # a broken rule must not break compilation
+            warnings.warn(f"opsdk: schedule rule {r.name} failed on {op.name}: {e}", stacklevel=2)
+            ch.reasons.append(f"{r.name}: raised {type(e).__name__}: {e}")
+            continue
+        if sch is None:
+            ch.reasons.append(f"{r.name}: declined (returned None)")
+            continue
+        ch.rule, ch.claims, ch.func = r.name, r.claims, sch.mod["main"]
+        ch.reasons.append(
+            f"{r.name}: chosen (priority {r.priority}, key {r.target_key!r}"
+            + (f", requires {', '.join(r.requires)}" if r.requires else "")
+            + ")"
+        )
+        return ch
+    ch.reasons.append("no rule applied: generic lowering")
+    return ch
+
+
+_LOG: list[Choice] = []
+
+
+def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimFunc:
+    """Schedule ``func`` for ``target`` and tag it with the chosen rule (``opsdk.rule``)."""
+    load_builtin_rules()
+    ch = choose(op, func, target)
+    _LOG.append(ch)
+    del _LOG[:-256]
+    out = ch.func.with_attr("opsdk.rule", ch.rule)
+    if ch.rule != GENERIC:
+        out = out.with_attr("tir.is_scheduled", True)
+    return out
+
+
+def last_choices() -> list[Choice]:
+    """Decisions made by recent lowerings, oldest first (bounded history)."""
+    return list(_LOG)

@@ -1,0 +1,1 @@
+"""Schedule rules for TVM's ``cpu`` target key (x86-64 hosts)."""

@@ -1,0 +1,154 @@
+"""Friendly target names and target feature queries.
+
+TVM 0.27 accepts only dict targets, rejects ``mcpu: native`` (LLVM 22) and exposes x86
+features through LLVM rather than ``target.features``; this module hides all three.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm.target import Target, codegen
+
+__all__ = [
+    "TARGETS",
+    "TargetSpec",
+    "target",
+    "target_arch",
+    "target_features",
+    "target_spec",
+]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A named target: the TVM Target dict, where it runs and what emulates it."""
+
+    name: str
+    description: str
+    config: dict[str, Any]
+    arch: str
+    qemu_cpu: str | None = None
+    aliases: tuple[str, ...] = field(default=())
+
+
+def _host_config() -> dict[str, Any]:
+    return {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": os.cpu_count() or 1}
+
+
+def _host_arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+_ARM = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+
+TARGETS: dict[str, TargetSpec] = {
+    s.name: s
+    for s in (
+        TargetSpec("x86", "host CPU through LLVM with the detected -mcpu", {}, "x86_64"),
+        TargetSpec(
+            "arm",
+            "aarch64 with NEON (Cortex-A72 class)",
+            {**_ARM, "mcpu": "cortex-a72", "mattr": ["+neon"]},
+            "aarch64",
+            qemu_cpu="cortex-a72",
+        ),
+        TargetSpec(
+            "arm-dotprod",
+            "aarch64 with NEON and the dot-product extension (Cortex-A76 class)",
+            {**_ARM, "mcpu": "cortex-a76", "mattr": ["+neon", "+dotprod"]},
+            "aarch64",
+            qemu_cpu="cortex-a76",
+        ),
+        TargetSpec(
+            "arm-sve",
+            "aarch64 with SVE (A64FX class, 512-bit vectors)",
+            {**_ARM, "mcpu": "a64fx", "mattr": ["+neon", "+sve"]},
+            "aarch64",
+            qemu_cpu="a64fx",
+        ),
+        TargetSpec("c", "portable C source (scalar schedules only)", {"kind": "c"}, _host_arch()),
+        TargetSpec("cuda", "NVIDIA GPU (sm_90)", {"kind": "cuda", "arch": "sm_90"}, "cuda"),
+    )
+}
+
+
+def target_spec(name: str) -> TargetSpec:
+    """The :class:`TargetSpec` for a friendly name; ``x86`` resolves the host CPU.
+
+    Examples
+    --------
+    >>> from opsdk.targets import target_spec
+    >>> target_spec("arm").qemu_cpu
+    'cortex-a72'
+    """
+    if name in ("host", "native"):
+        name = "x86" if _host_arch() == "x86_64" else "arm"
+    try:
+        spec = TARGETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown target {name!r}; use one of {', '.join(TARGETS)} or a TVM target dict"
+        ) from None
+    if name == "x86":
+        spec = TargetSpec(spec.name, spec.description, _host_config(), "x86_64")
+    return spec
+
+
+def target(name: str | dict | Target) -> Target:
+    """Resolve a friendly name (``x86``, ``arm``, ``arm-dotprod``, ``arm-sve``, ``c``, ``cuda``),
+    a TVM target dict or a Target into a :class:`tvm.target.Target`.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.target("arm").keys
+    ('arm_cpu', 'cpu')
+    """
+    if isinstance(name, Target):
+        return name
+    if isinstance(name, dict):
+        return Target(name)
+    return Target(target_spec(name).config)
+
+
+def target_arch(t: Target) -> str:
+    """Machine architecture a target generates code for (``x86_64``, ``aarch64``, ...)."""
+    if t.kind.name == "llvm":
+        triple = str(t.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
+        arch = triple.split("-")[0]
+        return {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
+    if t.kind.name == "c":
+        return _host_arch()
+    return t.kind.name
+
+
+def target_features(t: Target) -> frozenset[str]:
+    """Feature names of a target: ``arch:<arch>`` plus LLVM CPU features (``avx512f``,
+    ``neon``, ``dotprod``, ``sve``, ...); for non-LLVM targets just the arch.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.targets import target_features
+    >>> "dotprod" in target_features(opsdk.target("arm-dotprod"))
+    True
+    """
+    feats = {f"arch:{target_arch(t)}"}
+    if t.kind.name == "llvm":
+        try:
+            feats |= {str(f) for f in codegen.llvm_get_cpu_features(t)}
+        except Exception:  # an LLVM without the target's backend
+            pass
+        for m in t.attrs.get("mattr", []) or []:
+            m = str(m)
+            if m.startswith("+"):
+                feats.add(m[1:])
+            elif m.startswith("-"):
+                feats.discard(m[1:])
+    return frozenset(feats)
