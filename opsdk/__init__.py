@@ -78,7 +78,7 @@ def load_plugins(modules: list[str] | None = None) -> list[OpDef]:
     return _load(modules)
 
 
-def compile(mod, target="x86", **kwargs):  # noqa: A001 (mirrors tvm.compile)
+def compile(mod, target="x86", **kwargs):
     """``tvm.compile`` with opsdk lowering for ``target`` (a friendly name or TVM target)."""
     import tvm
 

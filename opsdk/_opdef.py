@@ -79,7 +79,9 @@ def _parse_param(opname: str, p: inspect.Parameter, hint: Any) -> Param:
     args = typing.get_args(hint)
     if hint is Tensor:
         if p.default is not inspect.Parameter.empty:
-            raise OpDefinitionError(f"{where}: a Tensor input cannot have a default; use `Tensor | None = None`")
+            raise OpDefinitionError(
+                f"{where}: a Tensor input cannot have a default; use `Tensor | None = None`"
+            )
         return Param(p.name, "tensor")
     if origin in (Union, types.UnionType) and set(args) == {Tensor, type(None)}:
         if p.default is not None:
@@ -95,7 +97,9 @@ def _parse_param(opname: str, p: inspect.Parameter, hint: Any) -> Param:
     if origin is Literal:
         kinds = {type(a) for a in args}
         if len(kinds) != 1 or next(iter(kinds)) not in _ATTR_TYPES:
-            raise OpDefinitionError(f"{where}: Literal choices must share one of int/float/bool/str")
+            raise OpDefinitionError(
+                f"{where}: Literal choices must share one of int/float/bool/str"
+            )
         if p.default is not inspect.Parameter.empty and p.default not in args:
             raise OpDefinitionError(f"{where}: default {p.default!r} is not one of {args}")
         return Param(p.name, "attr", type=type(args[0]), default=p.default, choices=tuple(args))
@@ -168,9 +172,13 @@ class OpDef:
             if key not in known:
                 tensors = [p.name for p in self.tensor_params]
                 if key in tensors:
-                    raise self.error(key, "is a tensor input, not an attribute", "pass it positionally")
+                    raise self.error(
+                        key, "is a tensor input, not an attribute", "pass it positionally"
+                    )
                 raise self.error(
-                    key, "is not an attribute of this op", f"known attributes: {sorted(known) or 'none'}"
+                    key,
+                    "is not an attribute of this op",
+                    f"known attributes: {sorted(known) or 'none'}",
                 )
         out: dict[str, Any] = {}
         for p in self.attr_params:
@@ -192,10 +200,14 @@ class OpDef:
             v, ok = float(v), True
         if not ok:
             raise self.error(
-                p.name, f"must be {want.__name__}, got {type(v).__name__} {v!r}", f"pass a {want.__name__}"
+                p.name,
+                f"must be {want.__name__}, got {type(v).__name__} {v!r}",
+                f"pass a {want.__name__}",
             )
         if p.choices is not None and v not in p.choices:
-            raise self.error(p.name, f"is {v!r}", f"allowed values: {', '.join(map(repr, p.choices))}")
+            raise self.error(
+                p.name, f"is {v!r}", f"allowed values: {', '.join(map(repr, p.choices))}"
+            )
         if want is float and not math.isfinite(v):
             raise self.error(p.name, f"is {v!r}", "pass a finite float")
         return v
@@ -217,7 +229,10 @@ class OpDef:
 
     # ------------------------------------------------------------------ type checking
     def validate(
-        self, shapes: Mapping[str, tuple | None], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
+        self,
+        shapes: Mapping[str, tuple | None],
+        dtypes: Mapping[str, str],
+        attrs: Mapping[str, Any],
     ) -> dict[str, Any]:
         """Validate inputs against the schema; return normalized attributes.
 
@@ -230,7 +245,9 @@ class OpDef:
         prim = self.primary
         pshape = shapes[prim]
         if pshape is None:
-            raise self.error(prim, "has unknown rank", "give the Relax var a TensorType with a shape")
+            raise self.error(
+                prim, "has unknown rank", "give the Relax var a TensorType with a shape"
+            )
         rank = len(pshape)
         lo, hi = self.ranks
         if not lo <= rank <= hi:
@@ -238,10 +255,14 @@ class OpDef:
             raise self.error(prim, f"has rank {rank}", f"this op takes {allowed}")
         pdt = dtypes[prim]
         if pdt not in self.dtypes:
-            raise self.error(prim, f"has dtype {pdt}", f"supported dtypes: {', '.join(self.dtypes)}")
+            raise self.error(
+                prim, f"has dtype {pdt}", f"supported dtypes: {', '.join(self.dtypes)}"
+            )
         for name, dt in dtypes.items():
             if name != prim and dt != pdt:
-                raise self.error(name, f"has dtype {dt} but '{prim}' is {pdt}", f"cast '{name}' to {pdt}")
+                raise self.error(
+                    name, f"has dtype {dt} but '{prim}' is {pdt}", f"cast '{name}' to {pdt}"
+                )
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), rank)
         if self.input_shapes is not None:
             expected = self.input_shapes(tuple(pshape), nattrs)
@@ -249,8 +270,10 @@ class OpDef:
                 if name == prim or name not in expected:
                     continue
                 want = tuple(expected[name])
-                if shp is None or len(shp) != len(want) or not all(
-                    _dims_may_equal(a, b) for a, b in zip(shp, want)
+                if (
+                    shp is None
+                    or len(shp) != len(want)
+                    or not all(_dims_may_equal(a, b) for a, b in zip(shp, want))
                 ):
                     raise self.error(
                         name,
@@ -274,12 +297,16 @@ class OpDef:
         """Run the TE compute on placeholders of the given (possibly symbolic) shapes."""
         nattrs = self.validate(shapes, dtypes, attrs)
         args = [
-            te.placeholder(shapes[p.name], dtypes[p.name], name=p.name) if p.name in shapes else None
+            te.placeholder(shapes[p.name], dtypes[p.name], name=p.name)
+            if p.name in shapes
+            else None
             for p in self.tensor_params
         ]
         return self.call_compute(args, nattrs)
 
-    def call_compute(self, tensors: Sequence[te.Tensor | None], nattrs: Mapping[str, Any]) -> te.Tensor:
+    def call_compute(
+        self, tensors: Sequence[te.Tensor | None], nattrs: Mapping[str, Any]
+    ) -> te.Tensor:
         """Call the compute with tensors (None for absent optionals) and normalized attributes."""
         out = self.compute(*tensors, **nattrs)
         if not isinstance(out, te.Tensor):
@@ -323,7 +350,9 @@ class OpDef:
                 out[p.name] = dom[0] if isinstance(dom, (list, tuple)) else dom
         return out
 
-    def run_reference(self, inputs: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    def run_reference(
+        self, inputs: Mapping[str, np.ndarray], attrs: Mapping[str, Any]
+    ) -> np.ndarray:
         """Float64 reference from the (already rounded) inputs; absent optionals are None."""
         pshape = inputs[self.primary].shape
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(pshape))
@@ -360,9 +389,9 @@ def _dims_may_equal(a: Any, b: Any) -> bool:
     ib = b.value if isinstance(b, tirx.IntImm) else b
     if isinstance(ia, int) and isinstance(ib, int):
         return ia == ib
-    from tvm import arith
+    from tvm.sym import Analyzer  # tvm.arith moved to tvm.sym in 0.27
 
-    diff = arith.Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
+    diff = Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
     # A symbolic difference that does not fold to a constant may still be zero at run time.
     return not (isinstance(diff, tirx.IntImm) and diff.value != 0)
 
@@ -378,7 +407,8 @@ def _as_dim(d: Any) -> Any:
 def _fmt(shape: Any) -> str:
     if shape is None:
         return "unknown"
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    dims = [str(_as_dim(s)) for s in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def _fmt_attrs(attrs: Mapping[str, Any]) -> str:
@@ -387,7 +417,7 @@ def _fmt_attrs(attrs: Mapping[str, Any]) -> str:
 
 def _default_examples(ranks: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
     base = (2, 3, 4, 5, 6, 7)
-    return tuple(tuple(base[: r]) for r in sorted({ranks[0], min(ranks[1], ranks[0] + 1)}))
+    return tuple(tuple(base[:r]) for r in sorted({ranks[0], min(ranks[1], ranks[0] + 1)}))
 
 
 def op(
@@ -466,7 +496,9 @@ def op(
         params = []
         for p in sig.parameters.values():
             if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-                raise OpDefinitionError(f"op {opname!r}: *args/**kwargs are not allowed in a compute")
+                raise OpDefinitionError(
+                    f"op {opname!r}: *args/**kwargs are not allowed in a compute"
+                )
             if p.name not in hints:
                 raise OpDefinitionError(f"op {opname!r}: parameter {p.name!r} needs an annotation")
             params.append(_parse_param(opname, p, hints[p.name]))

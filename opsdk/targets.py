@@ -6,12 +6,12 @@ features through LLVM rather than ``target.features``; this module hides all thr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-import tvm
 from tvm.target import Target, codegen
 
 __all__ = [
@@ -129,8 +129,8 @@ def target_arch(t: Target) -> str:
 
 
 def target_features(t: Target) -> frozenset[str]:
-    """Feature names of a target: ``arch:<arch>`` plus LLVM CPU features (``avx512f``,
-    ``neon``, ``dotprod``, ``sve``, ...); for non-LLVM targets just the arch.
+    """Feature names of a target: ``arch:<arch>``, ``kind:<kind>`` plus LLVM CPU features
+    (``avx512f``, ``neon``, ``dotprod``, ``sve``, ...); for non-LLVM targets no more.
 
     Examples
     --------
@@ -139,12 +139,10 @@ def target_features(t: Target) -> frozenset[str]:
     >>> "dotprod" in target_features(opsdk.target("arm-dotprod"))
     True
     """
-    feats = {f"arch:{target_arch(t)}"}
+    feats = {f"arch:{target_arch(t)}", f"kind:{t.kind.name}"}
     if t.kind.name == "llvm":
-        try:
+        with contextlib.suppress(Exception):  # an LLVM without the target's backend
             feats |= {str(f) for f in codegen.llvm_get_cpu_features(t)}
-        except Exception:  # an LLVM without the target's backend
-            pass
         for m in t.attrs.get("mattr", []) or []:
             m = str(m)
             if m.startswith("+"):

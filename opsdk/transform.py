@@ -11,7 +11,7 @@ from .targets import target as _resolve
 __all__ = ["LowerOps", "pipeline"]
 
 
-def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:  # noqa: N802 (TVM pass naming)
+def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
     """Legalize every ``opsdk.*`` call in a module with the rules chosen for ``target``.
 
     TVM's own ops are left for the regular pipeline. Lowering also happens automatically

@@ -26,7 +26,9 @@ def _reference(x, bias, *, approximate="none"):
     kind="elementwise",
     examples=[(2, 3, 8)],
 )
-def bias_gelu(x: Tensor, bias: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+def bias_gelu(
+    x: Tensor, bias: Tensor, *, approximate: Literal["none", "tanh"] = "none"
+) -> te.Tensor:
     """GELU of ``x + bias`` (bias of shape ``(x.shape[-1],)``), the Linear + GELU epilogue.
 
     The add happens in float32 for float16/bfloat16 inputs, so the sum is not rounded twice.

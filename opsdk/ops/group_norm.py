@@ -49,7 +49,9 @@ def _check(shapes, dtypes, attrs):
             "num_groups must divide the channel count"
         )
     if not isinstance(c, int):
-        raise ValueError("argument 'x' has a symbolic channel dim; the channel count must be static")
+        raise ValueError(
+            "argument 'x' has a symbolic channel dim; the channel count must be static"
+        )
     if attrs["epsilon"] < 0:
         raise ValueError(f"argument 'epsilon' is {attrs['epsilon']}; pass epsilon >= 0")
 
@@ -117,8 +119,9 @@ def group_norm(
         return te.sum(d * d, axis=[kc, kh, kw])
 
     sq = te.compute((n, num_groups), dev2, name="sqsum")
-    rstd = te.compute((n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon),
-                      name="rstd")
+    rstd = te.compute(
+        (n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon), name="rstd"
+    )
 
     def out(*i):
         ch = i[cax]

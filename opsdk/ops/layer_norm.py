@@ -27,7 +27,7 @@ def _reference(x, gamma=None, beta=None, *, begin_axis=-1, epsilon=1e-5):
 
 
 def _input_shapes(x_shape, attrs):
-    tail = tuple(x_shape[attrs["begin_axis"]:])
+    tail = tuple(x_shape[attrs["begin_axis"] :])
     return {"gamma": tail, "beta": tail}
 
 

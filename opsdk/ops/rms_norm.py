@@ -25,7 +25,7 @@ def _check(shapes, dtypes, attrs):
     reference=_reference,
     dtypes=FLOAT_DTYPES,
     ranks=(1, 6),
-    input_shapes=lambda s, a: {"gamma": tuple(s[a["begin_axis"]:])},
+    input_shapes=lambda s, a: {"gamma": tuple(s[a["begin_axis"] :])},
     check=_check,
     layouts={"last": {"begin_axis": -1}, "last2": {"begin_axis": -2}},
     domain={"x": (-4.0, 4.0), "gamma": (-2.0, 2.0)},

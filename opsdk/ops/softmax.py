@@ -42,7 +42,7 @@ def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     )
 
     def out(*i):
-        o = (*i[:axis], *i[axis + 1:])
+        o = (*i[:axis], *i[axis + 1 :])
         return (tirx.exp(acc(x(*i)) - mx(*o)) / ex(*o)).astype(x.dtype)
 
     return te.compute(x.shape, out, name="softmax")

@@ -115,7 +115,7 @@ def _lookup(name: str) -> OpDef:
 def decode_call(call: relax.Call) -> tuple[OpDef, dict[str, Any], dict[str, Any]]:
     """Split an ``opsdk.*`` call into (definition, {input: relax expr}, attributes)."""
     d = _lookup(call.op.name.removeprefix("opsdk."))
-    attrs = {k: call.attrs[k] for k in call.attrs.keys()} if call.attrs is not None else {}
+    attrs = {k: call.attrs[k] for k in call.attrs.keys()}  # noqa: SIM118 (DictAttrs) if call.attrs is not None else {}
     names = str(attrs.pop(_INPUTS_KEY, d.primary)).split(",")
     if len(names) != len(call.args):
         raise ValueError(f"{d.op_name}: call has {len(call.args)} inputs but attrs list {names}")
@@ -131,7 +131,9 @@ def _types(d: OpDef, args: dict[str, Any]) -> tuple[dict, dict]:
         if ty.ndim < 0:
             shapes[name] = None
         elif ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-            raise d.error(name, "has a rank but no shape", "give it a shape (symbolic dims are fine)")
+            raise d.error(
+                name, "has a rank but no shape", "give it a shape (symbolic dims are fine)"
+            )
         else:
             shapes[name] = tuple(ty.shape.values)
         dtypes[name] = str(ty.dtype)
@@ -179,26 +181,32 @@ def builder(d: OpDef) -> Callable[..., relax.Call]:
     def build(*args: Any, **kwargs: Any) -> relax.Call:
         if d.name not in _REGISTRY:
             raise ValueError(f"{d.op_name} is not registered; call opsdk.register(op) first")
+        known = {p.name for p in d.params}
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in known}
         try:
-            bound = sig.bind(*args, **kwargs)
+            bound = sig.bind_partial(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"{d.op_name}: {e}") from None
         tensors, names = [], []
         attrs: dict[str, Any] = {}
         for p in d.params:
             if p.name not in bound.arguments:
+                if p.kind == "tensor" and not p.optional:
+                    raise d.error(p.name, "is missing", "pass a tensor for it")
                 continue
             v = bound.arguments[p.name]
             if p.kind == "tensor":
                 if v is None:
                     continue
                 if not isinstance(v, relax.Expr):
-                    raise d.error(p.name, f"is a {type(v).__name__}", "pass a relax.Expr (Var or call)")
+                    raise d.error(
+                        p.name, f"is a {type(v).__name__}", "pass a relax.Expr (Var or call)"
+                    )
                 tensors.append(v)
                 names.append(p.name)
             else:
                 attrs[p.name] = v
-        attrs = d.bind_attrs(attrs)
+        attrs = d.bind_attrs({**attrs, **extra})  # unknown names get a clear error here
         attrs[_INPUTS_KEY] = ",".join(names)
         return relax.Call(tvm.ir.Op.get(d.op_name), tensors, tvm.ir.attrs.DictAttrs(attrs))
 

@@ -163,7 +163,9 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
     feats = target_features(target)
     for r in rules_for(op):
         if r.target_key not in keys:
-            ch.reasons.append(f"{r.name}: skipped, target keys {sorted(keys)} lack {r.target_key!r}")
+            ch.reasons.append(
+                f"{r.name}: skipped, target keys {sorted(keys)} lack {r.target_key!r}"
+            )
             continue
         missing = [f for f in r.requires if f not in feats]
         if missing:

@@ -108,9 +108,7 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     return sch
 
 
-def schedule_rows(
-    func: tirx.PrimFunc, target: Target, *, unroll: int = 0
-) -> s_tir.Schedule | None:
+def schedule_rows(func: tirx.PrimFunc, target: Target, *, unroll: int = 0) -> s_tir.Schedule | None:
     """Row-wise reductions (norms, softmax over the last axes).
 
     All blocks must share their leading spatial axes with the output block (the rows). The
@@ -127,7 +125,9 @@ def schedule_rows(
     if rows == 0 or rows >= out.n_spatial:
         return None
     for b in blocks[:-1]:
-        if b.n_spatial != rows or not all(_same(x, y) for x, y in zip(b.extents[:rows], out.extents[:rows])):
+        if b.n_spatial != rows or not all(
+            _same(x, y) for x, y in zip(b.extents[:rows], out.extents[:rows])
+        ):
             return None
     lanes = vector_lanes(target, _dtype_bits(sch, out.rv))
     loops = sch.get_loops(out.rv)

@@ -1,0 +1,61 @@
+"""Discovery of ops from other packages: the ``opsdk.ops`` entry-point group or module names.
+
+A plugin module lists its ops explicitly in ``OPS`` (a sequence of :class:`~opsdk.OpDef`);
+an entry point may also point straight at such a sequence or at a single OpDef.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from importlib import metadata
+
+from ._opdef import OpDef
+from .register import register
+
+__all__ = ["load_plugins", "ops_of"]
+
+ENTRY_POINT_GROUP = "opsdk.ops"
+
+
+def ops_of(obj: object, where: str) -> list[OpDef]:
+    """The OpDefs an entry point or module exposes (``OPS`` for modules)."""
+    if isinstance(obj, OpDef):
+        return [obj]
+    if hasattr(obj, "OPS"):
+        obj = obj.OPS
+    if isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):
+        items = list(obj)
+        if all(isinstance(o, OpDef) for o in items):
+            return items
+    raise TypeError(
+        f"{where}: expected an OpDef, a sequence of OpDefs, or a module with OPS = [...]; "
+        f"got {type(obj).__name__}"
+    )
+
+
+def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = True) -> list[OpDef]:
+    """Import and register plugin ops; returns them (already-registered ones included).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.load_plugins(["opsdk.ops"])[0].name
+    'layer_norm'
+    """
+    found: list[OpDef] = []
+    if entry_points:
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            for d in ops_of(ep.load(), f"entry point {ep.name} = {ep.value}"):
+                d.source = f"entry point {ep.name} ({ep.value})"
+                found.append(d)
+    for name in modules or ():
+        mod = importlib.import_module(name)
+        if name == "opsdk.ops":
+            items = list(mod.BUILTIN_OPS)
+        else:
+            items = ops_of(mod, f"module {name}")
+            for d in items:
+                d.source = f"module {name}"
+        found.extend(items)
+    return [register(d) for d in found]

@@ -1,0 +1,175 @@
+"""The ``opsdk`` command line: list, explain, verify, setup.
+
+Exit codes: 0 success, 1 a check failed, 2 a usage error (unknown op, target, dtype, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported on stderr with exit code 2."""
+
+
+def _load_ops(modules: Sequence[str] | None) -> None:
+    import opsdk
+
+    try:
+        opsdk.load_plugins(list(modules or []))
+    except (ImportError, TypeError, ValueError) as e:
+        raise UsageError(f"cannot load op modules: {e}") from None
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import opsdk
+    from opsdk.schedules import load_builtin_rules, rules_for
+
+    _load_ops(args.module)
+    load_builtin_rules()
+    rows = []
+    for d in opsdk.list_ops():
+        rules = [r.name for r in rules_for(d)]
+        rows.append(
+            {
+                "name": d.name,
+                "kind": d.kind,
+                "source": d.source,
+                "dtypes": list(d.dtypes),
+                "layouts": list(d.layouts),
+                "rules": rules,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    w = max(len(r["name"]) for r in rows) if rows else 4
+    print(f"{'op':<{w}}  {'kind':<11}  {'dtypes':<26}  {'layouts':<14}  rules / source")
+    for r in rows:
+        print(
+            f"{r['name']:<{w}}  {r['kind']:<11}  {','.join(r['dtypes']):<26}  "
+            f"{','.join(r['layouts']):<14}  {' '.join(r['rules']) or 'generic only'}  "
+            f"[{r['source']}]"
+        )
+    return 0
+
+
+def _parse_attrs(items: Sequence[str] | None) -> dict:
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise UsageError(f"--attr expects NAME=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import opsdk
+
+    _load_ops(args.module)
+    try:
+        opsdk.get_op(args.op)
+        opsdk.target(args.target)
+    except (KeyError, ValueError) as e:
+        raise UsageError(str(e).strip("'\"")) from None
+    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else None
+    try:
+        e = opsdk.explain(
+            args.op,
+            args.target,
+            shape=shape,
+            dtype=args.dtype,
+            attrs=_parse_attrs(args.attr),
+            asm=not args.no_asm,
+        )
+    except ValueError as err:  # schema errors name the op and the argument already
+        raise UsageError(str(err)) from None
+    print(e.format())
+    return 0
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    if args.what != "arm":
+        raise UsageError(f"unknown setup target {args.what!r}; supported: arm")
+    from opsdk.runners import setup_arm
+
+    path = setup_arm(force=args.force)
+    print(f"arm emulation ready: {path}")
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opsdk", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+
+    s = sub.add_parser("list", help="list registered ops, their capability matrix and rules")
+    s.add_argument("--module", action="append", help="also load ops from this module (OPS = [...])")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=_cmd_list)
+
+    s = sub.add_parser("explain", help="which schedule rule lowers an op on a target, and why")
+    s.add_argument("op")
+    s.add_argument(
+        "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
+    )
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--shape", help="primary input shape, e.g. 4096,768 (default: symbolic batch)")
+    s.add_argument("--attr", action="append", help="attribute NAME=VALUE (JSON values)")
+    s.add_argument(
+        "--no-asm", action="store_true", help="skip compiling and counting vector instructions"
+    )
+    s.add_argument("--module", action="append", help="also load ops from this module")
+    s.set_defaults(fn=_cmd_explain)
+
+    s = sub.add_parser(
+        "setup", help="prepare an execution environment (arm: cross compiler + qemu)"
+    )
+    s.add_argument("what", choices=["arm"])
+    s.add_argument("--force", action="store_true", help="rebuild the cached aarch64 environment")
+    s.set_defaults(fn=_cmd_setup)
+
+    try:
+        from opsdk.verify._cli import add_verify_arguments, run_verify_command
+    except ImportError:
+        pass
+    else:
+        s = sub.add_parser("verify", help="differential verification against float64 references")
+        add_verify_arguments(s)
+        s.set_defaults(fn=run_verify_command)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        import opsdk
+
+        print(f"opsdk {opsdk.__version__}")
+        return 0
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.fn(args) or 0)
+    except UsageError as e:
+        print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

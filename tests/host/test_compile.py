@@ -1,0 +1,156 @@
+"""Every registered op inside Relax functions with a symbolic batch: compiled for the host and
+run against the float64 reference; cross-compiled for aarch64 and checked for NEON code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import opsdk
+from opsdk._dtypes import eps, np_dtype
+from opsdk._explain import _asm_of, asm_vector_stats, build_single_op
+
+DEV = tvm.cpu()
+OPS = [d.name for d in opsdk.list_ops() if d.source == "builtin"]
+
+
+def _bound(ref: np.ndarray, dtype: str, k: int) -> np.ndarray:
+    """Rounding of the output dtype (eps * |ref|) plus the float32 forward-error bound of a
+    length-k recursive sum feeding a normalization (k * eps32 per unit of output, x8 for
+    the mean/variance/rsqrt chain)."""
+    return eps(dtype) * np.abs(ref) + (eps(dtype) + 8 * k * eps("float32")) * (1 + np.abs(ref))
+
+
+def _inputs(d, shapes, dtype, rng):
+    out = {}
+    for name, shp in shapes.items():
+        lo, hi = d.domain.get(name, (-2.0, 2.0))
+        out[name] = rng.uniform(lo, hi, size=shp).astype(np_dtype(dtype))
+    return out
+
+
+def _reduction_len(d, shape, attrs) -> int:
+    if d.kind == "elementwise":
+        return 1
+    return int(np.prod(shape)) // shape[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", OPS)
+def test_each_op_symbolic_batch_matches_reference(op, dtype):
+    d = opsdk.get_op(op)
+    rng = np.random.default_rng(7)
+    for layout, lattrs in d.layouts.items():
+        attrs = {**d.default_attrs(), **lattrs}
+        base = d.examples[0]
+        n = tirx.Var("n", "int64")
+        shapes = d.example_shapes((n, *base[1:]), attrs)
+        ex = tvm.compile(build_single_op(op, shapes, dtype, attrs), target=opsdk.target("x86"))
+        vm = relax.VirtualMachine(ex, DEV)
+        for batch in (1, 5):
+            concrete = d.example_shapes((batch, *base[1:]), attrs)
+            ins = _inputs(d, concrete, dtype, rng)
+            out = vm["main"](*[tvm.runtime.tensor(a, DEV) for a in ins.values()]).numpy()
+            ref = d.run_reference(ins, attrs)
+            assert out.shape == ref.shape and str(out.dtype) == dtype
+            err = np.abs(out.astype(np.float64) - ref)
+            bound = _bound(ref, dtype, _reduction_len(d, concrete["x"], attrs))
+            assert np.all(err <= bound), (
+                f"{op} {dtype} layout={layout} batch={batch}: max err {err.max():.3g}, "
+                f"worst err/bound {(err / bound).max():.3g}"
+            )
+
+
+def _all_ops_module(dtype: str) -> tvm.IRModule:
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4, 24), dtype))
+    g = relax.Var("g", relax.TensorType((24,), dtype))
+    b = relax.Var("b", relax.TensorType((24,), dtype))
+    xi = relax.Var("xi", relax.TensorType((n, 8, 5, 6), dtype))
+    gi = relax.Var("gi", relax.TensorType((8,), dtype))
+    r = opsdk.relax
+    with bb.function("main", [x, g, b, xi, gi]):
+        with bb.dataflow():
+            outs = [
+                bb.emit(r.layer_norm(x, g, b, epsilon=1e-5)),
+                bb.emit(r.rms_norm(x, g)),
+                bb.emit(r.gelu(x)),
+                bb.emit(r.bias_gelu(x, b, approximate="tanh")),
+                bb.emit(r.softmax(x, axis=1)),
+                bb.emit(r.group_norm(xi, gi, gi, num_groups=4)),
+            ]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_all_six_ops_in_one_function_x86():
+    mod = _all_ops_module("float32")
+    ex = tvm.compile(mod, target=opsdk.target("x86"))
+    vm = relax.VirtualMachine(ex, DEV)
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        X = rng.normal(size=(batch, 4, 24)).astype("float32")
+        G, B = rng.normal(size=24).astype("float32"), rng.normal(size=24).astype("float32")
+        XI, GI = (
+            rng.normal(size=(batch, 8, 5, 6)).astype("float32"),
+            rng.normal(size=8).astype("float32"),
+        )
+        outs = vm["main"](*[tvm.runtime.tensor(a, DEV) for a in (X, G, B, XI, GI)])
+        refs = [
+            ("layer_norm", {"x": X, "gamma": G, "beta": B}, {}),
+            ("rms_norm", {"x": X, "gamma": G}, {}),
+            ("gelu", {"x": X}, {}),
+            ("bias_gelu", {"x": X, "bias": B}, {"approximate": "tanh"}),
+            ("softmax", {"x": X}, {"axis": 1}),
+            ("group_norm", {"x": XI, "gamma": GI, "beta": GI}, {"num_groups": 4}),
+        ]
+        for o, (name, ins, attrs) in zip(outs, refs):
+            ref = opsdk.get_op(name).run_reference(ins, attrs)
+            err = np.abs(o.numpy().astype(np.float64) - ref)
+            assert np.all(err <= _bound(ref, "float32", 120)), (name, err.max())
+
+
+def test_all_six_ops_compile_for_arm_with_neon():
+    ex = tvm.compile(_all_ops_module("float32"), target=opsdk.target("arm"))
+    stats = asm_vector_stats(_asm_of(ex), "aarch64")
+    assert stats["neon"] > 50, stats
+    assert "aarch64" in _asm_of(ex) or stats["neon"] > 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_op_arm_asm_has_neon_and_rule_is_neon(op):
+    e = opsdk.explain(op, "arm")
+    assert e.rule.startswith("neon."), e.reasons
+    assert e.asm_stats["neon"] > 0, e.asm_stats
+    assert e.asm_stats["sve"] == 0
+
+
+def test_explain_names_different_rules_per_target():
+    arm = opsdk.explain("layer_norm", "arm", asm=False)
+    x86 = opsdk.explain("layer_norm", "x86", asm=False)
+    assert arm.rule == "neon.rows" and x86.rule == "x86.rows"
+    assert any("skipped" in r and "arm_cpu" in r for r in x86.reasons)
+    assert "T.parallel" in x86.tir and "T.vectorized" in x86.tir
+
+
+def test_generic_fallback_without_matching_rule():
+    e = opsdk.explain("layer_norm", "c", asm=False)
+    assert e.rule == "generic"
+    assert "T.parallel" not in e.tir
+
+
+def test_lower_ops_pass_and_pipeline():
+    mod = _all_ops_module("float32")
+    lowered = opsdk.transform.LowerOps("x86")(mod)
+    rules = {
+        str(f.attrs["opsdk.op"]): str(f.attrs["opsdk.rule"])
+        for f in lowered.functions.values()
+        if isinstance(f, tirx.PrimFunc)
+    }
+    assert rules["gelu"] == "x86.elementwise" and rules["layer_norm"] == "x86.rows"
+    ex = opsdk.compile(mod, "x86")
+    assert ex is not None

@@ -1,0 +1,304 @@
+"""Schema, type inference and registration: no code generation involved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx
+
+import opsdk
+from opsdk import OpDefinitionError, Tensor
+
+BUILTINS = {"layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm"}
+
+
+def _infer(call: relax.Call) -> relax.TensorType:
+    bb = relax.BlockBuilder()
+    return bb.normalize(call).ty
+
+
+def _var(name, shape, dtype="float32"):
+    return relax.Var(name, relax.TensorType(list(shape), dtype))
+
+
+def test_builtins_listed_and_registered_with_tvm():
+    names = {d.name for d in opsdk.list_ops()}
+    assert names >= BUILTINS
+    for name in BUILTINS:
+        op = tvm.ir.Op.get(f"opsdk.{name}")
+        assert op.name == f"opsdk.{name}"
+        assert op.get_attr("FPurity")
+        assert op.get_attr("TScriptPrinterName") == f"opsdk.{name}"
+
+
+def test_register_twice_is_noop_and_reimport_is_harmless():
+    import importlib
+
+    import opsdk.ops
+
+    before = [d.name for d in opsdk.list_ops()]
+    for d in opsdk.ops.BUILTIN_OPS:
+        assert opsdk.register(d) is d
+    opsdk.register_builtin_ops()
+    importlib.import_module("opsdk")
+    assert [d.name for d in opsdk.list_ops()] == before
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes", "attrs", "out"),
+    [
+        ("layer_norm", {"x": (4, 3, 16), "gamma": (16,), "beta": (16,)}, {}, (4, 3, 16)),
+        ("layer_norm", {"x": (4, 3, 16), "gamma": (3, 16)}, {"begin_axis": -2}, (4, 3, 16)),
+        ("rms_norm", {"x": (7, 5)}, {}, (7, 5)),
+        ("gelu", {"x": (2, 9)}, {"approximate": "tanh"}, (2, 9)),
+        ("bias_gelu", {"x": (2, 9), "bias": (9,)}, {}, (2, 9)),
+        ("softmax", {"x": (2, 5, 3)}, {"axis": 1}, (2, 5, 3)),
+        ("group_norm", {"x": (2, 8, 4, 4), "gamma": (8,)}, {"num_groups": 4}, (2, 8, 4, 4)),
+        ("group_norm", {"x": (2, 4, 4, 6)}, {"num_groups": 3, "layout": "NHWC"}, (2, 4, 4, 6)),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_static_type_inference(op, shapes, attrs, out, dtype):
+    args = {k: _var(k, s, dtype) for k, s in shapes.items()}
+    ty = _infer(getattr(opsdk.relax, op)(**args, **attrs))
+    assert isinstance(ty, relax.TensorType)
+    assert [int(v) for v in ty.shape.values] == list(out)
+    assert ty.dtype == dtype
+
+
+def test_symbolic_dims_are_kept():
+    n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
+    x = _var("x", (n, m, 64))
+    g = _var("g", (64,))
+    for call in (
+        opsdk.relax.layer_norm(x, g, g),
+        opsdk.relax.softmax(x, axis=1),
+        opsdk.relax.bias_gelu(x, g),
+        opsdk.relax.rms_norm(x, g),
+    ):
+        ty = _infer(call)
+        vals = ty.shape.values
+        assert vals[0].same_as(n) and vals[1].same_as(m) and int(vals[2]) == 64
+    xi = _var("xi", (n, 16, 7, 7), "float16")
+    ty = _infer(opsdk.relax.group_norm(xi, num_groups=4))
+    assert ty.shape.values[0].same_as(n) and ty.dtype == "float16"
+
+
+def test_layer_norm_gamma_over_two_trailing_symbolic_axes():
+    n = tirx.Var("n", "int64")
+    x = _var("x", (n, 4, 8))
+    ty = _infer(opsdk.relax.layer_norm(x, _var("g", (4, 8)), begin_axis=1))
+    assert ty.shape.values[0].same_as(n)
+
+
+def _err(call_fn, *needles):
+    with pytest.raises(ValueError) as ei:
+        _infer(call_fn())
+    msg = str(ei.value)
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_error_wrong_rank():
+    _err(
+        lambda: opsdk.relax.group_norm(_var("x", (2, 8, 4)), num_groups=2),
+        "opsdk.group_norm",
+        "'x'",
+        "rank 3",
+        "rank 4",
+    )
+
+
+def test_error_wrong_dtype():
+    _err(
+        lambda: opsdk.relax.gelu(_var("x", (2, 8), "float64")),
+        "opsdk.gelu",
+        "'x'",
+        "float64",
+        "float32, float16, bfloat16",
+    )
+    _err(lambda: opsdk.relax.softmax(_var("x", (2, 8), "int8")), "opsdk.softmax", "int8")
+
+
+def test_error_mixed_dtypes():
+    _err(
+        lambda: opsdk.relax.bias_gelu(_var("x", (2, 8)), _var("b", (8,), "float16")),
+        "opsdk.bias_gelu",
+        "'bias'",
+        "float16",
+        "cast",
+    )
+
+
+def test_error_axis_out_of_range():
+    _err(
+        lambda: opsdk.relax.softmax(_var("x", (2, 8)), axis=2), "opsdk.softmax", "'axis'", "[-2, 1]"
+    )
+    _err(
+        lambda: opsdk.relax.layer_norm(_var("x", (2, 8)), begin_axis=-3),
+        "opsdk.layer_norm",
+        "'begin_axis'",
+    )
+
+
+def test_error_shape_mismatch():
+    _err(
+        lambda: opsdk.relax.layer_norm(_var("x", (2, 8)), _var("g", (7,))),
+        "opsdk.layer_norm",
+        "'gamma'",
+        "(7,)",
+        "(8,)",
+    )
+    _err(
+        lambda: opsdk.relax.bias_gelu(_var("x", (2, 8)), _var("b", (2,))),
+        "opsdk.bias_gelu",
+        "'bias'",
+    )
+
+
+def test_error_attribute_value_and_type():
+    with pytest.raises(
+        ValueError, match=r"opsdk\.gelu: argument 'approximate' is 'fast'.*'none', 'tanh'"
+    ):
+        opsdk.relax.gelu(_var("x", (2, 8)), approximate="fast")
+    with pytest.raises(ValueError, match=r"opsdk\.layer_norm: argument 'epsilon' must be float"):
+        opsdk.relax.layer_norm(_var("x", (2, 8)), epsilon="1e-5")
+    with pytest.raises(ValueError, match=r"opsdk\.group_norm: argument 'num_groups' is required"):
+        opsdk.relax.group_norm(_var("x", (2, 8, 4, 4)))
+    with pytest.raises(ValueError, match=r"argument 'eps' is not an attribute"):
+        opsdk.relax.layer_norm(_var("x", (2, 8)), eps=1e-5)
+    _err(
+        lambda: opsdk.relax.group_norm(_var("x", (2, 8, 4, 4)), num_groups=3),
+        "opsdk.group_norm",
+        "'num_groups'",
+        "divide",
+    )
+    _err(
+        lambda: opsdk.relax.layer_norm(_var("x", (2, 8)), epsilon=-1.0),
+        "opsdk.layer_norm",
+        "'epsilon'",
+    )
+
+
+def test_error_non_tensor_argument():
+    with pytest.raises(ValueError, match=r"opsdk\.gelu: argument 'x' is a ndarray"):
+        opsdk.relax.gelu(np.zeros((2, 2), "float32"))
+
+
+def _swish_ref(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def test_definition_with_disagreeing_declared_type_raises_naming_the_op():
+    def wrong_type(shapes, dtypes, attrs):
+        return shapes["x"][:-1], dtypes["x"]  # claims the last axis is dropped
+
+    with pytest.raises(OpDefinitionError, match=r"op 'bad_swish'.*declared type"):
+
+        @opsdk.op(reference=_swish_ref, infer_type=wrong_type)
+        def bad_swish(x: Tensor) -> te.Tensor:
+            return te.compute(x.shape, lambda *i: x(*i) * tirx.sigmoid(x(*i)), name="swish")
+
+    assert not opsdk.is_registered("bad_swish")
+
+
+def test_definition_whose_reference_disagrees_raises():
+    with pytest.raises(OpDefinitionError, match=r"op 'bad_ref'.*reference returns shape"):
+
+        @opsdk.op(reference=lambda x: x.sum(axis=-1))
+        def bad_ref(x: Tensor) -> te.Tensor:
+            return te.compute(x.shape, lambda *i: x(*i), name="ident")
+
+
+def test_definition_schema_errors():
+    with pytest.raises(OpDefinitionError, match="keyword-only"):
+
+        @opsdk.op(reference=lambda x, alpha: x)
+        def bad_attr(x: Tensor, alpha: float) -> te.Tensor:
+            return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+    with pytest.raises(OpDefinitionError, match="reference parameters"):
+
+        @opsdk.op(reference=lambda y: y)
+        def bad_names(x: Tensor) -> te.Tensor:
+            return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+    with pytest.raises(OpDefinitionError, match="compute failed"):
+
+        @opsdk.op(reference=lambda x: x)
+        def bad_compute(x: Tensor) -> te.Tensor:
+            return te.compute(x.shape, lambda *i: x(*i, 0), name="y")
+
+
+def test_consistent_declared_type_is_accepted_and_used():
+    calls = []
+
+    def declared(shapes, dtypes, attrs):
+        calls.append(1)
+        return shapes["x"], dtypes["x"]
+
+    @opsdk.op(reference=_swish_ref, infer_type=declared)
+    def ok_swish(x: Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i) * tirx.sigmoid(x(*i)), name="swish")
+
+    opsdk.register(ok_swish)
+    try:
+        n = len(calls)
+        ty = _infer(opsdk.relax.ok_swish(_var("x", (3, 5))))
+        assert [int(v) for v in ty.shape.values] == [3, 5]
+        assert len(calls) > n
+    finally:
+        opsdk.unregister(ok_swish)
+    assert not opsdk.is_registered("ok_swish")
+    with pytest.raises(AttributeError, match="no opsdk op named 'ok_swish'"):
+        opsdk.relax.ok_swish  # noqa: B018
+
+
+def test_same_name_different_definition_needs_replace():
+    @opsdk.op(reference=_swish_ref, name="tmp_dup")
+    def first(x: Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i) * tirx.sigmoid(x(*i)), name="s")
+
+    @opsdk.op(reference=_swish_ref, name="tmp_dup")
+    def second(x: Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i) * tirx.sigmoid(x(*i)), name="s")
+
+    opsdk.register(first)
+    try:
+        opsdk.register(first)
+        with pytest.raises(ValueError, match="already registered"):
+            opsdk.register(second)
+        opsdk.register(second, replace=True)
+        assert opsdk.get_op("tmp_dup") is second
+    finally:
+        opsdk.unregister("tmp_dup")
+    # Unregister then register again works (the TVM op object is reused).
+    opsdk.register(first)
+    opsdk.unregister(first)
+
+
+def test_unregistered_op_in_a_module_fails_clearly():
+    @opsdk.op(reference=_swish_ref, name="tmp_gone")
+    def gone(x: Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i), name="s")
+
+    opsdk.register(gone)
+    call = opsdk.relax.tmp_gone(_var("x", (2, 2)))
+    opsdk.unregister(gone)
+    with pytest.raises(ValueError, match="tmp_gone is not registered"):
+        _infer(call)
+
+
+def test_targets_resolve():
+    assert opsdk.target("arm").keys == ("arm_cpu", "cpu")
+    assert "cpu" in opsdk.target("x86").keys
+    assert opsdk.target("x86").attrs["mcpu"] != "native"
+    from opsdk.targets import target_features
+
+    assert "dotprod" in target_features(opsdk.target("arm-dotprod"))
+    assert "dotprod" not in target_features(opsdk.target("arm"))
+    assert "sve" in target_features(opsdk.target("arm-sve"))
+    with pytest.raises(ValueError, match="unknown target 'armv9'"):
+        opsdk.target("armv9")
