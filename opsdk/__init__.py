@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import relax, transform
 from ._dtypes import FLOAT_DTYPES
 from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
+from ._plugins import import_beside
 from .register import get_op, is_registered, register, registered_ops, unregister
 from .schedules import rule
 from .targets import target
@@ -32,6 +33,7 @@ __all__ = [
     "compile",
     "explain",
     "get_op",
+    "import_beside",
     "is_registered",
     "list_ops",
     "load_plugins",

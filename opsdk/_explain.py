@@ -111,7 +111,7 @@ def explain(
     d = get_op(op_name)
     tgt = resolve_target(target)
     attrs = {**d.default_attrs(), **(attrs or {})}
-    base = tuple(shape or d.examples[0])
+    base = tuple(shape or max(d.examples, key=len))
     n = tirx.Var("n", "int64")
     prim = (n, *base[1:]) if shape is None else base
     shapes = d.example_shapes(prim, attrs)

@@ -552,7 +552,24 @@ def _self_check(d: OpDef) -> None:
     """
     for layout, lattrs in d.layouts.items():
         attrs = {**d.default_attrs(), **lattrs}
+        try:
+            attrs_ok = d.bind_attrs(attrs)
+        except ValueError as e:
+            raise OpDefinitionError(f"op {d.name!r}: layout {layout!r}: {e}") from e
+        # An axis attribute may not fit every example rank (begin_axis=-2 on a vector).
+        fitting = []
         for shape in d.examples:
+            try:
+                d.normalize_attrs(attrs_ok, len(shape))
+            except ValueError:
+                continue
+            fitting.append(shape)
+        if not fitting:
+            raise OpDefinitionError(
+                f"op {d.name!r}: no example shape fits layout {layout!r} {lattrs}; "
+                f"pass examples=[...] with a suitable rank"
+            )
+        for shape in fitting:
             for dt in d.dtypes:
                 shapes = d.example_shapes(shape, attrs)
                 dts = {k: dt for k in shapes}

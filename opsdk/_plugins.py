@@ -13,7 +13,7 @@ from importlib import metadata
 from ._opdef import OpDef
 from .register import register
 
-__all__ = ["load_plugins", "ops_of"]
+__all__ = ["import_beside", "load_plugins", "ops_of"]
 
 ENTRY_POINT_GROUP = "opsdk.ops"
 
@@ -59,3 +59,52 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
                 d.source = f"module {name}"
         found.extend(items)
     return [register(d) for d in found]
+
+
+def import_beside(anchor_file: str, module: str):
+    """Import ``module`` from the directory of ``anchor_file`` (once), e.g. an op file's
+    schedule rules. Works whether or not that directory is a package on ``sys.path``.
+
+    Examples
+    --------
+    >>> import opsdk.ops
+    >>> from opsdk import import_beside
+    >>> import_beside(opsdk.ops.__file__, "softmax").__name__
+    'opsdk.ops.softmax'
+    """
+    import importlib.util
+    import pathlib
+    import sys
+
+    folder = pathlib.Path(anchor_file).resolve().parent
+    path = folder / f"{module}.py"
+    if not path.is_file():
+        raise ImportError(f"{path} not found (imported beside {anchor_file})")
+    # Prefer the package-qualified name when the folder is an importable package.
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and pathlib.Path(f).resolve() == path:
+            return mod
+    anchor = next(
+        (
+            m
+            for m in list(sys.modules.values())
+            if getattr(m, "__file__", None)
+            and pathlib.Path(m.__file__).resolve() == pathlib.Path(anchor_file).resolve()
+        ),
+        None,
+    )
+    pkg = getattr(anchor, "__package__", None) if anchor else None
+    if pkg:
+        return importlib.import_module(f"{pkg}.{module}")
+    name = f"_opsdk_beside_{abs(hash(str(path)))}_{module}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod

@@ -1,4 +1,4 @@
-"""The ``opsdk`` command line: list, explain, verify, setup.
+"""The ``opsdk`` command line: list, explain, new-op, verify, setup.
 
 Exit codes: 0 success, 1 a check failed, 2 a usage error (unknown op, target, dtype, ...).
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +19,13 @@ class UsageError(Exception):
 
 
 def _load_ops(modules: Sequence[str] | None) -> None:
+    import os
+
     import opsdk
+
+    # Like `python -m`, resolve --module names against the current directory too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
     try:
         opsdk.load_plugins(list(modules or []))
@@ -107,6 +114,36 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_new_op(args: argparse.Namespace) -> int:
+    from opsdk._scaffold import ScaffoldError, new_op
+
+    _load_ops(args.module)
+    targets = [t for t in (args.targets or "").split(",") if t]
+    try:
+        r = new_op(
+            args.name,
+            kind=args.kind,
+            from_op=args.from_op,
+            directory=args.dir,
+            targets=targets,
+            force=args.force,
+        )
+    except ScaffoldError as e:
+        raise UsageError(str(e)) from None
+    for p in r.files:
+        print(f"wrote    {p}")
+    for p in r.replaced:
+        print(f"replaced {p} (--force)")
+    import os
+
+    root = r.package_root
+    hint = "" if root == pathlib.Path(os.getcwd()).resolve() else f"PYTHONPATH={root} "
+    print(f"\nnext: {hint}opsdk verify {r.name} --module {r.module} --target x86")
+    if "arm" in targets:
+        print(f"      {hint}opsdk verify {r.name} --module {r.module} --target arm")
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsdk", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="store_true", help="print the version and exit")
@@ -130,6 +167,23 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--module", action="append", help="also load ops from this module")
     s.set_defaults(fn=_cmd_explain)
+
+    s = sub.add_parser("new-op", help="scaffold an op file, its schedule rules and a test")
+    s.add_argument("name", help="op name (a Python identifier)")
+    s.add_argument(
+        "--kind", default="elementwise", choices=["elementwise", "binary", "reduction", "norm"]
+    )
+    s.add_argument(
+        "--from",
+        dest="from_op",
+        metavar="EXISTING_OP",
+        help="start from a built-in op instead of a template",
+    )
+    s.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    s.add_argument("--targets", default="x86,arm", help="schedule rules for (default: x86,arm)")
+    s.add_argument("--force", action="store_true", help="replace existing files (listed)")
+    s.add_argument("--module", action="append", help="also load ops from this module")
+    s.set_defaults(fn=_cmd_new_op)
 
     s = sub.add_parser(
         "setup", help="prepare an execution environment (arm: cross compiler + qemu)"

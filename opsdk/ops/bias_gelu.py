@@ -8,7 +8,7 @@ from tvm import te
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from ._te import acc
+from ..te_utils import acc
 from .gelu import gelu_expr, gelu_reference
 
 

@@ -10,7 +10,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from ._te import acc
+from ..te_utils import acc
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from ._te import acc
+from ..te_utils import acc
 
 
 def _channel_axis(layout: str) -> int:

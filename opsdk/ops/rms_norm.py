@@ -7,7 +7,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
-from ._te import acc, prod, reduce_axes
+from ..te_utils import acc, prod, reduce_axes
 
 
 def _reference(x, gamma=None, *, begin_axis=-1, epsilon=1e-6):

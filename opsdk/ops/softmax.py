@@ -7,7 +7,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
-from ._te import acc
+from ..te_utils import acc
 
 
 def _reference(x, *, axis=-1):

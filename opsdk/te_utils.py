@@ -1,4 +1,4 @@
-"""Small TE helpers shared by the built-in op computes."""
+"""TE helpers for op computes: float32 accumulation, element counts, reduce axes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,255 @@
+"""``opsdk new-op``: render templates into an op file, its schedule rules and a test file.
+
+Everything is rendered and syntax-checked in memory first, then written with temp files and
+atomic renames; a failure restores what was there, so an error half-way leaves nothing behind.
+Existing files are never overwritten without ``force``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import keyword
+import os
+import pathlib
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import jinja2
+
+from .register import get_op, is_registered
+
+__all__ = ["KINDS", "TARGETS", "ScaffoldError", "ScaffoldResult", "new_op"]
+
+KINDS = ("elementwise", "binary", "reduction", "norm")
+TARGETS = ("x86", "arm")
+_CLAIMS = {
+    "elementwise": ("vectorize", "parallel"),
+    "binary": ("vectorize", "parallel"),
+    "reduction": ("parallel",),
+    "norm": ("vectorize", "parallel"),
+}
+
+
+class ScaffoldError(ValueError):
+    """Bad input to ``new-op``; nothing was written."""
+
+
+@dataclass
+class ScaffoldResult:
+    """What :func:`new_op` wrote."""
+
+    name: str
+    module: str
+    files: list[pathlib.Path]
+    replaced: list[pathlib.Path] = field(default_factory=list)
+    package_root: pathlib.Path = pathlib.Path(".")
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("opsdk.templates", "."),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _check_name(name: str) -> None:
+    if not name or os.sep in name or "/" in name or "\\" in name or "." in name:
+        raise ScaffoldError(
+            f"op name {name!r} must be a plain Python identifier (no path separators or dots); "
+            "use --dir to choose where files go"
+        )
+    if not name.isidentifier() or not name.isascii():
+        raise ScaffoldError(f"op name {name!r} is not a valid Python identifier; try e.g. 'my_op'")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise ScaffoldError(f"op name {name!r} is a Python keyword; pick another name")
+    if name.startswith("_"):
+        raise ScaffoldError(f"op name {name!r} starts with '_'; op names are public")
+    if is_registered(name):
+        raise ScaffoldError(
+            f"an op named {name!r} already exists ({get_op(name).source}); pick another name"
+        )
+    if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+        raise ScaffoldError(f"op name {name!r} would shadow the Python module {name!r}")
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        raise ScaffoldError(
+            f"op name {name!r} would shadow the installed module {name!r} ({spec.origin}); "
+            "pick another name"
+        )
+
+
+def _module_path(directory: pathlib.Path, name: str) -> tuple[str, pathlib.Path]:
+    """Dotted module name of ``directory/name.py`` and the folder it is importable from."""
+    parts = [name]
+    d = directory
+    while (d / "__init__.py").is_file():
+        parts.insert(0, d.name)
+        d = d.parent
+    return ".".join(parts), d.resolve()
+
+
+def _from_source(from_op: str, name: str) -> str:
+    d = get_op(from_op)
+    mod = sys.modules[d.module]
+    src = inspect.getsource(mod)
+    if not d.module.startswith("opsdk.ops."):
+        raise ScaffoldError(f"--from {from_op}: only built-in ops can be copied (it is {d.source})")
+    src = re.sub(r"from \.\._dtypes import", "from opsdk import", src)
+    src = re.sub(r"from \.\._opdef import", "from opsdk import", src)
+    src = re.sub(r"from \.\.te_utils import", "from opsdk.te_utils import", src)
+    src = re.sub(r"from \.(\w+) import", r"from opsdk.ops.\1 import", src)
+    src = re.sub(rf"\bdef {from_op}\(", f"def {name}(", src)
+    if f"def {name}(" not in src:
+        raise ScaffoldError(f"--from {from_op}: could not find its compute function to rename")
+    return src
+
+
+def _render(
+    name: str, kind: str, from_op: str | None, targets: Sequence[str], module: str
+) -> dict[str, str]:
+    env = _env()
+    ctx = {
+        "name": name,
+        "kind": kind,
+        "targets": list(targets),
+        "module": module,
+        "from_op": from_op,
+    }
+    files: dict[str, str] = {}
+    if from_op:
+        src = _from_source(from_op, name)
+        header = (
+            f'"""``{name}``: made by ``opsdk new-op {name} --from {from_op}``; edit freely.\n\n'
+            f"Started as a copy of the built-in ``{from_op}`` (its original docstring follows).\n"
+            f"Verify with ``opsdk verify {name} --module {module} --target x86``.\n"
+        )
+        src = src.replace('"""', header, 1) if src.startswith('"""') else header + '"""\n' + src
+        footer = f"\n\n#: The ops this module provides.\nOPS = [{name}]\n"
+        if targets:
+            footer += (
+                "\n# Schedule rules for this op live beside this file.\n"
+                "from opsdk import import_beside  # noqa: E402\n\n"
+                f'import_beside(__file__, "{name}_schedules")\n'
+            )
+        files[f"{name}.py"] = src.rstrip("\n") + "\n" + footer
+        if targets:
+            from .schedules import load_builtin_rules, rules_for
+
+            load_builtin_rules()
+            claims: set[str] | None = None
+            for r in rules_for(get_op(from_op)):
+                claims = set(r.claims) if claims is None else claims & set(r.claims)
+            files[f"{name}_schedules.py"] = env.get_template("schedules_from.py.j2").render(
+                **ctx, claims=tuple(sorted(claims or ()))
+            )
+    else:
+        files[f"{name}.py"] = env.get_template(f"op_{kind}.py.j2").render(**ctx)
+        if not targets:
+            files[f"{name}.py"] = (
+                files[f"{name}.py"]
+                .replace(
+                    f"\n# Schedule rules for this op live beside this file.\nimport_beside(__file__, "
+                    f'"{name}_schedules")\n',
+                    "\n",
+                )
+                .replace("from opsdk import import_beside\n", "")
+            )
+        else:
+            files[f"{name}_schedules.py"] = env.get_template("schedules.py.j2").render(
+                **ctx, claims=_CLAIMS[kind]
+            )
+    files[f"test_{name}.py"] = env.get_template("test_op.py.j2").render(**ctx)
+    for fname, text in files.items():
+        try:
+            compile(text, fname, "exec")
+        except SyntaxError as e:  # a template bug: never write broken files
+            raise ScaffoldError(f"internal error: rendered {fname} does not compile: {e}") from e
+    return files
+
+
+def new_op(
+    name: str,
+    *,
+    kind: str = "elementwise",
+    from_op: str | None = None,
+    directory: str | os.PathLike = ".",
+    targets: Sequence[str] = TARGETS,
+    force: bool = False,
+) -> ScaffoldResult:
+    """Scaffold a new op: ``NAME.py`` (compute, reference, schema, matrix, domain hints),
+    ``NAME_schedules.py`` (rules for ``targets``) and ``test_NAME.py`` (generic verify suite).
+
+    Examples
+    --------
+    >>> import tempfile, opsdk
+    >>> from opsdk._scaffold import new_op
+    >>> r = new_op("demo_swish", directory=tempfile.mkdtemp())
+    >>> sorted(p.name for p in r.files)
+    ['demo_swish.py', 'demo_swish_schedules.py', 'test_demo_swish.py']
+    """
+    _check_name(name)
+    if from_op is not None:
+        try:
+            base = get_op(from_op)
+        except KeyError as e:
+            raise ScaffoldError(f"--from {from_op}: {e.args[0]}") from None
+        kind = base.kind
+    elif kind not in KINDS:
+        raise ScaffoldError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+    bad = [t for t in targets if t not in TARGETS]
+    if bad:
+        raise ScaffoldError(
+            f"--targets {','.join(bad)}: supported targets are {', '.join(TARGETS)}"
+        )
+    folder = pathlib.Path(directory)
+    if not folder.is_dir():
+        raise ScaffoldError(f"--dir {folder}: no such directory; create it first")
+    folder = folder.resolve()
+    module, root = _module_path(folder, name)
+    files = _render(name, kind, from_op, targets, module)
+    paths = {folder / f: text for f, text in files.items()}
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise ScaffoldError(
+            "refusing to overwrite existing files (pass --force to replace them): "
+            + ", ".join(str(p) for p in existing)
+        )
+    _write_all(paths)
+    return ScaffoldResult(name, module, list(paths), existing, root)
+
+
+def _write_all(paths: dict[pathlib.Path, str]) -> None:
+    """Write every file or none: temp files first, then renames; restore on failure."""
+    temps: dict[pathlib.Path, str] = {}
+    backups: dict[pathlib.Path, bytes] = {}
+    done: list[pathlib.Path] = []
+    try:
+        for p, text in paths.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            temps[p] = tmp
+        for p, tmp in temps.items():
+            if p.exists():
+                backups[p] = p.read_bytes()
+            os.replace(tmp, p)
+            done.append(p)
+    except BaseException:
+        for p in done:
+            if p in backups:
+                p.write_bytes(backups[p])
+            else:
+                p.unlink(missing_ok=True)
+        for tmp in temps.values():
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,1 @@
+"""Jinja2 templates rendered by ``opsdk new-op`` (installed as the ``opsdk.templates`` package)."""

@@ -1,0 +1,111 @@
+"""`opsdk new-op` safety: bad names and existing files change nothing on disk."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from opsdk._scaffold import ScaffoldError, new_op
+from opsdk.cli import main
+
+
+def _snapshot(folder: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("1abc", "not a valid Python identifier"),
+        ("my-op", "not a valid Python identifier"),
+        ("class", "Python keyword"),
+        ("match", "Python keyword"),
+        ("a/b", "path separators"),
+        ("../evil", "path separators"),
+        ("pkg.op", "path separators or dots"),
+        ("", "plain Python identifier"),
+        ("layer_norm", "already exists"),
+        ("numpy", "would shadow"),
+        ("json", "would shadow"),
+        ("_hidden", "starts with '_'"),
+    ],
+)
+def test_bad_names_are_refused_and_nothing_is_written(tmp_path, name, needle):
+    (tmp_path / "keep.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ScaffoldError, match=needle):
+        new_op(name, directory=tmp_path)
+    assert _snapshot(tmp_path) == before
+
+
+def test_bad_kind_target_dir_and_from(tmp_path):
+    with pytest.raises(ScaffoldError, match="--kind 'conv'"):
+        new_op("ok_name", kind="conv", directory=tmp_path)
+    with pytest.raises(ScaffoldError, match="--targets cuda"):
+        new_op("ok_name", targets=["cuda"], directory=tmp_path)
+    with pytest.raises(ScaffoldError, match="no such directory"):
+        new_op("ok_name", directory=tmp_path / "missing")
+    with pytest.raises(ScaffoldError, match="--from nope"):
+        new_op("ok_name", from_op="nope", directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_file_is_not_overwritten_without_force(tmp_path):
+    mine = tmp_path / "swish2.py"
+    mine.write_text("# my own work\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ScaffoldError, match=r"refusing to overwrite.*--force.*swish2\.py"):
+        new_op("swish2", directory=tmp_path)
+    assert _snapshot(tmp_path) == before  # neither replaced nor the other two files written
+
+
+def test_force_replaces_and_lists(tmp_path):
+    mine = tmp_path / "swish3.py"
+    mine.write_text("# my own work\n")
+    r = new_op("swish3", directory=tmp_path, force=True)
+    assert r.replaced == [mine.resolve()]
+    assert "opsdk.op(" in mine.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "swish3.py",
+        "swish3_schedules.py",
+        "test_swish3.py",
+    ]
+
+
+def test_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
+    mine = tmp_path / "half_schedules.py"
+    mine.write_text("# mine\n")
+    calls = {"n": 0}
+    real = os.replace
+
+    def flaky(src, dst):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    before = _snapshot(tmp_path)
+    with pytest.raises(OSError, match="disk full"):
+        new_op("half", directory=tmp_path, force=True)
+    assert _snapshot(tmp_path) == before  # restored, no temp files left
+
+
+def test_cli_reports_usage_errors_with_exit_2(tmp_path, capsys):
+    assert main(["new-op", "class", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "opsdk new-op: error:" in err and "keyword" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_writes_files_and_prints_next_steps(tmp_path, capsys):
+    assert (
+        main(["new-op", "gated", "--kind", "binary", "--dir", str(tmp_path), "--targets", "x86"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "wrote" in out and "opsdk verify gated --module gated --target x86" in out
+    assert 'opsdk.rule("gated", "cpu"' in (tmp_path / "gated_schedules.py").read_text()
+    assert "arm_cpu" not in (tmp_path / "gated_schedules.py").read_text()
