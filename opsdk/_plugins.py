@@ -80,8 +80,8 @@ def import_beside(anchor_file: str, module: str):
     path = folder / f"{module}.py"
     if not path.is_file():
         raise ImportError(f"{path} not found (imported beside {anchor_file})")
-    # Prefer the package-qualified name when the folder is an importable package.
-    for name, mod in list(sys.modules.items()):
+    # Already imported (under any name)? Reuse it so rules are not registered twice.
+    for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
         if f and pathlib.Path(f).resolve() == path:
             return mod

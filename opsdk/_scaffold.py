@@ -158,8 +158,8 @@ def _render(
             files[f"{name}.py"] = (
                 files[f"{name}.py"]
                 .replace(
-                    f"\n# Schedule rules for this op live beside this file.\nimport_beside(__file__, "
-                    f'"{name}_schedules")\n',
+                    "\n# Schedule rules for this op live beside this file.\n"
+                    f'import_beside(__file__, "{name}_schedules")\n',
                     "\n",
                 )
                 .replace("from opsdk import import_beside\n", "")

@@ -9,9 +9,11 @@ was taken or passed over. The unscheduled generic lowering is always the last re
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
@@ -25,6 +27,7 @@ __all__ = [
     "Rule",
     "apply_schedule",
     "choose",
+    "generic_only",
     "load_builtin_rules",
     "rule",
     "rules_for",
@@ -194,10 +197,38 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
 _LOG: list[Choice] = []
 
 
+_BYPASS = threading.local()
+
+
+@contextlib.contextmanager
+def generic_only() -> Iterator[None]:
+    """Within this block, lowering skips every rule and keeps the generic function.
+
+    ``opsdk verify`` compiles each op twice, with and without its schedule, and compares the
+    two (schedule invariance).
+
+    Examples
+    --------
+    >>> from opsdk.schedules import generic_only
+    >>> with generic_only():
+    ...     pass
+    """
+    prev = getattr(_BYPASS, "on", False)
+    _BYPASS.on = True
+    try:
+        yield
+    finally:
+        _BYPASS.on = prev
+
+
 def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimFunc:
     """Schedule ``func`` for ``target`` and tag it with the chosen rule (``opsdk.rule``)."""
     load_builtin_rules()
-    ch = choose(op, func, target)
+    if getattr(_BYPASS, "on", False):
+        ch = Choice(op=op.name, target=str(target), rule=GENERIC, claims=(), func=func)
+        ch.reasons.append("generic_only() in effect: rules bypassed")
+    else:
+        ch = choose(op, func, target)
     _LOG.append(ch)
     del _LOG[:-256]
     out = ch.func.with_attr("opsdk.rule", ch.rule)
