@@ -1,0 +1,172 @@
+"""Device runners: execute compiled kernels and return numpy outputs.
+
+One interface (:class:`Runner`) over three places to run:
+
+- :class:`LocalRunner`: the host CPU;
+- :class:`EmulatedRunner`: aarch64 under qemu-user, through TVM RPC (needs :func:`setup_arm`);
+- :class:`RPCRunner`: a real board running TVM's RPC server, directly or through a tracker.
+
+Examples
+--------
+>>> import numpy as np, tvm
+>>> from tvm import te
+>>> from opsdk.runners import runner_for
+>>> a = te.placeholder((8,), "float32", name="a")
+>>> b = te.compute((8,), lambda i: a[i] + 1.0, name="b")
+>>> ex = tvm.compile(te.create_prim_func([a, b]), target={"kind": "llvm"})
+>>> with runner_for("x86") as r:
+...     (out,) = r.run(ex, [np.zeros(8, "float32")], outputs=[((8,), "float32")])
+>>> float(out.sum())
+8.0
+
+Submodules are imported lazily, so ``import opsdk.runners`` does not import TVM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._base import DeviceCrash, DeviceTimeout, Runner
+    from ._provision import arm_ready, arm_tools_available, setup_arm
+    from .emulated import EmulatedRunner
+    from .local import LocalRunner
+    from .rpc import RPCRunner
+
+__all__ = [
+    "DeviceCrash",
+    "DeviceTimeout",
+    "EmulatedRunner",
+    "LocalRunner",
+    "RPCRunner",
+    "Runner",
+    "arm_ready",
+    "arm_tools_available",
+    "runner_for",
+    "setup_arm",
+]
+
+_LAZY = {
+    "DeviceCrash": "._base",
+    "DeviceTimeout": "._base",
+    "Runner": "._base",
+    "arm_ready": "._provision",
+    "arm_tools_available": "._provision",
+    "setup_arm": "._provision",
+    "EmulatedRunner": ".emulated",
+    "LocalRunner": ".local",
+    "RPCRunner": ".rpc",
+}
+
+# Friendly target names -> (arch, qemu -cpu matching the target's features).
+_TARGET_ARCH = {
+    "x86": ("x86_64", None),
+    "x86_64": ("x86_64", None),
+    "host": (None, None),
+    "llvm": (None, None),
+    "c": (None, None),
+    "arm": ("aarch64", "cortex-a72"),
+    "aarch64": ("aarch64", "cortex-a72"),
+    "arm-dotprod": ("aarch64", "cortex-a76"),
+    "arm-sve": ("aarch64", "max"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _target_arch(target_kind: str) -> tuple[str | None, str | None]:
+    """(arch, default qemu cpu) of a friendly target name; arch None means the host."""
+    try:  # the target registry knows the exact qemu -cpu of each named target
+        from opsdk.targets import TARGETS
+
+        spec = TARGETS.get(target_kind)
+        if spec is not None:
+            return spec.arch, spec.qemu_cpu
+    except Exception:  # registry unavailable or changed shape: use the built-in table
+        pass
+    if target_kind in _TARGET_ARCH:
+        return _TARGET_ARCH[target_kind]
+    if target_kind.startswith(("arm", "aarch64")):
+        return "aarch64", "max"
+    return None, None
+
+
+def runner_for(
+    target_kind: str,
+    *,
+    rpc: str | None = None,
+    tracker: str | None = None,
+    key: str | None = None,
+    qemu_cpu: str | None = None,
+) -> Runner:
+    """Pick the runner for a target name.
+
+    Parameters
+    ----------
+    target_kind : str
+        Friendly target name (``x86``, ``arm``, ``arm-dotprod``, ``arm-sve``, ``c``, ...).
+    rpc : str, optional
+        ``HOST:PORT`` of a TVM RPC server: run there.
+    tracker : str, optional
+        ``HOST:PORT`` of a TVM RPC tracker; ``key`` selects the device.
+    key : str, optional
+        Device key (with ``tracker``) or server key (with ``rpc``).
+    qemu_cpu : str, optional
+        qemu ``-cpu`` for the emulator; default matches the target (``arm``: cortex-a72,
+        ``arm-dotprod``: cortex-a76, ``arm-sve``: the target registry's choice).
+
+    Returns
+    -------
+    Runner
+        :class:`RPCRunner` when ``rpc``/``tracker`` is given; :class:`LocalRunner` when the
+        target runs on the host; :class:`EmulatedRunner` for aarch64 on a non-aarch64 host.
+
+    Examples
+    --------
+    >>> from opsdk.runners import runner_for
+    >>> runner_for("x86").name
+    'local'
+    >>> runner_for("arm", rpc="192.168.1.20:9090").device_info()["device"]
+    'rpc 192.168.1.20:9090'
+    """
+    from .local import LocalRunner, host_arch
+    from .rpc import RPCRunner
+
+    arch, default_cpu = _target_arch(target_kind)
+    remote_arch = arch or host_arch()
+    if tracker:
+        if not key:
+            raise ValueError("tracker= needs key= (the device key registered with the tracker)")
+        host, port = _split_addr(tracker)
+        return RPCRunner.from_tracker(host, port, key, arch=remote_arch)
+    if rpc:
+        host, port = _split_addr(rpc)
+        return RPCRunner(host, port, key=key or "", arch=remote_arch)
+    if arch is None or arch == host_arch():
+        return LocalRunner()
+    if arch == "aarch64":
+        from .emulated import EmulatedRunner
+
+        return EmulatedRunner(cpu=qemu_cpu or default_cpu or "cortex-a72")
+    raise ValueError(
+        f"no runner for target {target_kind!r} (runs on {arch}) from this {host_arch()} host; "
+        "pass rpc= or tracker= to run it on a remote device"
+    )
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+    return host.strip("[]"), int(port)

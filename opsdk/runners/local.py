@@ -1,0 +1,91 @@
+"""Run kernels on the host CPU."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._base import (
+    DeviceTimeout,
+    IdentityCache,
+    OutputSpec,
+    Runner,
+    _CallTimeout,
+    call_with_timeout,
+    run_on_device,
+    runtime_module,
+)
+
+__all__ = ["LocalRunner"]
+
+
+def host_arch() -> str:
+    """Normalized host machine name (``x86_64``, ``aarch64``, ...)."""
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+class LocalRunner(Runner):
+    """Run kernels in this process on ``tvm.cpu()``.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        If given, each call runs in a helper thread and :class:`DeviceTimeout` is raised when
+        it takes longer. The kernel cannot be stopped: it keeps running in the background.
+
+    Examples
+    --------
+    >>> from opsdk.runners import LocalRunner
+    >>> LocalRunner().device_info()["arch"] in ("x86_64", "aarch64")
+    True
+    """
+
+    name = "local"
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = timeout
+        self._vms = IdentityCache()  # executable -> VirtualMachine
+
+    def device_info(self) -> dict[str, Any]:
+        import tvm
+
+        cpu = tvm.target.codegen.llvm_get_system_cpu()
+        arch = host_arch()
+        return {"device": f"host {arch} ({cpu})", "arch": arch, "cpu": cpu, "runner": self.name}
+
+    def close(self) -> None:
+        self._vms.clear()
+
+    def run(
+        self,
+        executable: Any,
+        inputs: Sequence[np.ndarray],
+        *,
+        entry: str = "main",
+        outputs: Sequence[OutputSpec] | None = None,
+    ) -> list[np.ndarray]:
+        import tvm
+
+        dev = tvm.cpu()
+
+        def vm() -> Any:
+            machine = self._vms.get(executable)
+            if machine is None:
+                machine = tvm.relax.VirtualMachine(runtime_module(executable), dev)
+                self._vms[executable] = machine
+            return machine
+
+        def call() -> list[np.ndarray]:
+            module = runtime_module(executable) if outputs is not None else None
+            return run_on_device(module, vm, dev, inputs, entry, outputs)
+
+        try:
+            return call_with_timeout(call, self.timeout, "local-run")
+        except _CallTimeout:
+            raise DeviceTimeout(
+                f"kernel {entry!r} did not finish within {self.timeout} s on the host"
+            ) from None
