@@ -128,6 +128,8 @@ class OpDef:
     params: tuple[Param, ...]
     dtypes: tuple[str, ...]
     ranks: tuple[int, int]
+    input_dtypes: dict[str, tuple[str, ...]]
+    free_dims: dict[str, tuple[int, int]]
     input_shapes: Callable[[tuple, dict], dict[str, tuple]] | None
     check: Callable[[dict, dict, dict], None] | None
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None
@@ -259,17 +261,28 @@ class OpDef:
                 prim, f"has dtype {pdt}", f"supported dtypes: {', '.join(self.dtypes)}"
             )
         for name, dt in dtypes.items():
-            if name != prim and dt != pdt:
+            if name == prim:
+                continue
+            allowed = self.input_dtypes.get(name)
+            if allowed is not None and dt not in allowed:
+                raise self.error(name, f"has dtype {dt}", f"supported dtypes: {', '.join(allowed)}")
+            if allowed is None and dt != pdt:
                 raise self.error(
                     name, f"has dtype {dt} but '{prim}' is {pdt}", f"cast '{name}' to {pdt}"
                 )
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), rank)
         if self.input_shapes is not None:
             expected = self.input_shapes(tuple(pshape), nattrs)
+            bound: dict[str, Any] = {}  # free named dims ("N") take the first size seen
             for name, shp in shapes.items():
                 if name == prim or name not in expected:
                     continue
                 want = tuple(expected[name])
+                if shp is not None and len(shp) == len(want):
+                    for i, w in enumerate(want):
+                        if isinstance(w, str):
+                            bound.setdefault(w, shp[i])
+                    want = tuple(bound[w] if isinstance(w, str) else w for w in want)
                 if (
                     shp is None
                     or len(shp) != len(want)
@@ -327,17 +340,46 @@ class OpDef:
         return _shape_tuple(out), str(out.dtype)
 
     # ------------------------------------------------------------------ examples
-    def example_shapes(self, primary_shape: tuple, attrs: Mapping[str, Any]) -> dict[str, tuple]:
-        """Shapes of every tensor input for a primary shape (optionals included)."""
+    def example_shapes(
+        self,
+        primary_shape: tuple,
+        attrs: Mapping[str, Any],
+        free: Mapping[str, int] | None = None,
+    ) -> dict[str, tuple]:
+        """Shapes of every tensor input for a primary shape (optionals included).
+
+        Free named dims of ``input_shapes`` (e.g. a dense layer's ``"N"``) take their value
+        from ``free``, else a default inside the op's ``free_dims`` range.
+        """
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(primary_shape))
         out = {self.primary: tuple(primary_shape)}
         derived = self.input_shapes(tuple(primary_shape), nattrs) if self.input_shapes else {}
+        sizes = {k: min(hi, max(lo, 8)) for k, (lo, hi) in self.free_dims.items()}
+        sizes.update(free or {})
         for p in self.tensor_params[1:]:
             if p.name in derived:
-                out[p.name] = tuple(_as_dim(d) for d in derived[p.name])
+                dims = []
+                for dim in derived[p.name]:
+                    if isinstance(dim, str):
+                        if dim not in sizes:
+                            raise OpDefinitionError(
+                                f"op {self.name!r}: input_shapes uses the free dim {dim!r}; "
+                                f"declare its range with free_dims={{{dim!r}: (lo, hi)}}"
+                            )
+                        dim = sizes[dim]
+                    dims.append(_as_dim(dim))
+                out[p.name] = tuple(dims)
             else:
                 out[p.name] = tuple(primary_shape)
         return out
+
+    def dtypes_for(self, primary_dtype: str, names: Sequence[str] | None = None) -> dict[str, str]:
+        """Dtype of each tensor input when the first input has ``primary_dtype``."""
+        names = [p.name for p in self.tensor_params] if names is None else list(names)
+        return {
+            n: primary_dtype if n == self.primary else self.input_dtypes.get(n, (primary_dtype,))[0]
+            for n in names
+        }
 
     def default_attrs(self) -> dict[str, Any]:
         """Defaults, with required attributes taken from ``attr_domain`` examples."""
@@ -423,8 +465,9 @@ def _default_examples(ranks: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
 def op(
     *,
     reference: Callable[..., np.ndarray],
-    dtypes: Sequence[str] = FLOAT_DTYPES,
+    dtypes: Sequence[str] | Mapping[str, Sequence[str]] = FLOAT_DTYPES,
     ranks: tuple[int, int] = (1, 6),
+    free_dims: Mapping[str, tuple[int, int]] | None = None,
     input_shapes: Callable[[tuple, dict], dict[str, tuple]] | None = None,
     check: Callable[[dict, dict, dict], None] | None = None,
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None = None,
@@ -442,12 +485,17 @@ def op(
     reference
         float64 numpy implementation with the same signature as the compute.
     dtypes
-        Dtypes the first tensor input may have; other tensor inputs must match it.
+        Dtypes the first tensor input may have; other tensor inputs must match it. A mapping
+        ``{input: dtypes}`` gives inputs their own dtypes (e.g. float32 scales of an int8 op);
+        inputs it leaves out must match the first input.
     ranks
         Inclusive (min, max) rank of the first tensor input.
     input_shapes
         ``f(primary_shape, attrs) -> {input: shape}`` giving the shape every other tensor
-        input must have; used for type checking and for generating test inputs.
+        input must have; used for type checking and for generating test inputs. A dim may be
+        a name (``"N"``): a free size shared by the inputs that use it.
+    free_dims
+        Inclusive size range of each free named dim, for test generation: ``{"N": (1, 64)}``.
     check
         Extra validation ``f(shapes, dtypes, attrs)`` raising ``ValueError``.
     infer_type
@@ -518,15 +566,32 @@ def op(
                 f"op {opname!r}: reference parameters {list(ref_sig.parameters)} differ from the "
                 f"compute's {list(sig.parameters)}"
             )
-        for dt in dtypes:
+        if isinstance(dtypes, Mapping):
+            per_input = {k: tuple(v) for k, v in dtypes.items()}
+            first = next(p.name for p in params if p.kind == "tensor")
+            if first not in per_input:
+                raise OpDefinitionError(
+                    f"op {opname!r}: dtypes must name the first input {first!r}"
+                )
+            unknown = set(per_input) - {p.name for p in params if p.kind == "tensor"}
+            if unknown:
+                raise OpDefinitionError(
+                    f"op {opname!r}: dtypes names unknown inputs {sorted(unknown)}"
+                )
+            primary_dtypes = per_input.pop(first)
+        else:
+            per_input, primary_dtypes = {}, tuple(dtypes)
+        for dt in (*primary_dtypes, *(d for v in per_input.values() for d in v)):
             np_dtype(dt)  # raises for unknown dtypes
         d = OpDef(
             name=opname,
             compute=fn,
             reference=reference,
             params=tuple(params),
-            dtypes=tuple(dtypes),
+            dtypes=primary_dtypes,
             ranks=tuple(ranks),  # type: ignore[arg-type]
+            input_dtypes=per_input,
+            free_dims={k: (int(v[0]), int(v[1])) for k, v in (free_dims or {}).items()},
             input_shapes=input_shapes,
             check=check,
             infer_type=infer_type,
@@ -572,7 +637,7 @@ def _self_check(d: OpDef) -> None:
         for shape in fitting:
             for dt in d.dtypes:
                 shapes = d.example_shapes(shape, attrs)
-                dts = {k: dt for k in shapes}
+                dts = d.dtypes_for(dt, shapes)
                 where = f"op {d.name!r} ({dt}, layout {layout!r}, {d.primary} shape {shape})"
                 try:
                     out = d.trace(shapes, dts, attrs)
@@ -592,7 +657,14 @@ def _self_check(d: OpDef) -> None:
                         )
                 if dt == d.dtypes[0]:
                     rng = np.random.default_rng(0)
-                    ins = {k: rng.uniform(-1, 1, v) for k, v in shapes.items()}
+                    ins = {
+                        k: (
+                            rng.integers(-3, 4, v)
+                            if np_dtype(dts[k]).kind in "iu"
+                            else rng.uniform(-1, 1, v)
+                        ).astype(np_dtype(dts[k]))
+                        for k, v in shapes.items()
+                    }
                     ref = d.run_reference(ins, attrs)
                     if tuple(ref.shape) != traced[0]:
                         raise OpDefinitionError(
@@ -602,7 +674,7 @@ def _self_check(d: OpDef) -> None:
             # A symbolic leading dim must survive tracing (Relax keeps it in the type).
             n = tirx.Var("n", "int64")
             shapes = d.example_shapes((n, *shape[1:]), attrs)
-            dts = {k: d.dtypes[0] for k in shapes}
+            dts = d.dtypes_for(d.dtypes[0], shapes)
             try:
                 d.trace(shapes, dts, attrs)
             except Exception as e:
