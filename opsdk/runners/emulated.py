@@ -447,7 +447,7 @@ class EmulatedRunner(RPCRunner):
                 self._server = None
 
 
-def serve(port: int = 9090, cpu: str | None = "cortex-a72", host: str = "0.0.0.0",
+def serve(port: int = 9090, cpu: str | None = "cortex-a72", host: str = "127.0.0.1",
           key: str = "", start_timeout: float = 120.0) -> None:  # fmt: skip
     """Serve emulated aarch64 TVM RPC on ``host:port`` until Ctrl-C or SIGTERM.
 
@@ -493,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m opsdk.runners.emulated",
         description="Serve TVM RPC from an emulated aarch64 CPU (qemu-user) until Ctrl-C.",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; use 0.0.0.0 to serve other machines)",
+    )
     parser.add_argument("--port", type=int, default=9090, help="port to bind (0: any free one)")
     parser.add_argument("--cpu", default="cortex-a72", help="qemu -cpu model (default cortex-a72)")
     parser.add_argument("--key", default="", help="RPC key clients must present (default none)")
