@@ -13,7 +13,7 @@ Examples
 
 from __future__ import annotations
 
-from . import relax, transform
+from . import drift, frontend, relax, transform
 from ._dtypes import FLOAT_DTYPES
 from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
 from ._plugins import import_beside
@@ -31,7 +31,9 @@ __all__ = [
     "Param",
     "Tensor",
     "compile",
+    "drift",
     "explain",
+    "frontend",
     "get_op",
     "import_beside",
     "is_registered",
@@ -80,11 +82,20 @@ def load_plugins(modules: list[str] | None = None) -> list[OpDef]:
     return _load(modules)
 
 
-def compile(mod, target="x86", **kwargs):
-    """``tvm.compile`` with opsdk lowering for ``target`` (a friendly name or TVM target)."""
+def compile(mod, target="x86", *, params=None, **kwargs):
+    """``tvm.compile`` with opsdk lowering for ``target`` (a friendly name or TVM target).
+
+    ``params`` maps parameter names of ``main`` to arrays that are bound as constants before
+    compiling (e.g. weights of a model imported with ``keep_params_as_input=True``; TVM's own
+    ``params`` argument does not bind them); ``params=True`` binds the values the importer
+    attached to ``main`` (see :func:`opsdk.frontend.bind_params`). Other keyword arguments go
+    to ``tvm.compile``.
+    """
     import tvm
 
     t = globals()["target"](target)
+    if params is not None and params is not False:
+        mod = frontend.bind_params(mod, None if params is True else params)
     return tvm.compile(mod, target=t, relax_pipeline=pipeline(t), **kwargs)
 
 

@@ -115,7 +115,9 @@ def _lookup(name: str) -> OpDef:
 def decode_call(call: relax.Call) -> tuple[OpDef, dict[str, Any], dict[str, Any]]:
     """Split an ``opsdk.*`` call into (definition, {input: relax expr}, attributes)."""
     d = _lookup(call.op.name.removeprefix("opsdk."))
-    attrs = {k: call.attrs[k] for k in call.attrs.keys()}  # noqa: SIM118 (DictAttrs) if call.attrs is not None else {}
+    raw = call.attrs
+    # DictAttrs supports keys() and [] but not iteration.
+    attrs = {k: raw[k] for k in raw.keys()} if raw is not None else {}  # noqa: SIM118
     names = str(attrs.pop(_INPUTS_KEY, d.primary)).split(",")
     if len(names) != len(call.args):
         raise ValueError(f"{d.op_name}: call has {len(call.args)} inputs but attrs list {names}")

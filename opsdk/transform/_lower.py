@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from .targets import target as _resolve
+from ..targets import target as _resolve
 
 __all__ = ["LowerOps", "pipeline"]
 
@@ -43,7 +43,7 @@ def pipeline(target: str | dict | Target, base: str = "default") -> tvm.transfor
 
     Examples
     --------
-    >>> import opsdk
+    >>> import opsdk, tvm
     >>> isinstance(opsdk.pipeline("x86"), tvm.transform.Pass)
     True
     """

@@ -1,0 +1,245 @@
+"""Shared steps of the examples: import a torch model through opsdk, compile for x86 and
+aarch64, compare with torch eager, and time opsdk's pipeline against TVM's default one."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+import opsdk
+
+#: float32 tolerance against torch eager: |ours - torch| <= ATOL * max(1, max|torch|) + RTOL *
+#: |torch|. Both sides round in float32 but sum in different orders (matmul/conv reductions of
+#: up to a few hundred terms, norms over the feature axis); observed errors are ~1e-6.
+ATOL, RTOL = 1e-4, 1e-4
+
+
+def import_model(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """Export with torch.export, import with opsdk's converters, then fuse."""
+    ep = torch.export.export(model.eval(), args)
+    imported = opsdk.frontend.from_torch(ep)
+    fused = opsdk.transform.FuseIntoOps()(imported)
+    return {"ep": ep, "imported": imported, "fused": fused}
+
+
+def compare(out: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """Max abs / rel error of ``out`` against ``ref`` and whether it is within tolerance."""
+    err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    scale = float(np.max(np.abs(ref)))
+    bound = ATOL * max(1.0, scale) + RTOL * np.abs(ref)
+    return {
+        "max_abs": float(err.max()),
+        "max_rel": float(err.max() / scale) if scale else float(err.max()),
+        "ok": bool(np.all(err <= bound)),
+    }
+
+
+def run_x86(mod: tvm.IRModule, args: tuple[torch.Tensor, ...]) -> tuple[Any, np.ndarray]:
+    ex = opsdk.compile(mod, "x86")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    return vm, _first(out)
+
+
+def _first(out: Any) -> np.ndarray:
+    while not isinstance(out, tvm.runtime.Tensor):
+        out = out[0]
+    return out.numpy()
+
+
+def asm_of(ex: Any) -> str:
+    for m in [ex.mod, *getattr(ex.mod, "imports", [])]:
+        try:
+            src = m.inspect_source("asm")
+        except Exception:  # the VM bytecode module has no assembly
+            continue
+        if src:
+            return src
+    return ""
+
+
+def arm(mod: tvm.IRModule, args: tuple[torch.Tensor, ...], ref: np.ndarray) -> dict[str, Any]:
+    """Cross-compile for aarch64 (NEON), count NEON vector instructions, and run under qemu
+    when opsdk's emulated runner is set up."""
+    ex = opsdk.compile(mod, "arm")
+    asm = asm_of(ex)
+    result: dict[str, Any] = {
+        "compiled": True,
+        "neon_instructions": len(re.findall(r"\bv\d+\.(?:4s|2d|8h|16b)\b", asm)),
+    }
+    try:
+        from opsdk.runners import arm_ready, runner_for
+    except ImportError:
+        result["emulated"] = "skipped: opsdk.runners is not available"
+        return result
+    if not arm_ready():
+        result["emulated"] = "skipped: opsdk.runners.arm_ready() is False (run `opsdk setup arm`)"
+        return result
+    with runner_for("arm") as r:
+        out = r.run(ex, [a.numpy() for a in args])
+    result["emulated"] = compare(out[0], ref)
+    return result
+
+
+def _timed(vms: dict[str, Any], inputs: list[Any], repeats: int, number: int) -> dict[str, float]:
+    """Median ms per call of each VM's main, timed interleaved (one round = every VM once)."""
+    dev = tvm.cpu()
+    timers = {k: vm.time_evaluator("main", dev, number=number, repeat=1) for k, vm in vms.items()}
+    for t in timers.values():  # warm up (first-touch allocations, caches)
+        t(*inputs)
+    samples: dict[str, list[float]] = {k: [] for k in vms}
+    for _ in range(repeats):
+        for k, t in timers.items():
+            samples[k].append(t(*inputs).mean * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def bench(
+    ep: torch.export.ExportedProgram,
+    fused: tvm.IRModule,
+    args: tuple[torch.Tensor, ...],
+    repeats: int = 7,
+    number: int = 1,
+    model: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """End-to-end latency: opsdk (opsdk import + FuseIntoOps + opsdk.compile) vs TVM's default
+    (TVM's importer + tvm.compile), same x86 target, timed interleaved; medians in ms.
+
+    Also times the rewritten sites alone (``opsdk.drift.site_modules`` of TVM's import and
+    its opsdk rewrite): how much of the model opsdk changes, and by how much.
+    """
+    from tvm.relax.frontend.torch import from_exported_program
+
+    dev = tvm.cpu()
+    tgt = opsdk.target("x86")
+    vms = {
+        "opsdk": relax.VirtualMachine(opsdk.compile(fused, tgt), dev),
+        "tvm_default": relax.VirtualMachine(
+            tvm.compile(from_exported_program(ep), target=tgt), dev
+        ),
+    }
+    med = _timed(vms, [tvm.runtime.tensor(a.numpy(), dev) for a in args], repeats, number)
+
+    plain = opsdk.frontend.from_torch(ep, ops=())
+    rewritten = opsdk.transform.FuseIntoOps()(opsdk.transform.ReplaceTVMOps()(plain))
+    unfused, sites_fused, _ = opsdk.drift.site_modules(plain, rewritten)
+    rng = np.random.default_rng(0)
+    site_inputs = [
+        tvm.runtime.tensor(
+            rng.normal(size=[int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)), dev
+        )
+        for p in unfused["main"].params
+    ]
+    site_vms = {
+        "opsdk": relax.VirtualMachine(opsdk.compile(sites_fused, tgt), dev),
+        "tvm_default": relax.VirtualMachine(tvm.compile(unfused, target=tgt), dev),
+    }
+    site_med = _timed(site_vms, site_inputs, repeats, max(number, 10))
+    eager_model = model if model is not None else ep.module()
+    with torch.no_grad():
+        eager_model(*args)  # warm up
+        eager = []
+        for _ in range(repeats):
+            t0 = _now()
+            for _ in range(number):
+                eager_model(*args)
+            eager.append((_now() - t0) * 1e3 / number)
+    return {
+        "opsdk_ms": med["opsdk"],
+        "tvm_default_ms": med["tvm_default"],
+        "speedup": med["tvm_default"] / med["opsdk"],
+        "torch_eager_ms": statistics.median(eager),
+        "sites_opsdk_ms": site_med["opsdk"],
+        "sites_tvm_default_ms": site_med["tvm_default"],
+        "sites_speedup": site_med["tvm_default"] / site_med["opsdk"],
+    }
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def report(name: str, res: dict[str, Any]) -> None:
+    """Print an example's results."""
+    print(f"== {name}")
+    print(f"opsdk ops after import + FuseIntoOps: {res['opsdk_op_count']} {res['opsdk_ops']}")
+    print(f"rewrites: {res['rewrites']}")
+    x = res["x86"]
+    print(
+        f"x86 vs torch eager: max abs {x['max_abs']:.2e}, max rel {x['max_rel']:.2e} "
+        f"(tolerance atol={ATOL:g}*max(1,|ref|max) + rtol={RTOL:g}*|ref|): "
+        + ("OK" if x["ok"] else "FAIL")
+    )
+    if "arm" in res:
+        a = res["arm"]
+        em = a["emulated"]
+        em_s = (
+            em
+            if isinstance(em, str)
+            else (f"max abs {em['max_abs']:.2e}, " + ("OK" if em["ok"] else "FAIL"))
+        )
+        print(
+            f"arm (aarch64 NEON): compiled, {a['neon_instructions']} NEON vector instructions; "
+            f"emulated run: {em_s}"
+        )
+    if "bench" in res:
+        b = res["bench"]
+        print(
+            f"end to end (x86, median, interleaved): opsdk {b['opsdk_ms']:.3f} ms, "
+            f"TVM default {b['tvm_default_ms']:.3f} ms -> {b['speedup']:.2f}x "
+            f"(torch eager {b['torch_eager_ms']:.3f} ms)"
+        )
+        print(
+            f"  the rewritten sites alone: opsdk {b['sites_opsdk_ms']:.3f} ms, TVM default "
+            f"{b['sites_tvm_default_ms']:.3f} ms -> {b['sites_speedup']:.1f}x "
+            f"({100 * b['sites_tvm_default_ms'] / b['tvm_default_ms']:.1f}% of TVM default's "
+            "end-to-end time)"
+        )
+
+
+def run_example(
+    name: str,
+    model: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    *,
+    arm_target: bool,
+    do_bench: bool,
+    repeats: int = 7,
+) -> dict[str, Any]:
+    """Import, rewrite, compile, compare (and optionally cross-compile and time) one model."""
+    model = model.eval()
+    with torch.no_grad():
+        ref = _torch_first(model(*args))
+    stages = import_model(model, args)
+    fused = stages["fused"]
+    counts = opsdk.transform.op_counts(fused, "opsdk.")
+    rewrites: dict[str, int] = {}
+    for s in opsdk.transform.rewrite_sites(fused):
+        rewrites[s.rule] = rewrites.get(s.rule, 0) + 1
+    _, out = run_x86(fused, args)
+    res: dict[str, Any] = {
+        "opsdk_ops": counts,
+        "opsdk_op_count": sum(counts.values()),
+        "rewrites": rewrites,
+        "x86": compare(out, ref),
+    }
+    if arm_target:
+        res["arm"] = arm(fused, args, ref)
+    if do_bench:
+        res["bench"] = bench(stages["ep"], fused, args, repeats=repeats, model=model)
+    report(name, res)
+    return res
+
+
+def _torch_first(out: Any) -> np.ndarray:
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    return out.detach().numpy()

@@ -1,0 +1,31 @@
+"""Import models into Relax with opsdk ops.
+
+- :func:`from_torch`: ``torch.export`` programs through TVM's ``from_exported_program`` with
+  converters (:func:`torch_convert_map`) for LayerNorm, RMSNorm, GELU, softmax, GroupNorm;
+- :func:`from_onnx`: TVM's ONNX frontend, then :func:`opsdk.transform.ReplaceTVMOps`;
+- :func:`bind_params`: turn parameters kept as inputs into constants.
+
+torch and onnx are imported only when a function needs them.
+
+Examples
+--------
+>>> import opsdk
+>>> sorted(opsdk.frontend.TORCH_OPS)
+['gelu', 'group_norm', 'layer_norm', 'rms_norm', 'softmax']
+"""
+
+from __future__ import annotations
+
+from ._onnx import ONNX_OPS, from_onnx
+from ._params import bind_params
+from ._torch import TORCH_OPS, decomposition_table, from_torch, torch_convert_map
+
+__all__ = [
+    "ONNX_OPS",
+    "TORCH_OPS",
+    "bind_params",
+    "decomposition_table",
+    "from_onnx",
+    "from_torch",
+    "torch_convert_map",
+]

@@ -1,0 +1,203 @@
+"""``opsdk drift``: the fused-vs-unfused drift table of a model, from the command line.
+
+The lead wires it into ``opsdk.cli`` with::
+
+    p = sub.add_parser("drift", help="fused-vs-unfused drift per rewritten site")
+    add_drift_arguments(p)
+    p.set_defaults(func=run_drift_command)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+
+__all__ = ["add_drift_arguments", "run_drift_command"]
+
+_REWRITES = ("replace", "fuse")
+
+
+def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``opsdk drift`` arguments to ``parser``.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> from opsdk.frontend._cli import add_drift_arguments
+    >>> args = add_drift_arguments(argparse.ArgumentParser()).parse_args(["model.onnx"])
+    >>> args.target, args.rewrite
+    ('x86', 'replace,fuse')
+    """
+    parser.add_argument(
+        "model",
+        help="an .onnx file, or a Python file / module whose ENTRY function returns "
+        "(torch module, example args), a torch.export program, or (IRModule, inputs)",
+    )
+    parser.add_argument(
+        "--entry", default="build_model", help="function to call in a Python model (build_model)"
+    )
+    parser.add_argument("--target", default="x86", help="where to compile and run (x86)")
+    parser.add_argument(
+        "--rewrite",
+        default="replace,fuse",
+        help="rewrites to measure, comma-separated: replace (ReplaceTVMOps), fuse (FuseIntoOps)",
+    )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="input shape for a symbolic ONNX / IRModule input (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--max-rel",
+        type=float,
+        default=None,
+        help="exit 1 when a site's local max_rel exceeds this",
+    )
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write rows as JSON")
+    return parser
+
+
+def _import_python(spec: str) -> Any:
+    path = pathlib.Path(spec)
+    if path.suffix == ".py" and path.exists():
+        name = f"_opsdk_drift_{path.stem}"
+        mspec = importlib.util.spec_from_file_location(name, path)
+        if mspec is None or mspec.loader is None:
+            raise ValueError(f"cannot import {spec}")
+        module = importlib.util.module_from_spec(mspec)
+        sys.modules[name] = module
+        mspec.loader.exec_module(module)
+        return module
+    return importlib.import_module(spec)
+
+
+def _random_inputs(
+    func: tvm.relax.Function, shapes: dict[str, list[int]], rng: np.random.Generator
+) -> list[np.ndarray]:
+    out = []
+    for p in func.params:
+        ty = p.ty
+        name = str(p.name)
+        if name in shapes:
+            shape = shapes[name]
+        else:
+            shape = []
+            for d in ty.shape.values:
+                if not isinstance(d, tvm.tirx.IntImm):
+                    raise ValueError(f"input {name!r} has a symbolic dim; pass --shape {name}=...")
+                shape.append(int(d.value))
+        dtype = str(ty.dtype)
+        if dtype.startswith(("int", "uint")):
+            out.append(rng.integers(0, 8, size=shape).astype(dtype))
+        else:
+            out.append(rng.normal(size=shape).astype(dtype))
+    return out
+
+
+def _load_model(
+    spec: str,
+    entry: str = "build_model",
+    shapes: dict[str, list[int]] | None = None,
+    seed: int = 0,
+) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """The unfused Relax module of a model and inputs for it.
+
+    ``spec`` is an ``.onnx`` path (imported with TVM's plain ONNX frontend), or a Python file
+    or module whose ``entry`` function returns one of: ``(torch.nn.Module, example_args)``,
+    a ``torch.export.ExportedProgram`` (both imported with ``from_torch(..., ops=())``, i.e.
+    TVM's own converters), ``(tvm.IRModule, inputs)`` or a ``tvm.IRModule`` (random inputs).
+
+    Returns
+    -------
+    (tvm.IRModule, list of numpy.ndarray)
+    """
+    from . import from_onnx, from_torch
+
+    shapes = shapes or {}
+    rng = np.random.default_rng(seed)
+    if spec.endswith(".onnx"):
+        mod = from_onnx(spec, shape_dict=shapes or None, ops=())
+        return mod, _random_inputs(mod["main"], shapes, rng)
+    built = getattr(_import_python(spec), entry)()
+    if isinstance(built, tvm.IRModule):
+        return built, _random_inputs(built["main"], shapes, rng)
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], tvm.IRModule):
+        return built[0], [np.asarray(a) for a in built[1]]
+    import torch
+
+    if isinstance(built, torch.export.ExportedProgram):
+        ep, args = built, built.example_inputs[0]
+    elif isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
+        model, args = built
+        ep = torch.export.export(model.eval(), tuple(args))
+    else:
+        raise TypeError(
+            f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args), "
+            "an ExportedProgram, an IRModule or (IRModule, inputs)"
+        )
+    inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
+    return from_torch(ep, ops=()), inputs
+
+
+def _parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        if not sep:
+            raise ValueError(f"--shape {item!r}: expected NAME=D0,D1,...")
+        shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d]
+    return shapes
+
+
+def run_drift_command(args: argparse.Namespace) -> int:
+    """Run ``opsdk drift``: print the drift table; 0 on success, 1 when ``--max-rel`` is
+    exceeded, 2 on a usage error.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+    >>> parser = add_drift_arguments(argparse.ArgumentParser(prog="opsdk drift"))
+    >>> run_drift_command(parser.parse_args(["model.onnx", "--rewrite", "inline"]))
+    2
+    """
+    from .. import drift
+    from ..transform import FuseIntoOps, ReplaceTVMOps, op_counts
+
+    try:
+        names = [r.strip() for r in args.rewrite.split(",") if r.strip()]
+        bad = [r for r in names if r not in _REWRITES]
+        if bad or not names:
+            raise ValueError(f"--rewrite {args.rewrite!r}: choose from {', '.join(_REWRITES)}")
+        mod, inputs = _load_model(args.model, args.entry, _parse_shapes(args.shape), args.seed)
+    except (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError) as e:
+        print(f"opsdk drift: {e}", file=sys.stderr)
+        return 2
+    passes = {"replace": ReplaceTVMOps(), "fuse": FuseIntoOps()}
+    rewrite = tvm.transform.Sequential([passes[n] for n in names], name="opsdk.drift")
+    after = rewrite(mod)
+    rows = drift.report(mod, after, inputs, target=args.target)
+    counts = op_counts(after, "opsdk.")
+    print(f"model: {args.model}   target: {args.target}   rewrites: {', '.join(names)}")
+    print("opsdk ops: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"))
+    print(drift.format(rows))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
+    if args.max_rel is not None:
+        worst = [r for r in rows if r.rule != "output" and r.max_rel > args.max_rel]
+        if worst:
+            print(f"{len(worst)} site(s) drift more than max_rel={args.max_rel}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,315 @@
+"""torch.export import: converters for TVM's ``from_exported_program`` that emit opsdk ops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import tvm
+from tvm import relax
+
+from .. import relax as _ops
+from .._dtypes import FLOAT_DTYPES
+
+if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
+    import torch
+    from torch import fx
+
+__all__ = ["TORCH_OPS", "from_torch", "torch_convert_map"]
+
+Converter = Callable[["fx.Node", Any], relax.Expr]
+
+#: opsdk op -> the aten overloads (``node.target.__name__``) converted to it.
+TORCH_OPS: dict[str, tuple[str, ...]] = {
+    "layer_norm": ("layer_norm.default", "native_layer_norm.default"),
+    "rms_norm": ("rms_norm.default",),
+    "gelu": ("gelu.default",),
+    "softmax": ("softmax.int", "_softmax.default"),
+    "group_norm": ("group_norm.default", "native_group_norm.default"),
+}
+
+# Composite aten ops that torch's default decomposition table would break apart before TVM
+# sees them: keeping them lets the converters above (and linear's bias add, for bias_gelu)
+# see the op instead of its pieces.
+_PRESERVE = {
+    "layer_norm": ("layer_norm",),
+    "rms_norm": ("rms_norm",),
+    "softmax": ("softmax.int",),
+    "group_norm": ("group_norm",),
+}
+
+
+def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def _tensor(imp: Any, v: Any) -> relax.Expr | None:
+    """The Relax value of an fx node argument, None for an absent optional tensor."""
+    if v is None:
+        return None
+    return imp.env[v]
+
+
+def _opsdk_dtype(x: relax.Expr) -> bool:
+    ty = x.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) in FLOAT_DTYPES
+
+
+def _ones(shape: list[Any], dtype: str, value: float) -> relax.Expr:
+    return relax.op.full(relax.ShapeExpr(shape), relax.const(value, dtype), dtype)
+
+
+def _fallback(imp: Any, node: fx.Node) -> relax.Expr:
+    """TVM's own ops, for inputs the opsdk op does not cover (float64, group norm that is not
+    4-D). Emitted here rather than through TVM's converters: in 0.27 those fail on absent
+    weights (``elementwise_affine=False``) and there is no rms_norm converter at all."""
+    name = node.target.__name__
+    x = imp.env[node.args[0]]
+    dtype = str(x.ty.dtype)
+    emit = imp.block_builder.emit
+    if name in ("layer_norm.default", "native_layer_norm.default", "rms_norm.default"):
+        shape = [int(d) for d in _arg(node, 1, "normalized_shape")]
+        axes = list(range(-len(shape), 0))
+        gamma = _tensor(imp, _arg(node, 2, "weight"))
+        gamma = _ones(shape, dtype, 1.0) if gamma is None else gamma
+        if name == "rms_norm.default":
+            eps = _arg(node, 3, "eps")
+            eps = _default_eps(dtype) if eps is None else eps
+            return emit(relax.op.nn.rms_norm(x, gamma, axes, float(eps)))
+        beta = _tensor(imp, _arg(node, 3, "bias"))
+        beta = _ones(shape, dtype, 0.0) if beta is None else beta
+        eps = _arg(node, 4, "eps", 1e-5)
+        return emit(relax.op.nn.layer_norm(x, gamma, beta, axes, float(eps)))
+    if name == "gelu.default":
+        approximate = _arg(node, 1, "approximate", "none")
+        return emit(relax.op.nn.gelu_tanh(x) if approximate == "tanh" else relax.op.nn.gelu(x))
+    # group norm
+    if name == "native_group_norm.default":
+        gamma, beta = _tensor(imp, node.args[1]), _tensor(imp, node.args[2])
+        groups, eps = node.args[6], node.args[7]
+    else:
+        groups = _arg(node, 1, "num_groups")
+        gamma = _tensor(imp, _arg(node, 2, "weight"))
+        beta = _tensor(imp, _arg(node, 3, "bias"))
+        eps = _arg(node, 4, "eps", 1e-5)
+    c = x.ty.shape[1]
+    gamma = _ones([c], dtype, 1.0) if gamma is None else gamma
+    beta = _ones([c], dtype, 0.0) if beta is None else beta
+    axes = list(range(2, x.ty.ndim))
+    return emit(relax.op.nn.group_norm(x, gamma, beta, int(groups), 1, axes, float(eps)))
+
+
+def _default_eps(dtype: str) -> float:
+    """torch's rms_norm default: the machine epsilon of the input dtype."""
+    import torch
+
+    return float(torch.finfo(getattr(torch, dtype)).eps)
+
+
+def _layer_norm(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    if not _opsdk_dtype(x):
+        return _fallback(imp, node)
+    shape = _arg(node, 1, "normalized_shape")
+    gamma = _tensor(imp, _arg(node, 2, "weight"))
+    beta = _tensor(imp, _arg(node, 3, "bias"))
+    eps = _arg(node, 4, "eps", 1e-5)
+    call = _ops.layer_norm(x, gamma, beta, begin_axis=-len(shape), epsilon=float(eps))
+    # native_layer_norm returns (out, mean, rstd); inference graphs read only [0], and TVM's
+    # getitem passes a tensor through for an integer index, as TVM's own converter relies on.
+    return imp.block_builder.emit(call)
+
+
+def _rms_norm(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    if not _opsdk_dtype(x):
+        return _fallback(imp, node)
+    shape = _arg(node, 1, "normalized_shape")
+    gamma = _tensor(imp, _arg(node, 2, "weight"))
+    eps = _arg(node, 3, "eps")
+    eps = _default_eps(str(x.ty.dtype)) if eps is None else eps
+    call = _ops.rms_norm(x, gamma, begin_axis=-len(shape), epsilon=float(eps))
+    return imp.block_builder.emit(call)
+
+
+def _gelu(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    approximate = _arg(node, 1, "approximate", "none")
+    if not _opsdk_dtype(x) or approximate not in ("none", "tanh"):
+        return _fallback(imp, node)
+    return imp.block_builder.emit(_ops.gelu(x, approximate=approximate))
+
+
+def _softmax(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    dim = _arg(node, 1, "dim", -1)
+    if node.target.__name__ == "_softmax.default":
+        to_float = bool(_arg(node, 2, "half_to_float", False))
+        dtype = "float32" if to_float else None
+    else:
+        dtype = _arg(node, 2, "dtype")
+        dtype = None if dtype is None else imp._convert_data_type(dtype)
+    if dtype is not None and dtype != str(x.ty.dtype):
+        x = imp.block_builder.emit(relax.op.astype(x, dtype))  # torch casts the input first
+    if not _opsdk_dtype(x):
+        return imp.block_builder.emit(relax.op.nn.softmax(x, dim))
+    return imp.block_builder.emit(_ops.softmax(x, axis=int(dim)))
+
+
+def _group_norm(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    if node.target.__name__ == "native_group_norm.default":
+        # (input, weight, bias, N, C, HxW, group, eps)
+        gamma, beta = _tensor(imp, node.args[1]), _tensor(imp, node.args[2])
+        groups, eps = node.args[6], node.args[7]
+    else:
+        # (input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True)
+        groups = _arg(node, 1, "num_groups")
+        gamma = _tensor(imp, _arg(node, 2, "weight"))
+        beta = _tensor(imp, _arg(node, 3, "bias"))
+        eps = _arg(node, 4, "eps", 1e-5)
+    ty = x.ty
+    static_c = ty.ndim == 4 and isinstance(ty.shape[1], tvm.tirx.IntImm)
+    if not _opsdk_dtype(x) or not static_c:  # opsdk.group_norm: 4-D, static channels
+        return _fallback(imp, node)
+    call = _ops.group_norm(x, gamma, beta, num_groups=int(groups), epsilon=float(eps))
+    return imp.block_builder.emit(call)
+
+
+_CONVERTERS: dict[str, Converter] = {
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "gelu": _gelu,
+    "softmax": _softmax,
+    "group_norm": _group_norm,
+}
+
+
+def _select(ops: Iterable[str] | None) -> list[str]:
+    names = list(TORCH_OPS) if ops is None else list(ops)
+    unknown = [n for n in names if n not in TORCH_OPS]
+    if unknown:
+        raise ValueError(
+            f"unknown opsdk ops {unknown} for the torch importer; use {list(TORCH_OPS)}"
+        )
+    return names
+
+
+def torch_convert_map(ops: Iterable[str] | None = None) -> dict[str, Converter]:
+    """The ``custom_convert_map`` for TVM's ``from_exported_program`` that emits opsdk ops.
+
+    Keys are aten overload names as TVM's importer looks them up (``"layer_norm.default"``,
+    ``"native_layer_norm.default"``, ``"gelu.default"``, ``"softmax.int"``,
+    ``"_softmax.default"``, ``"rms_norm.default"``, ``"group_norm.default"``,
+    ``"native_group_norm.default"``); values are ``f(node, importer) -> relax.Var``. Inputs
+    opsdk does not cover (float64, group norm that is not 4-D) fall back to TVM's converter.
+
+    Parameters
+    ----------
+    ops : iterable of str, optional
+        The opsdk ops to map to (keys of :data:`TORCH_OPS`); all by default.
+
+    Returns
+    -------
+    dict of str to callable
+
+    Examples
+    --------
+    >>> from opsdk.frontend import torch_convert_map
+    >>> sorted(torch_convert_map(["gelu", "softmax"]))
+    ['_softmax.default', 'gelu.default', 'softmax.int']
+    """
+    return {aten: _CONVERTERS[op] for op in _select(ops) for aten in TORCH_OPS[op]}
+
+
+def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = True) -> Any:
+    """torch.export's default decomposition table without the composite ops opsdk converts.
+
+    ``linear`` is kept too (``keep_linear``): TVM imports it as ``matmul`` + bias ``add``,
+    which ``FuseIntoOps`` can fuse with a following GELU, where torch's decomposition would
+    put a reshape between the bias add and the activation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from opsdk.frontend import decomposition_table
+    >>> table = decomposition_table()
+    >>> torch.ops.aten.layer_norm.default in table, torch.ops.aten.linear.default in table
+    (False, False)
+    >>> torch.ops.aten.linear.default in decomposition_table(keep_linear=False)
+    True
+    """
+    import torch
+
+    table = torch.export.default_decompositions()
+    keep = [name for op in _select(ops) for name in _PRESERVE.get(op, ())]
+    if keep_linear:
+        keep.append("linear")
+    for name in keep:
+        base, _, overload = name.partition(".")
+        packet = getattr(torch.ops.aten, base)
+        target = getattr(packet, overload or "default")
+        table.pop(target, None)
+    return table
+
+
+def from_torch(
+    exported_program: torch.export.ExportedProgram,
+    *,
+    ops: Iterable[str] | None = None,
+    decompose: bool = True,
+    custom_convert_map: Mapping[str, Converter] | None = None,
+    **kwargs: Any,
+) -> tvm.IRModule:
+    """Import a ``torch.export`` program into Relax with opsdk ops for LayerNorm, RMSNorm, GELU
+    (both approximations), softmax and GroupNorm.
+
+    Wraps TVM's ``from_exported_program`` with :func:`torch_convert_map`. The program is first
+    decomposed to core ATen like TVM does by default, but keeping the composite ops converted
+    here (and ``linear``), so they arrive whole.
+
+    Parameters
+    ----------
+    exported_program : torch.export.ExportedProgram
+        What ``torch.export.export(model, args)`` returned.
+    ops : iterable of str, optional
+        The opsdk ops to map (keys of :data:`TORCH_OPS`); all by default. ``ops=()`` gives
+        TVM's own import (with the same decomposition), useful as an unfused baseline.
+    decompose : bool
+        Run torch's decompositions first (as TVM's importer does); pass False for a program
+        that is decomposed already.
+    custom_convert_map : mapping, optional
+        More converters; they take precedence over opsdk's.
+    **kwargs
+        Passed to ``from_exported_program`` (``keep_params_as_input``,
+        ``unwrap_unit_return_tuple``, ``no_bind_return_tuple``).
+
+    Returns
+    -------
+    tvm.IRModule
+        ``main`` takes the program's user inputs; parameters and buffers are bound as
+        constants unless ``keep_params_as_input=True``.
+
+    Examples
+    --------
+    >>> import torch, opsdk
+    >>> m = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.GELU(approximate="tanh"))
+    >>> ep = torch.export.export(m.eval(), (torch.randn(2, 16),))
+    >>> mod = opsdk.frontend.from_torch(ep)
+    >>> opsdk.transform.op_counts(mod, "opsdk.")
+    {'opsdk.gelu': 1, 'opsdk.layer_norm': 1}
+    """
+    from tvm.relax.frontend.torch import from_exported_program
+
+    names = _select(ops)
+    if decompose:
+        exported_program = exported_program.run_decompositions(decomposition_table(names))
+    cmap: dict[str, Converter] = torch_convert_map(names)
+    # TVM has no rms_norm converter: one left whole (decompose=False, or not mapped) still imports.
+    cmap.setdefault("rms_norm.default", lambda node, imp: _fallback(imp, node))
+    cmap.update(custom_convert_map or {})
+    return from_exported_program(
+        exported_program, custom_convert_map=cmap, run_ep_decomposition=False, **kwargs
+    )

@@ -1,0 +1,45 @@
+"""Relax passes for models that use opsdk ops.
+
+- :func:`LowerOps` / :func:`pipeline`: legalize opsdk ops with the target's schedule rules;
+- :func:`ReplaceTVMOps`: TVM's ``R.nn.layer_norm``, ``rms_norm``, ``group_norm``, ``gelu``,
+  ``gelu_tanh``, ``softmax``  ->  opsdk ops;
+- :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
+  conv2d + batch_norm  ->  fused ops;
+- :func:`op_counts` and :func:`rewrite_sites` to inspect the result.
+
+Examples
+--------
+>>> import opsdk
+>>> from tvm import relax
+>>> x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+>>> g = relax.Var("g", relax.TensorType((8,), "float32"))
+>>> bb = relax.BlockBuilder()
+>>> with bb.function("main", [x, g]):
+...     with bb.dataflow():
+...         y = bb.emit_output(relax.op.nn.layer_norm(x, g, g, axes=[-1]))
+...     _ = bb.emit_func_output(y)
+>>> mod = opsdk.transform.ReplaceTVMOps()(bb.get())
+>>> opsdk.transform.op_counts(mod, "opsdk.")
+{'opsdk.layer_norm': 1}
+>>> [s.rule for s in opsdk.transform.rewrite_sites(mod)]
+['replace.layer_norm']
+"""
+
+from __future__ import annotations
+
+from ._fuse import FUSION_RULES, FuseIntoOps
+from ._lower import LowerOps, pipeline
+from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
+from ._rewrite import RewriteSite, op_counts, rewrite_sites
+
+__all__ = [
+    "FUSION_RULES",
+    "REPLACEABLE_OPS",
+    "FuseIntoOps",
+    "LowerOps",
+    "ReplaceTVMOps",
+    "RewriteSite",
+    "op_counts",
+    "pipeline",
+    "rewrite_sites",
+]

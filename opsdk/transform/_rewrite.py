@@ -1,0 +1,293 @@
+"""Shared machinery of the rewrite passes: apply dataflow-pattern rules to every Relax function
+and record which bindings were rewritten (the *sites*), so drift reports can find them.
+
+The sites travel with the module as the IRModule attribute ``opsdk.rewrite_sites`` (a list of
+``{func, var, rule, op, binding}`` maps, ``binding`` being the bound Relax variable). The pattern
+rewriter keeps the bound variable of a rewritten binding (its type does not change), so a
+site's variable is the same object in the module before and after the rewrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import DFPattern, rewrite_call
+from tvm.sym import Analyzer
+
+from .._dtypes import FLOAT_DTYPES
+
+__all__ = ["RewriteSite", "op_counts", "rewrite_sites"]
+
+SITES_ATTR = "opsdk.rewrite_sites"
+
+
+@dataclass(frozen=True)
+class RewriteSite:
+    """One rewritten binding: ``var`` in Relax function ``func`` now holds the result of
+    ``op``, produced by rewrite rule ``rule``. ``binding`` is the bound variable itself
+    (names need not be unique: a rewrite may add a second ``lv2``)."""
+
+    func: str
+    var: str
+    rule: str
+    op: str
+    binding: relax.Var | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rewrite rule: when ``pattern`` matches, ``build(orig, matchings)`` returns the
+    replacement, or None to leave the match alone (a near miss)."""
+
+    name: str
+    pattern: DFPattern
+    build: Callable[[relax.Call, Any], relax.Expr | None]
+
+
+def rewrite_sites(mod: tvm.IRModule) -> list[RewriteSite]:
+    """The sites recorded by opsdk's rewrite passes on ``mod``, oldest first.
+
+    Examples
+    --------
+    >>> import tvm, opsdk
+    >>> opsdk.transform.rewrite_sites(tvm.IRModule())
+    []
+    """
+    attrs = mod.attrs
+    if attrs is None or SITES_ATTR not in attrs:
+        return []
+    return [
+        RewriteSite(str(s["func"]), str(s["var"]), str(s["rule"]), str(s["op"]), s.get("binding"))
+        for s in attrs[SITES_ATTR]
+    ]
+
+
+def op_counts(mod: tvm.IRModule, prefix: str = "") -> dict[str, int]:
+    """How many calls of each op the module's Relax functions hold, for op names starting with
+    ``prefix`` (``"opsdk."`` counts opsdk ops only).
+
+    Examples
+    --------
+    >>> import opsdk, tvm
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(opsdk.relax.gelu(relax.op.nn.relu(x)))
+    ...     _ = bb.emit_func_output(y)
+    >>> opsdk.transform.op_counts(bb.get())
+    {'opsdk.gelu': 1, 'relax.nn.relu': 1}
+    """
+    counts: dict[str, int] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            name = str(e.op.name)
+            if name.startswith(prefix):
+                counts[name] = counts.get(name, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return dict(sorted(counts.items()))
+
+
+def _bindings(func: relax.Function) -> list[relax.Binding]:
+    out: list[relax.Binding] = []
+
+    def visit(e: Any) -> None:
+        if isinstance(e, relax.SeqExpr):
+            for block in e.blocks:
+                out.extend(block.bindings)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return out
+
+
+def _rewritable(func: Any) -> bool:
+    if not isinstance(func, relax.Function):
+        return False
+    attrs = func.attrs or {}
+    # Functions already split off for fusion or external codegen are not rewritten.
+    return "Primitive" not in attrs and "Codegen" not in attrs
+
+
+def apply_rules(mod: tvm.IRModule, rules: Sequence[Rule]) -> tvm.IRModule:
+    """Apply ``rules`` in order to every Relax function; record the sites in the module."""
+    sites = [_as_dict(s) for s in rewrite_sites(mod)]
+    updates: dict[tvm.ir.GlobalVar, relax.Function] = {}
+    for gv, func in mod.functions_items():
+        if not _rewritable(func):
+            continue
+        new = func
+        for rule in rules:
+            matched: list[relax.Expr] = []
+
+            def callback(orig, matchings, rule=rule, matched=matched):
+                if isinstance(orig, relax.Var):
+                    # An alias binding (``gv = lv``) matched through the var: rewrite the
+                    # binding that computes the value instead, once.
+                    return orig
+                out = rule.build(orig, matchings)
+                if out is None:
+                    return orig
+                matched.append(orig)
+                return out
+
+            before = new
+            new = rewrite_call(rule.pattern, callback, new)
+            if matched:
+                by_value = [(b.var, b.value) for b in _bindings(before)]
+                kept = {b.var for b in _bindings(new)}
+                for orig in matched:
+                    var = next((v for v, val in by_value if val.same_as(orig)), None)
+                    # The rewriter folds a trivial ``gv = var`` binding into the rewritten
+                    # one; the site then lives on under the alias.
+                    while var is not None and var not in kept:
+                        var = next((v for v, val in by_value if val.same_as(var)), None)
+                    if var is not None:
+                        sites.append(_site(gv.name_hint, var, rule.name, new))
+        if not new.same_as(func):
+            updates[gv] = new
+    if not updates and len(sites) == len(rewrite_sites(mod)):
+        return mod
+    funcs = {gv: updates.get(gv, f) for gv, f in mod.functions_items()}
+    out = tvm.IRModule(funcs, mod.attrs, mod.global_infos)
+    return out.with_attr(SITES_ATTR, _dedupe(sites))
+
+
+def _as_dict(s: RewriteSite) -> dict[str, Any]:
+    d: dict[str, Any] = {"func": s.func, "var": s.var, "rule": s.rule, "op": s.op}
+    if s.binding is not None:
+        d["binding"] = s.binding
+    return d
+
+
+def _site(func: str, var: relax.Var, rule: str, new_func: relax.Function) -> dict[str, Any]:
+    op = "?"
+    for b in _bindings(new_func):
+        if b.var.same_as(var):
+            v = b.value
+            op = (
+                str(v.op.name) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) else "?"
+            )
+            break
+    # The Var itself rides along (printed as a metadata reference): it identifies the binding
+    # in the module before and after the rewrite.
+    return {"func": func, "var": str(var.name), "rule": rule, "op": op, "binding": var}
+
+
+def _dedupe(sites: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    # A later rule rewriting the same binding again (gelu -> opsdk.gelu -> opsdk.bias_gelu)
+    # replaces the earlier record.
+    last: dict[tuple[str, Any], dict[str, Any]] = {}
+    for s in sites:
+        key = (s["func"], s.get("binding", s["var"]))
+        last.pop(key, None)
+        last[key] = s
+    return list(last.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers for rule builders.
+
+
+def tensor_type(e: relax.Expr) -> relax.TensorType | None:
+    """The expression's tensor type when it has a known rank, else None."""
+    ty = e.ty
+    if isinstance(ty, relax.TensorType) and ty.ndim >= 0:
+        return ty
+    return None
+
+
+def float_tensor(e: relax.Expr) -> relax.TensorType | None:
+    """The tensor type of ``e`` if opsdk ops accept its dtype (float32/16, bfloat16)."""
+    ty = tensor_type(e)
+    return ty if ty is not None and str(ty.dtype) in FLOAT_DTYPES else None
+
+
+def static_shape(e: relax.Expr) -> tuple[int, ...] | None:
+    """The shape of ``e`` when every dim is a known integer."""
+    ty = tensor_type(e)
+    if ty is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def same_dims(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two shape tuples (ints or symbolic PrimExprs) are provably equal."""
+    if len(a) != len(b):
+        return False
+    ana = Analyzer()
+    return all(ana.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
+def shape_of(e: relax.Expr) -> tuple[Any, ...] | None:
+    """The (possibly symbolic) shape of ``e``."""
+    ty = tensor_type(e)
+    if ty is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(ty.shape.values)
+
+
+def const_value(e: relax.Expr) -> np.ndarray | None:
+    """The value of a constant, or of reshape/expand_dims/squeeze/astype of a constant."""
+    if isinstance(e, relax.Var):
+        return None
+    if isinstance(e, tvm.ir.expr.Constant):
+        return e.value.numpy()
+    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+        name = str(e.op.name)
+        if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
+            inner = const_value(e.args[0])
+            shape = static_shape(e)
+            if inner is not None and shape is not None:
+                return inner.reshape(shape)
+        if name == "relax.astype":
+            inner = const_value(e.args[0])
+            ty = tensor_type(e)
+            if inner is not None and ty is not None:
+                return inner.astype(str(ty.dtype))
+    return None
+
+
+def scalar_value(e: relax.Expr) -> float | None:
+    """A one-element constant as a Python float (shortest repr of its dtype), else None."""
+    v = const_value(e)
+    if v is None or v.size != 1:
+        return None
+    # float(str(np.float32(1e-5))) == 1e-05: keep the value the author wrote.
+    return float(str(v.reshape(())[()]))
+
+
+def call_attr(call: relax.Call, key: str, default: Any = None) -> Any:
+    """An attribute of a TVM or opsdk op call, as plain Python."""
+    attrs = call.attrs
+    if attrs is None:
+        return default
+    try:
+        v = attrs[key] if isinstance(attrs, tvm.ir.attrs.DictAttrs) else getattr(attrs, key)
+    except (AttributeError, KeyError):
+        return default
+    return _py(v)
+
+
+def _py(v: Any) -> Any:
+    if isinstance(v, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return v.value
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "Array":
+        return [_py(x) for x in v]
+    if isinstance(v, (int, float, bool, str)) or v is None:
+        return v
+    return str(v) if type(v).__name__ == "String" else v
