@@ -192,6 +192,12 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="rebuild the cached aarch64 environment")
     s.set_defaults(fn=_cmd_setup)
 
+    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+
+    s = sub.add_parser("drift", help="fused vs unfused difference per rewritten site of a model")
+    add_drift_arguments(s)
+    s.set_defaults(fn=run_drift_command)
+
     try:
         from opsdk.verify._cli import add_verify_arguments, run_verify_command
     except ImportError:
