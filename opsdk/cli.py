@@ -192,6 +192,12 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="rebuild the cached aarch64 environment")
     s.set_defaults(fn=_cmd_setup)
 
+    from opsdk.bench import add_bench_arguments, run_bench_command
+
+    s = sub.add_parser("bench", help="time ops against TVM's lowering, torch and a copy roofline")
+    add_bench_arguments(s)
+    s.set_defaults(fn=run_bench_command)
+
     from opsdk.frontend._cli import add_drift_arguments, run_drift_command
 
     s = sub.add_parser("drift", help="fused vs unfused difference per rewritten site of a model")

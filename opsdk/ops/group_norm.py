@@ -123,6 +123,29 @@ def group_norm(
         (n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon), name="rstd"
     )
 
+    if layout == "NHWC":
+        # Channels are innermost: expand the per-group statistics to per-channel vectors once
+        # per sample, so the output loop reads mean/scale contiguously (no ``c // cg`` gather
+        # per element). ``(x - mean) * (rstd * gamma)`` keeps the subtraction first, which is
+        # what stays accurate for inputs with a large common offset.
+        c_total = cg * num_groups
+        mean_c = te.compute((n, c_total), lambda nn, ch: mean(nn, ch // cg), name="mean_c")
+
+        def scale(nn, ch):
+            r = rstd(nn, ch // cg)
+            return r * acc(gamma(ch)) if gamma is not None else r
+
+        scale_c = te.compute((n, c_total), scale, name="scale_c")
+
+        def out(*i):
+            ch = i[cax]
+            y = (acc(x(*i)) - mean_c(i[0], ch)) * scale_c(i[0], ch)
+            if beta is not None:
+                y = y + acc(beta(ch))
+            return y.astype(x.dtype)
+
+        return te.compute(x.shape, out, name="group_norm")
+
     def out(*i):
         ch = i[cax]
         g = ch // cg

@@ -8,6 +8,7 @@ from tvm import te, tirx
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
 from ..te_utils import acc
+from ._vecmath import exp_f32
 
 
 def _reference(x, *, axis=-1):
@@ -34,15 +35,20 @@ def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     outer = [x.shape[i] for i in range(nd) if i != axis]
     rm = te.reduce_axis((0, x.shape[axis]), name="rm")
     mx = te.compute(outer, lambda *o: te.max(acc(x(*outer_idx(o, rm))), axis=rm), name="max")
-    rs = te.reduce_axis((0, x.shape[axis]), name="rs")
-    ex = te.compute(
-        outer,
-        lambda *o: te.sum(tirx.exp(acc(x(*outer_idx(o, rs))) - mx(*o)), axis=rs),
-        name="expsum",
+    # exp is the expensive part (~16 vector ops): compute it once per element into ``e`` (a
+    # row-sized buffer once the schedule computes it inside the row loop), then sum it and
+    # scale it by one reciprocal per row (a division per element would be the slowest op).
+    e = te.compute(
+        x.shape,
+        lambda *i: exp_f32(acc(x(*i)) - mx(*i[:axis], *i[axis + 1 :])),
+        name="exp",
     )
+    rs = te.reduce_axis((0, x.shape[axis]), name="rs")
+    ex = te.compute(outer, lambda *o: te.sum(e(*outer_idx(o, rs)), axis=rs), name="expsum")
+    rsum = te.compute(outer, lambda *o: tirx.const(1.0, "float32") / ex(*o), name="rsum")
 
     def out(*i):
         o = (*i[:axis], *i[axis + 1 :])
-        return (tirx.exp(acc(x(*i)) - mx(*o)) / ex(*o)).astype(x.dtype)
+        return (e(*i) * rsum(*o)).astype(x.dtype)
 
     return te.compute(x.shape, out, name="softmax")

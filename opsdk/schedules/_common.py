@@ -1,28 +1,70 @@
-"""Schedule building blocks shared by the CPU rules (x86 and NEON differ in parameters)."""
+"""Schedule building blocks shared by the CPU rules (x86 and NEON differ only in parameters).
+
+The rules are written with ``s_tir.Schedule`` primitives; three facts of TVM 0.27 shape them:
+
+- **Reductions stay in vector registers through rfactor.** A reduction loop is split by
+  ``width`` (vector lanes x independent accumulators) and the lane loop is rfactored, so the
+  partial sums live in a ``width``-element buffer that LLVM keeps in registers; the partials are
+  then summed by a tree of further rfactors (64 -> 32 -> ... -> 2 lanes) instead of one scalar
+  chain. rfactor needs the reduction block to be alone under its loops, so it runs while each
+  block still has its own loop nest, before the blocks are moved under the row loop.
+- **compute_at drops block predicates.** Moving an rfactored block whose split does not divide
+  the extent regenerates its loops from the block's iteration domain and loses the
+  ``ko * width + ki < extent`` predicate, which then reads past the row. The predicate is put
+  back (:func:`_restore_predicate`) after the move; the last, partial vector is then split off
+  with ``loop_partition`` so the full vectors run without a mask.
+- **A vectorized loop with a predicate is scalarized** (and LLVM turns that into gathers), so
+  loops whose extent is not a multiple of the vector width are partitioned into a vectorized
+  main part and a short tail (``loop_partition`` needs static extents; with a symbolic inner
+  extent the loop is left to LLVM's own loop vectorizer).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
 
 __all__ = [
+    "MAX_FUSE",
     "BlockInfo",
+    "RFactor",
     "analyze",
-    "schedule_blockwise",
+    "extent_of",
+    "pick_width",
+    "rfactor_reduction",
+    "schedule_channels_last_groups",
     "schedule_elementwise",
     "schedule_rows",
     "vector_lanes",
+    "vectorize_loop",
 ]
 
 
+#: At most this many contiguous trailing loops are fused into one vector loop. Fusing three
+#: (e.g. group norm's C/G x H x W) gives nested div/mod indices that TVM's vectorizer cannot
+#: prove contiguous: it then builds every vector lane by lane (measured 16 ms vs 0.4 ms).
+MAX_FUSE = 2
+
+
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
-    """Lanes of ``dtype_bits`` in one vector register of ``target`` (at least 4)."""
+    """Lanes of ``dtype_bits`` in one vector register of ``target`` (at least 4).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.schedules._common import vector_lanes
+    >>> vector_lanes(opsdk.target("arm"))
+    4
+    """
     try:
         width = int(llvm_get_vector_width(target))
     except Exception:  # non-LLVM target
+        width = 128
+    if width <= 0:
         width = 128
     return max(width // dtype_bits, 4)
 
@@ -58,11 +100,17 @@ def analyze(sch: s_tir.Schedule) -> list[BlockInfo] | None:
                 kinds += "R"
             else:
                 return None
-        # Only plain nests: spatial vars first, then reduction vars.
-        if "RS" in kinds:
+        # Only plain nests: spatial vars first, then reduction vars, one loop per var.
+        if "RS" in kinds or len(sch.get_loops(rv)) != len(kinds):
             return None
         out.append(BlockInfo(rv, blk.name_hint, kinds, [iv.dom.extent for iv in blk.iter_vars]))
     return out
+
+
+def extent_of(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
+    """Static extent of a loop, or None when it is symbolic."""
+    ext = sch.get(loop).extent
+    return int(ext.value) if isinstance(ext, tirx.IntImm) else None
 
 
 def _same(a, b) -> bool:
@@ -76,19 +124,180 @@ def _dtype_bits(sch: s_tir.Schedule, rv) -> int:
     return blk.writes[0].source.dtype.bits if blk.writes else 32
 
 
-def _vectorize_tail(sch: s_tir.Schedule, loop, lanes: int) -> None:
-    """Split ``loop`` by ``lanes`` and vectorize the inner part (any extent)."""
-    ext = sch.get(loop).extent
-    if isinstance(ext, tirx.IntImm) and ext.value <= lanes:
-        if ext.value > 1:
-            sch.vectorize(loop)
+def _fuse(sch: s_tir.Schedule, loops: Sequence) -> s_tir.schedule.LoopRV:
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+# ----------------------------------------------------------------------------- spatial loops
+def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int) -> bool:
+    """Vectorize a contiguous spatial loop by ``lanes``, handling any static extent.
+
+    A multiple of ``lanes`` is split and vectorized; otherwise the loop is partitioned into a
+    vectorized main part and a tail vectorized as one short vector. A symbolic extent is left
+    serial for LLVM's loop vectorizer (TVM cannot partition it and would scalarize a predicated
+    vector loop). Returns whether a TIR vector loop was made.
+    """
+    ext = extent_of(sch, loop)
+    if ext is None:
+        return False
+    if ext <= 1:
+        return False
+    if ext <= lanes:
+        sch.vectorize(loop)
+        return True
+    main = ext - ext % lanes
+    if main != ext:
+        loop, tail = sch.loop_partition(loop, [main])
+        sch.vectorize(tail)
+    _, vec = sch.split(loop, [None, lanes])
+    sch.vectorize(vec)
+    return True
+
+
+# ----------------------------------------------------------------------------- reductions
+@dataclass
+class RFactor:
+    """One vectorized reduction: the rfactored block and how its reduction loop was split."""
+
+    rf: s_tir.schedule.SBlockRV  # the block holding ``width`` partial results
+    width: int
+    extent: tirx.PrimExpr  # the fused reduction extent (static or symbolic)
+    lane_iter: int  # index of the lane iter var among the rf block's iter vars
+    red_iter: int  # index of the (outer) reduce iter var
+    # blocks of the partial-sum tree: (block, width, lane iter index, reduce iter index); rfactor
+    # names them all ``<name>_rf``, so they are kept by handle
+    tree: list[tuple[s_tir.schedule.SBlockRV, int, int, int]] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return isinstance(self.extent, tirx.IntImm) and self.extent.value % self.width == 0
+
+
+def pick_width(extent: tirx.PrimExpr, lanes: int, accumulators: int) -> int | None:
+    """Partial-sum width for a reduction of ``extent``: ``lanes x accumulators`` when it fits,
+    the whole extent when that is a single short vector, None for a scalar reduction."""
+    if isinstance(extent, tirx.IntImm):
+        k = int(extent.value)
+        if k < 4:
+            return None
+        if k <= lanes * accumulators:
+            return k  # one (possibly odd-sized) vector: no tail at all
+        for acc in range(accumulators, 0, -1):  # prefer a width that divides the extent
+            if k % (lanes * acc) == 0 and k >= 2 * lanes * acc:
+                return lanes * acc
+        return lanes * accumulators
+    return lanes * accumulators
+
+
+def _realize(sch: s_tir.Schedule, block) -> s_tir.SBlockRealize:
+    loops = sch.get_loops(block)
+    body = sch.get(loops[-1]).body
+    if not isinstance(body, s_tir.SBlockRealize):
+        raise ValueError(f"block {sch.get(block).name_hint} is not directly under a loop")
+    return body
+
+
+def rfactor_reduction(sch: s_tir.Schedule, block, n_outer: int, width: int) -> RFactor:
+    """Vectorizable partial reduction of a root-level reduction block (before compute_at).
+
+    The block's loops are ``n_outer`` spatial loops and then its reduction loops (fused here).
+    The fused loop is split by ``width`` and the lane loop rfactored into a ``width``-wide
+    buffer; the write-back is then reduced by a tree of rfactors halving the width.
+    """
+    loops = sch.get_loops(block)
+    red = _fuse(sch, loops[max(n_outer, len(loops) - MAX_FUSE) :])
+    extent = sch.get(red).extent
+    ko, ki = sch.split(red, [None, width])
+    name, lane, redi = _rfactor_lanes(sch, ko, ki, n_outer)
+    info = RFactor(name, width, extent, lane, redi)
+    # Tree: `block` now sums `width` partials; halve while the width stays even, so the
+    # partials are combined by log2(width) vector adds instead of a chain of scalar adds.
+    w = width
+    while w > 2 and w % 2 == 0:
+        two, half = sch.split(sch.get_loops(block)[-1], [2, w // 2])
+        w //= 2
+        name, lane, red = _rfactor_lanes(sch, two, half, n_outer)
+        info.tree.append((name, w, lane, red))
+    return info
+
+
+def _rfactor_lanes(
+    sch: s_tir.Schedule, ko, ki, n_outer: int
+) -> tuple[s_tir.schedule.SBlockRV, int, int]:
+    """rfactor ``ki`` (innermost, ``ko`` just outside); return the rf block name and the
+    indices of its iter vars bound to the lane and the reduce loop."""
+    rf = sch.rfactor(ki, n_outer)
+    # The rf block gets a copy of the loop nest (new loop vars, same order).
+    loops = sch.get_loops(rf)
+    vals = list(_realize(sch, rf).iter_values)
+    ki_var, ko_var = sch.get(loops[-1]).loop_var, sch.get(loops[-2]).loop_var
+    lane = next(i for i, v in enumerate(vals) if v.same_as(ki_var))
+    red = next(i for i, v in enumerate(vals) if v.same_as(ko_var))
+    return rf, lane, red
+
+
+def _restore_predicate(sch: s_tir.Schedule, info: RFactor) -> None:
+    """Put back ``ko * width + ki < extent`` on a moved rf block (compute_at dropped it)."""
+    loops = sch.get_loops(info.rf)
+    inner = sch.get(loops[-1])
+    realize = inner.body
+    vals = list(realize.iter_values)
+    need = vals[info.red_iter] * info.width + vals[info.lane_iter] < info.extent
+    pred = realize.predicate
+    if not (isinstance(pred, tirx.IntImm) and pred.value == 1):
+        need = tirx.And(pred, need)
+    new_realize = s_tir.SBlockRealize(vals, need, realize.block)
+    new_loop = tirx.For(
+        inner.loop_var,
+        inner.min,
+        inner.extent,
+        inner.kind,
+        new_realize,
+        inner.thread_binding,
+        inner.annotations,
+        inner.step,
+    )
+    sch.state.replace(sch.get_sref(loops[-1]), new_loop)
+
+
+def _vectorize_partials(
+    sch: s_tir.Schedule,
+    block: s_tir.schedule.SBlockRV,
+    lane: int,
+    red: int,
+    tail: RFactor | None = None,
+) -> None:
+    """Order a moved partial-result block as (reduce, lanes), vectorize the lanes, hoist the
+    init and, for ``tail``, split off the partial last vector."""
+    vals = _realize(sch, block).iter_values
+    by_var = {sch.get(lp).loop_var: lp for lp in sch.get_loops(block)}
+    lane_loop = next((lp for v, lp in by_var.items() if vals[lane].same_as(v)), None)
+    red_loop = next((lp for v, lp in by_var.items() if vals[red].same_as(v)), None)
+    if lane_loop is None or red_loop is None:  # a unit loop was folded away
         return
-    _, inner = sch.split(loop, factors=[None, lanes])
-    sch.vectorize(inner)
+    sch.reorder(red_loop, lane_loop)
+    sch.vectorize(lane_loop)
+    sch.decompose_reduction(block, red_loop)
+    if tail is not None and not tail.exact and isinstance(tail.extent, tirx.IntImm):
+        full = int(tail.extent.value) // tail.width
+        if 0 < full < (extent_of(sch, red_loop) or 0):
+            sch.loop_partition(red_loop, [full])
+
+
+# ----------------------------------------------------------------------------- rules
+def _is_broadcast_free(sch: s_tir.Schedule, rv) -> bool:
+    """True when every buffer the block reads has the output's rank (no broadcast operand)."""
+    blk = sch.get(rv)
+    ndim = len(blk.writes[0].source.shape)
+    return all(len(r.source.shape) == ndim for r in blk.reads)
 
 
 def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """One injective block: outer loops fused and parallel, the last axis vectorized."""
+    """Injective blocks: producers inlined; the leading loops fused and split across the cores;
+    the trailing static loops (at most ``MAX_FUSE``, contiguous in memory) fused and vectorized
+    with a partitioned tail. A fully static output of rank <= ``MAX_FUSE`` is flattened and
+    split into a parallel outer and a vector inner loop.
+    """
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
     if not blocks or any(b.is_reduction for b in blocks):
@@ -98,73 +307,242 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     last = blocks[-1].rv
     loops = sch.get_loops(last)
     lanes = vector_lanes(target, _dtype_bits(sch, last))
-    if len(loops) > 1:
-        sch.parallel(sch.fuse(*loops[:-1]))
-        _vectorize_tail(sch, loops[-1], lanes)
-    else:
-        outer, inner = sch.split(loops[0], factors=[None, lanes])
-        sch.vectorize(inner)
+    n_inner = 0
+    for lp in reversed(loops):
+        if extent_of(sch, lp) is None:
+            break
+        n_inner += 1
+    # A broadcast operand (bias) keeps the last axis alone so its index stays a loop variable;
+    # fusing more than MAX_FUSE axes gives nested div/mod indices TVM cannot vectorize.
+    n_inner = min(n_inner, 1 if not _is_broadcast_free(sch, last) else MAX_FUSE)
+    if n_inner == 0:  # symbolic innermost extent: parallel rows, LLVM vectorizes the rest
+        if len(loops) > 1:
+            sch.parallel(_fuse(sch, loops[:-1]))
+        return sch
+    if n_inner == len(loops):
+        flat = _fuse(sch, loops)
+        total = extent_of(sch, flat) or 0
+        if total <= lanes * 64:  # too small to split across cores
+            vectorize_loop(sch, flat, lanes)
+            return sch
+        main = total - total % lanes
+        if main != total:
+            flat, tail = sch.loop_partition(flat, [main])
+            sch.vectorize(tail)
+        outer, vec = sch.split(flat, [None, lanes])
         sch.parallel(outer)
+        sch.vectorize(vec)
+        return sch
+    rows = _fuse(sch, loops[: len(loops) - n_inner])
+    sch.parallel(rows)
+    vectorize_loop(sch, _fuse(sch, loops[len(loops) - n_inner :]), lanes)
     return sch
 
 
-def schedule_rows(func: tirx.PrimFunc, target: Target, *, unroll: int = 0) -> s_tir.Schedule | None:
-    """Row-wise reductions (norms, softmax over the last axes).
+def _row_axes(blocks: list[BlockInfo], out: BlockInfo) -> int:
+    """Number of leading axes every block shares with the output block (same extents)."""
+    rows = min(b.n_spatial for b in blocks[:-1])
+    for b in blocks[:-1]:
+        k = 0
+        while k < rows and _same(b.extents[k], out.extents[k]):
+            k += 1
+        rows = k
+    return rows
 
-    All blocks must share their leading spatial axes with the output block (the rows). The
-    rows are fused and split across the cores; every producer is computed inside the row
-    loop so a row stays in cache between passes; elementwise inner loops are vectorized and
-    reduction loops split by the vector width (``unroll`` > 0 adds an unroll hint).
+
+def schedule_rows(
+    func: tirx.PrimFunc,
+    target: Target,
+    *,
+    accumulators: int = 4,
+    split_out: tuple[int, int] | None = None,
+) -> s_tir.Schedule | None:
+    """Row-wise reductions: norms and softmax over trailing axes (or a middle axis).
+
+    The leading axes shared by every block are the rows: fused, split across the cores, and
+    every producer is computed inside the row loop, so a row is read from memory once and
+    stays in L1/L2 for the later passes. Reductions over the trailing (contiguous) axes keep
+    ``lanes x accumulators`` partial results in vector registers (see :func:`rfactor_reduction`);
+    reductions over a middle axis vectorize the spatial axes inside them. The output is
+    vectorized with a partitioned tail.
+
+    ``split_out=(axis, factor)`` first splits that output axis (group norm in NCHW: channel =
+    group x channels-per-group) so the groups become row axes.
     """
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
     if not blocks or not any(b.is_reduction for b in blocks) or blocks[-1].is_reduction:
         return None
     out = blocks[-1]
-    rows = min(b.n_spatial for b in blocks[:-1])
-    if rows == 0 or rows >= out.n_spatial:
+    out_ext = list(out.extents)
+    if split_out is not None:
+        axis, factor = split_out
+        loops = sch.get_loops(out.rv)
+        sch.split(loops[axis], [None, factor])
+        e = out_ext[axis]
+        out_ext[axis : axis + 1] = [tirx.IntImm("int64", int(e.value) // factor), factor]
+    rows = _row_axes(blocks, BlockInfo(out.rv, out.name, "S" * len(out_ext), out_ext))
+    if rows == 0 or rows >= len(out_ext):
         return None
-    for b in blocks[:-1]:
-        if b.n_spatial != rows or not all(
-            _same(x, y) for x, y in zip(b.extents[:rows], out.extents[:rows])
-        ):
-            return None
-    lanes = vector_lanes(target, _dtype_bits(sch, out.rv))
-    loops = sch.get_loops(out.rv)
-    row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-    inner = sch.fuse(*loops[rows:]) if len(loops) - rows > 1 else loops[rows]
-    sch.parallel(row)
-    _vectorize_tail(sch, inner, lanes)
-    for b in reversed(blocks[:-1]):
-        sch.compute_at(b.rv, row, preserve_unit_loops=True)
+    lanes32 = vector_lanes(target, 32)
+    # 1. Reductions, while each block still has its own loop nest.
+    rfs: list[RFactor] = []
+    middle: list[str] = []
     for b in blocks[:-1]:
         if not b.is_reduction:
             continue
-        bl = sch.get_loops(b.rv)[1:]  # below the row loop
-        red = sch.fuse(*bl) if len(bl) > 1 else bl[0] if bl else None
-        if red is None:
+        if b.n_spatial == rows:  # reduces over the trailing axes
+            width = pick_width(_prod(b.extents[rows:]), lanes32, accumulators)
+            if width is not None:
+                rfs.append(rfactor_reduction(sch, b.rv, rows, width))
+        else:
+            middle.append(b.name)
+    # 2. Rows: fused, parallel; every producer computed inside the row loop.
+    loops = sch.get_loops(out.rv)
+    inner_loops = loops[rows:]
+    dtypes = {str(sch.get(lp).loop_var.ty) for lp in loops[:rows]}
+    if len(dtypes) == 1:
+        row = _fuse(sch, loops[:rows])
+        sch.parallel(row)
+    else:
+        # Fusing int32 and int64 loops casts the bindings, which makes them non-affine and
+        # blocks vectorization: parallelize the outer row loop, anchor at the inner one.
+        sch.parallel(loops[0])
+        row = loops[rows - 1]
+    producers = sch.get_child_blocks(sch.get_sblock("root"))[:-1]
+    for rv in reversed(producers):
+        sch.compute_at(rv, row, preserve_unit_loops=True)
+    # 3. Partial sums: predicate back, (reduce, lanes) order, vector lanes, hoisted init.
+    for info in rfs:
+        if not info.exact:
+            _restore_predicate(sch, info)
+        _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter, info)
+        for rv, _, lane, red in info.tree:
+            _vectorize_partials(sch, rv, lane, red)
+    # 4. Middle-axis reductions: reduction loops outside, the inner spatial axes vectorized.
+    for name in middle:
+        _vectorize_inner_spatial(sch, sch.get_sblock(name), lanes32)
+    # 5. Injective producers with inner axes (e.g. a middle-axis mean) and the output.
+    for b in blocks[:-1]:
+        if b.is_reduction:
             continue
-        ext = sch.get(red).extent
-        if unroll and not (isinstance(ext, tirx.IntImm) and ext.value <= lanes):
-            _, r_in = sch.split(red, factors=[None, unroll])
-            sch.unroll(r_in)
+        rv = sch.get_sblock(b.name)
+        below = sch.get_loops(rv)[1:]
+        real = [lp for lp in below if extent_of(sch, lp) != 1]
+        if real:
+            vectorize_loop(sch, _fuse(sch, real), vector_lanes(target, _dtype_bits(sch, rv)))
+    out_rv = sch.get_sblock(out.name)
+    inner = _fuse(sch, inner_loops[-MAX_FUSE:]) if inner_loops else None
+    if inner is not None:
+        vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, out_rv)))
     return sch
 
 
-def schedule_blockwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Fallback for reductions whose blocks do not share row axes (group norm, softmax over a
-    middle axis): each block gets its outer spatial loop parallel and, when its innermost loop
-    is spatial, that loop vectorized."""
+def rv_name(sch: s_tir.Schedule, rv) -> str:
+    """Name of a block."""
+    return sch.get(rv).name_hint
+
+
+def _prod(exts: Sequence) -> tirx.PrimExpr:
+    """Product of extents: an int64 IntImm when all are static."""
+    if all(isinstance(e, tirx.IntImm) for e in exts):
+        p = 1
+        for e in exts:
+            p *= int(e.value)
+        return tirx.IntImm("int64", p)
+    p = exts[0]
+    for e in exts[1:]:
+        p = p * e
+    return p
+
+
+def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """A reduction moved under the row loop whose remaining spatial axes are innermost in
+    memory (softmax over a middle axis): put its reduction loops outside, vectorize the
+    fused spatial loops inside them, and hoist the init."""
+    realize = _realize(sch, block)
+    blk = realize.block
+    spatial, red = [], []
+    for lp in sch.get_loops(block)[1:]:
+        var = sch.get(lp).loop_var
+        for iv, val in zip(blk.iter_vars, realize.iter_values):
+            if val.same_as(var):
+                (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+    spatial = [lp for lp in spatial if extent_of(sch, lp) != 1]
+    if not spatial or not red:
+        return
+    sch.reorder(*red, *spatial)
+    fused = _fuse(sch, spatial)
+    ext = extent_of(sch, fused)
+    if ext is None:
+        sch.decompose_reduction(block, red[0])
+        return
+    if ext <= lanes:
+        sch.vectorize(fused)
+    elif ext % lanes == 0:
+        _, vec = sch.split(fused, [None, lanes])
+        sch.vectorize(vec)
+    # (a non-multiple inner extent stays serial: partitioning a loop that carries the init
+    # would duplicate it)
+    sch.decompose_reduction(block, red[0])
+
+
+def schedule_channels_last_groups(
+    func: tirx.PrimFunc, target: Target, *, accumulators: int = 4
+) -> s_tir.Schedule | None:
+    """Group norm in NHWC: statistics per (sample, group) over (channels of the group, H, W).
+
+    The channels of a group are strided by the pixel, so each statistic is first rfactored over
+    the channel-in-group axis: one pass over a sample accumulates a vector of per-channel
+    partial sums (all C channels, contiguous in memory), then the group sums are formed from
+    those. Samples are the parallel rows; the output runs over pixels with the channels in
+    vectors (per-channel mean/scale vectors come from the compute's ``mean_c``/``scale_c``).
+    """
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
-    if not blocks or not any(b.is_reduction for b in blocks):
+    if not blocks or blocks[-1].is_reduction:
         return None
-    for b in blocks:
+    out = blocks[-1]
+    reds = [b for b in blocks[:-1] if b.is_reduction]
+    # Expected: reductions (n, g | rc, rh, rw) and an output (n, h, w, c).
+    if not reds or any(b.kinds != "SSRRR" for b in reds) or len(out.extents) != 4:
+        return None
+    lanes32 = vector_lanes(target, 32)
+    rfs = []
+    for b in reds:
         loops = sch.get_loops(b.rv)
-        if not loops:
-            continue
-        if b.n_spatial >= 1:
-            sch.parallel(loops[0])
-        if not b.is_reduction and b.n_spatial >= 2:
-            _vectorize_tail(sch, loops[-1], vector_lanes(target, _dtype_bits(sch, b.rv)))
+        rfs.append(sch.rfactor(loops[2], 2))  # per-channel partials: (n, g, rc | rh, rw)
+    loops = sch.get_loops(out.rv)
+    row = loops[0]
+    sch.parallel(row)
+    producers = sch.get_child_blocks(sch.get_sblock("root"))[:-1]
+    for rv in reversed(producers):
+        sch.compute_at(rv, row, preserve_unit_loops=True)
+    for block in rfs:
+        realize = _realize(sch, block)
+        blk = realize.block
+        spatial, red = [], []
+        for lp in sch.get_loops(block)[1:]:
+            var = sch.get(lp).loop_var
+            for iv, val in zip(blk.iter_vars, realize.iter_values):
+                if val.same_as(var):
+                    (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+        chans = [lp for lp in spatial if extent_of(sch, lp) != 1]
+        if len(chans) != 2 or len(red) != 2:
+            return None
+        rc_l, g_l = chans  # block iter order (rc, n, g); memory order of channels is (g, rc)
+        sch.reorder(*red, g_l, rc_l)
+        ch = sch.fuse(g_l, rc_l)
+        c = extent_of(sch, ch)
+        if c is not None and c % lanes32 == 0:
+            outer, vec = sch.split(ch, [None, lanes32])
+            sch.vectorize(vec)
+            if c // lanes32 <= 8:  # unrolled: the partial sums stay in registers
+                sch.unroll(outer)
+        elif c is not None and c <= lanes32 * accumulators:
+            sch.vectorize(ch)
+        sch.decompose_reduction(block, red[0])
+    out_rv = sch.get_sblock(out.name)
+    c = sch.get_loops(out_rv)[-1]
+    vectorize_loop(sch, c, vector_lanes(target, _dtype_bits(sch, out_rv)))
     return sch

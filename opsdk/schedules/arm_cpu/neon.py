@@ -6,9 +6,12 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import schedule_blockwise, schedule_elementwise, schedule_rows
+from .._common import schedule_elementwise, schedule_rows
+from ..cpu.x86 import group_norm_schedule
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
+# 32 NEON registers: four 4-lane accumulators (16 partial sums) leave plenty for the data.
+_ACCUMULATORS = 4
 
 
 @rule(
@@ -20,8 +23,21 @@ _NEON = ("kind:llvm", "arch:aarch64", "neon")
     claims=("vectorize", "parallel"),
 )
 def _elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Fused outer loops in parallel, last axis in 128-bit NEON vectors."""
+    """Fused outer loops in parallel, contiguous inner loop in 128-bit NEON vectors + tail."""
     return schedule_elementwise(func, target)
+
+
+@rule(
+    "group_norm",
+    "arm_cpu",
+    name="neon.group_norm",
+    requires=_NEON,
+    priority=22,
+    claims=("vectorize", "parallel"),
+)
+def _group_norm(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Group norm: NCHW as rows of (sample, group); NHWC with per-channel vector partials."""
+    return group_norm_schedule(func, target, _ACCUMULATORS)
 
 
 @rule(
@@ -33,19 +49,6 @@ def _elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     claims=("vectorize", "parallel"),
 )
 def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Parallel rows; each row's passes computed together; NEON epilogue, 8-way unrolled
-    reductions (NEON has 32 vector registers to hold partial sums)."""
-    return schedule_rows(func, target, unroll=8)
-
-
-@rule(
-    ["kind:norm", "kind:reduction"],
-    "arm_cpu",
-    name="neon.blockwise",
-    requires=_NEON,
-    priority=15,
-    claims=("parallel",),
-)
-def _blockwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Fallback: each block's outer loop parallel, spatial inner loops vectorized."""
-    return schedule_blockwise(func, target)
+    """Parallel rows, passes over a row kept in cache, 4 x 4-lane NEON partial sums reduced
+    by a vector tree, NEON epilogue with a partitioned tail."""
+    return schedule_rows(func, target, accumulators=_ACCUMULATORS)

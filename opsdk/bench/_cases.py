@@ -1,0 +1,142 @@
+"""What ``opsdk bench`` measures: per op, the equivalent TVM Relax op and the torch eager call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tvm import relax
+
+__all__ = ["DEFAULT_CASES", "SPECS", "Case", "OpSpec"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: an opsdk op (with a layout of its capability matrix) on a shape."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str = ""  # a key of OpDef.layouts ("" = the op's defaults)
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def label(self) -> str:
+        name = self.op + (f"[{self.layout}]" if self.layout else "")
+        return f"{name} {'x'.join(map(str, self.shape))} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to express an opsdk op with TVM's own Relax ops and with torch eager.
+
+    ``relax_fn(inputs, attrs)`` builds the Relax expression from Relax vars (in the opsdk
+    input order); ``torch_fn(tensors, attrs)`` returns a zero-argument callable.
+    """
+
+    relax_fn: Callable[[list, dict], relax.Expr]
+    torch_fn: Callable[[list, dict], Callable[[], Any]]
+
+
+def _ln_relax(v: list, a: dict) -> relax.Expr:
+    x, g, b = v
+    nd = len(x.ty.shape)
+    axes = list(range(a["begin_axis"] % nd, nd))
+    return relax.op.nn.layer_norm(x, g, b, axes=axes, epsilon=a["epsilon"])
+
+
+def _ln_torch(t: list, a: dict) -> Callable[[], Any]:
+    import torch.nn.functional as F
+
+    x, g, b = t
+    shape = tuple(x.shape[a["begin_axis"] % x.dim() :])
+    return lambda: F.layer_norm(x, shape, g, b, a["epsilon"])
+
+
+def _rms_relax(v: list, a: dict) -> relax.Expr:
+    x, g = v
+    nd = len(x.ty.shape)
+    return relax.op.nn.rms_norm(
+        x, g, axes=list(range(a["begin_axis"] % nd, nd)), epsilon=a["epsilon"]
+    )
+
+
+def _rms_torch(t: list, a: dict) -> Callable[[], Any]:
+    import torch.nn.functional as F
+
+    x, g = t
+    shape = tuple(x.shape[a["begin_axis"] % x.dim() :])
+    return lambda: F.rms_norm(x, shape, g, a["epsilon"])
+
+
+def _gelu_relax(v: list, a: dict) -> relax.Expr:
+    x = v[0] if len(v) == 1 else relax.op.add(v[0], v[1])
+    return relax.op.nn.gelu_tanh(x) if a["approximate"] == "tanh" else relax.op.nn.gelu(x)
+
+
+def _gelu_torch(t: list, a: dict) -> Callable[[], Any]:
+    import torch.nn.functional as F
+
+    if len(t) == 1:
+        return lambda: F.gelu(t[0], approximate=a["approximate"])
+    x, b = t
+    return lambda: F.gelu(x + b, approximate=a["approximate"])
+
+
+def _softmax_relax(v: list, a: dict) -> relax.Expr:
+    return relax.op.nn.softmax(v[0], axis=a["axis"])
+
+
+def _softmax_torch(t: list, a: dict) -> Callable[[], Any]:
+    import torch
+
+    return lambda: torch.softmax(t[0], dim=a["axis"])
+
+
+def _gn_relax(v: list, a: dict) -> relax.Expr:
+    x, g, b = v
+    nchw = a["layout"] == "NCHW"
+    return relax.op.nn.group_norm(
+        x,
+        g,
+        b,
+        num_groups=a["num_groups"],
+        channel_axis=1 if nchw else 3,
+        axes=[2, 3] if nchw else [1, 2],
+        epsilon=a["epsilon"],
+    )
+
+
+def _gn_torch(t: list, a: dict) -> Callable[[], Any]:
+    import torch.nn.functional as F
+
+    x, g, b = t
+    if a["layout"] == "NHWC":
+        x = x.permute(0, 3, 1, 2)  # a channels-last NCHW view: torch's NHWC kernel
+    return lambda: F.group_norm(x, a["num_groups"], g, b, a["epsilon"])
+
+
+#: TVM-Relax and torch equivalents of the built-in ops.
+SPECS: dict[str, OpSpec] = {
+    "layer_norm": OpSpec(_ln_relax, _ln_torch),
+    "rms_norm": OpSpec(_rms_relax, _rms_torch),
+    "gelu": OpSpec(_gelu_relax, _gelu_torch),
+    "bias_gelu": OpSpec(_gelu_relax, _gelu_torch),
+    "softmax": OpSpec(_softmax_relax, _softmax_torch),
+    "group_norm": OpSpec(_gn_relax, _gn_torch),
+}
+
+_ROWS = ((4096, 768), (16384, 1024))  # L3-resident / DRAM-sized transformer activations
+_GN = {"num_groups": 32}
+
+#: The issue's benchmark matrix (float32 and float16 are added by the runner).
+DEFAULT_CASES: tuple[tuple[str, str, tuple[int, ...], dict], ...] = (
+    *(("layer_norm", "", s, {}) for s in _ROWS),
+    *(("rms_norm", "", s, {}) for s in _ROWS),
+    *(("gelu", "", s, {}) for s in _ROWS),
+    *(("bias_gelu", "", s, {}) for s in _ROWS),
+    *(("softmax", "", s, {}) for s in _ROWS),
+    ("group_norm", "NCHW", (8, 64, 56, 56), _GN),
+    ("group_norm", "NHWC", (8, 56, 56, 64), _GN),
+)

@@ -1,0 +1,221 @@
+"""Bench output: the text table, a PNG chart and the ``opsdk bench`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The bench results as a fixed-width text table (times are medians in ms).
+
+    Examples
+    --------
+    >>> from opsdk.bench import format_table
+    >>> print(format_table([]).splitlines()[0].split()[:2])
+    ['case', 'rule']
+    """
+    head = (
+        f"{'case':<36} {'rule':<15} {'opsdk':>8} {'GB/s':>6} {'%copy':>6} "
+        f"{'tvm':>8} {'dlight':>8} {'torch':>8} {'copy':>7} {'np.copy':>7} "
+        f"{'x tvm':>7} {'x dl':>7} {'x torch':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        name = r["op"] + (f"[{r['layout']}]" if r.get("layout") else "")
+        case = f"{name} {'x'.join(map(str, r['shape']))} {r['dtype']}"
+        dl = r.get("dlight_ms") if r.get("dlight_applied", True) else None
+        lines.append(
+            f"{case:<36} {r.get('rule', '-'):<15} {_f(r.get('opsdk_ms'), '8.3f')} "
+            f"{_f(r.get('opsdk_gbps'), '6.1f')} {_f(r.get('pct_copy'), '6.0f')} "
+            f"{_f(r.get('tvm_ms'), '8.3f')} {_f(dl, '8.3f')} {_f(r.get('torch_ms'), '8.3f')} "
+            f"{_f(r.get('copy_tvm_ms'), '7.3f')} {_f(r.get('copy_numpy_ms'), '7.3f')} "
+            f"{_f(r.get('speedup_tvm'), '7.1f')} "
+            f"{_f(r.get('speedup_dlight') if dl else None, '7.1f')} "
+            f"{_f(r.get('speedup_torch'), '7.2f')}"
+        )
+    lines.append(
+        "times: median ms over interleaved repeats; GB/s = (inputs + output bytes) / time; "
+        "%copy = opsdk GB/s / the faster copy's GB/s (copy = TVM parallel copy, np.copy = "
+        "numpy, same bytes); x = speedup of opsdk; dlight '-' = no dlight rule applied"
+    )
+    return "\n".join(lines)
+
+
+def _geomean(vals: Sequence[float]) -> float | None:
+    vals = [v for v in vals if v]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def summary(rows: Sequence[dict[str, Any]], dtype: str = "float32") -> dict[str, Any]:
+    """Acceptance figures over the ``dtype`` rows: worst/geomean speedups and % of copy.
+
+    Examples
+    --------
+    >>> from opsdk.bench import summary
+    >>> summary([])["cases"]
+    0
+    """
+    sel = [r for r in rows if r["dtype"] == dtype]
+    return {
+        "dtype": dtype,
+        "cases": len(sel),
+        "min_speedup_tvm": min(
+            (r["speedup_tvm"] for r in sel if r.get("speedup_tvm")), default=None
+        ),
+        "geomean_speedup_torch": _geomean([r.get("speedup_torch") for r in sel]),
+        "min_pct_copy": min((r["pct_copy"] for r in sel if r.get("pct_copy")), default=None),
+        "geomean_pct_copy": _geomean([r.get("pct_copy") for r in sel]),
+    }
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
+    """Grouped bar chart of achieved GB/s per case and candidate (copy = the roofline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cands = [
+        ("opsdk", "opsdk"),
+        ("tvm", "TVM default"),
+        ("dlight", "TVM dlight"),
+        ("torch", "torch eager"),
+        ("copy_tvm", "copy (TVM)"),
+        ("copy_numpy", "copy (numpy)"),
+    ]
+    labels = [
+        (
+            r["op"]
+            + (f"[{r['layout']}]" if r.get("layout") else "")
+            + f"\n{'x'.join(map(str, r['shape']))}\n{r['dtype']}"
+        )
+        for r in rows
+    ]
+    width = 0.8 / len(cands)
+    fig, ax = plt.subplots(figsize=(min(22.0, max(8.0, 0.9 * len(rows) + 3)), 6))
+    for k, (c, name) in enumerate(cands):
+        vals = [r.get(f"{c}_gbps") or 0.0 for r in rows]
+        ax.bar(
+            [i + (k - len(cands) / 2 + 0.5) * width for i in range(len(rows))],
+            vals,
+            width,
+            label=name,
+        )
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=6)
+    ax.set_ylabel("GB/s (inputs + output bytes / median time)")
+    ax.set_title("opsdk bench: achieved bandwidth (higher is better)")
+    ax.legend(fontsize=8, ncols=3)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(p) for p in text.lower().replace(",", "x").split("x") if p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}; write it like 4096x768") from None
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}; dims must be positive")
+    return dims
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``opsdk bench`` options to ``parser``.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> from opsdk.bench import add_bench_arguments
+    >>> p = argparse.ArgumentParser()
+    >>> add_bench_arguments(p)
+    >>> p.parse_args(["layer_norm", "--shapes", "64x32"]).shapes
+    [(64, 32)]
+    """
+    parser.add_argument(
+        "ops", nargs="*", help="ops to run, NAME or NAME:LAYOUT (default: all built-in ops)"
+    )
+    parser.add_argument("--target", default="x86", help="host target to run on (default x86)")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=_shape,
+        metavar="SHAPE",
+        help="shapes like 4096x768 (default: the issue's benchmark shapes per op)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "float16"],
+        metavar="DTYPE",
+        help="dtypes (default: float32 float16)",
+    )
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved samples per case")
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        default=20.0,
+        help="length of one timed batch of calls (default 20 ms)",
+    )
+    parser.add_argument("--threads", type=int, help="threads for torch (default: all cores)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip checking opsdk outputs against the float64 reference",
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run ``opsdk bench`` with parsed ``args``; returns the exit code (2: usage error)."""
+    from ._run import run_bench
+
+    for dt in args.dtypes:
+        if dt not in ("float32", "float16", "bfloat16"):
+            print(f"opsdk bench: error: unsupported dtype {dt!r}", file=sys.stderr)
+            return 2
+    try:
+        rows = run_bench(
+            args.ops or None,
+            target=args.target,
+            shapes=args.shapes,
+            dtypes=args.dtypes,
+            repeats=args.repeats,
+            threads=args.threads,
+            budget_ms=args.budget_ms,
+            check=not args.no_check,
+            progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True),
+        )
+    except (KeyError, ValueError) as e:
+        print(f"opsdk bench: error: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    for dt in dict.fromkeys(r["dtype"] for r in rows):
+        s = summary(rows, dt)
+        print(
+            f"{dt}: min x tvm {_f(s['min_speedup_tvm'], '.1f')}, geomean x torch "
+            f"{_f(s['geomean_speedup_torch'], '.2f')}, % of copy min "
+            f"{_f(s['min_pct_copy'], '.0f')} / geomean {_f(s['geomean_pct_copy'], '.0f')}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"rows": rows, "summary": [summary(rows, d) for d in args.dtypes]}, f, indent=2
+            )
+    if args.plot:
+        plot(rows, args.plot)
+    return 0

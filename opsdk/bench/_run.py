@@ -1,0 +1,362 @@
+"""The benchmark runner: every candidate of a case measured side by side, interleaved."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir, te
+
+from .._dtypes import np_dtype
+from ..register import get_op
+from ..schedules import last_choices
+from ..schedules._common import vector_lanes
+from ..targets import target as resolve_target
+from ..targets import target_arch
+from ._cases import DEFAULT_CASES, SPECS, Case
+
+__all__ = ["CANDIDATES", "expand_cases", "run_bench"]
+
+#: Candidates in table order. ``copy_tvm``/``copy_numpy`` move the same bytes (the roofline).
+CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "copy_tvm", "copy_numpy")
+_SETTLE_S = 0.005
+
+
+def expand_cases(
+    ops: Sequence[str] | None = None,
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    dtypes: Sequence[str] = ("float32", "float16"),
+) -> list[Case]:
+    """The cases to run: ``ops`` (``name`` or ``name:layout``) x shapes x dtypes.
+
+    Without ``shapes`` each op uses the issue's benchmark shapes. A given shape is used for
+    every op whose rank range admits it (group norm needs rank 4).
+
+    Examples
+    --------
+    >>> from opsdk.bench import expand_cases
+    >>> [c.label for c in expand_cases(["softmax"], [(64, 32)], ["float32"])]
+    ['softmax 64x32 float32']
+    """
+    wanted: list[tuple[str, str]] = []
+    for item in ops or sorted({c[0] for c in DEFAULT_CASES}, key=_default_order):
+        name, _, layout = item.partition(":")
+        d = get_op(name)  # KeyError for unknown ops
+        if name not in SPECS:
+            raise ValueError(f"op {name!r} has no TVM/torch equivalent to compare against")
+        if layout and layout not in d.layouts:
+            raise ValueError(f"op {name!r} has no layout {layout!r}; known: {list(d.layouts)}")
+        wanted.append((name, layout))
+    out: list[Case] = []
+    for name, layout in wanted:
+        d = get_op(name)
+        if shapes:
+            base = [(layout, tuple(s), {}) for s in shapes if d.ranks[0] <= len(s) <= d.ranks[1]]
+            if name == "group_norm":
+                base = [(lay or "NCHW", s, {"num_groups": _groups(s, lay)}) for lay, s, _ in base]
+        else:
+            base = [(lay, s, a) for (n, lay, s, a) in DEFAULT_CASES if n == name]
+            if layout:
+                base = [b for b in base if b[0] == layout] or [(layout, *base[0][1:])]
+        for dt in dtypes:
+            for lay, s, a in base:
+                out.append(Case(name, tuple(s), dt, lay, dict(a)))
+    return out
+
+
+def _default_order(name: str) -> int:
+    order = [c[0] for c in DEFAULT_CASES]
+    return order.index(name)
+
+
+def _groups(shape: tuple[int, ...], layout: str) -> int:
+    c = shape[3] if layout == "NHWC" else shape[1]
+    return math.gcd(c, 32)
+
+
+# --------------------------------------------------------------------------------- builders
+def _attrs(case: Case) -> dict[str, Any]:
+    d = get_op(case.op)
+    attrs = {**d.default_attrs(), **(d.layouts.get(case.layout, {}) if case.layout else {})}
+    attrs.update(case.attrs)
+    return d.normalize_attrs(d.bind_attrs(attrs), len(case.shape))
+
+
+def _module(case: Case, body: Callable[[list], relax.Expr]) -> tvm.IRModule:
+    d = get_op(case.op)
+    shapes = d.example_shapes(case.shape, _attrs(case))
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(list(s), case.dtype)) for n, s in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(body(params)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _opsdk_module(case: Case) -> tvm.IRModule:
+    from ..register import builder
+
+    d = get_op(case.op)
+    names = list(d.example_shapes(case.shape, _attrs(case)))
+    return _module(case, lambda v: builder(d)(**dict(zip(names, v)), **_attrs(case)))
+
+
+def _tvm_module(case: Case) -> tvm.IRModule:
+    return _module(case, lambda v: SPECS[case.op].relax_fn(v, _attrs(case)))
+
+
+def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
+    """TVM's CPU dlight rules after default legalization; also says whether any applied."""
+    from tvm.s_tir import dlight
+
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            dlight.ApplyDefaultSchedule(dlight.cpu.Reduction(), dlight.cpu.GEMV()),
+        ]
+    )
+    with tgt:
+        out = seq(mod)
+    applied = any(
+        isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
+        for f in out.functions.values()
+    )
+    return out, applied
+
+
+def _copy_kernel(n: int, dtype: str, tgt) -> tvm.runtime.Module:
+    """A parallel, vectorized ``y = x`` over ``n`` elements (the bandwidth roofline)."""
+    x = te.placeholder((n,), dtype, name="x")
+    y = te.compute((n,), lambda i: x[i], name="y")
+    sch = s_tir.Schedule(te.create_prim_func([x, y]))
+    (i,) = sch.get_loops(sch.get_sblock("y"))
+    lanes = vector_lanes(tgt, np.dtype(np_dtype(dtype)).itemsize * 8)
+    outer, inner = sch.split(i, [None, lanes * 64])  # n is a multiple (see _copy_elems)
+    sch.parallel(outer)
+    _, vec = sch.split(inner, [None, lanes])
+    sch.vectorize(vec)
+    return tvm.compile(sch.mod, target=tgt)
+
+
+def _copy_elems(nbytes: int, itemsize: int) -> int:
+    """Elements each side of the copy (half the bytes read, half written), rounded up to a
+    whole number of 64-vector chunks so the copy kernel needs no tail."""
+    n = max(nbytes // 2 // itemsize, 1)
+    chunk = 4096
+    return -(-n // chunk) * chunk
+
+
+# --------------------------------------------------------------------------------- timing
+class _Timer:
+    """One candidate: ``step(k)`` runs it ``k`` times and returns seconds per call."""
+
+    def __init__(self, step: Callable[[int], float]) -> None:
+        self.step = step
+        self.number = 1
+        self.samples: list[float] = []
+
+    def calibrate(self, budget_s: float) -> None:
+        self.step(1)  # warm-up (first-touch pages, thread pool start)
+        per = max(self.step(1), 1e-7)
+        self.number = max(1, min(10_000, int(budget_s / per)))
+
+
+def _py_step(fn: Callable[[], Any]) -> Callable[[int], float]:
+    def step(k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        return (time.perf_counter() - t0) / k
+
+    return step
+
+
+def _vm_step(vm: relax.VirtualMachine, args: list, dev) -> Callable[[int], float]:
+    cache: dict[int, Any] = {}
+
+    def step(k: int) -> float:
+        if k not in cache:  # the C++ timer loop: no Python overhead per call
+            cache[k] = vm.time_evaluator("main", dev, number=k, repeat=1)
+        return float(cache[k](*args).mean)
+
+    return step
+
+
+def _mod_step(ex, args: list, dev) -> Callable[[int], float]:
+    cache: dict[int, Any] = {}
+
+    def step(k: int) -> float:
+        if k not in cache:
+            cache[k] = ex.mod.time_evaluator("main", dev, number=k, repeat=1)
+        return float(cache[k](*args).mean)
+
+    return step
+
+
+def _inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    d = get_op(case.op)
+    out = {}
+    for name, shp in d.example_shapes(case.shape, _attrs(case)).items():
+        lo, hi = d.domain.get(name, (-2.0, 2.0))
+        out[name] = rng.uniform(lo, hi, size=shp).astype(np_dtype(case.dtype))
+    return out
+
+
+def _torch_callable(case: Case, ins: dict[str, np.ndarray]) -> Callable[[], Any] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    ts = [torch.from_numpy(a.astype(np.float32)).to(tdt[case.dtype]) for a in ins.values()]
+    fn = SPECS[case.op].torch_fn(ts, _attrs(case))
+    try:
+        fn()
+    except (RuntimeError, NotImplementedError):  # e.g. a dtype torch has no CPU kernel for
+        return None
+    return fn
+
+
+def run_bench(
+    ops: Sequence[str] | None = None,
+    *,
+    target: str = "x86",
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    dtypes: Sequence[str] = ("float32", "float16"),
+    repeats: int = 15,
+    threads: int | None = None,
+    budget_ms: float = 20.0,
+    check: bool = True,
+    candidates: Iterable[str] = CANDIDATES,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Benchmark opsdk kernels against TVM's own lowering, dlight, torch and a copy roofline.
+
+    For each case every candidate is compiled and warmed up, then the candidates are timed
+    round-robin (interleaved) ``repeats`` times, each sample a batch of calls lasting about
+    ``budget_ms``; the figures are medians over the samples. TVM candidates run through
+    ``time_evaluator`` (C++ timer loop); torch and numpy through a ``perf_counter`` loop.
+    torch runs with ``threads`` threads (default: all cores, like TVM's thread pool).
+
+    Returns one dict per case: ``op``, ``layout``, ``shape``, ``dtype``, ``bytes`` moved,
+    ``rule`` (the opsdk schedule rule), per candidate ``<c>_ms`` / ``<c>_min_ms`` /
+    ``<c>_gbps`` (None when not applicable), ``copy_gbps`` (the faster copy), ``pct_copy``
+    (opsdk bandwidth / copy bandwidth), ``speedup_tvm`` / ``speedup_dlight`` /
+    ``speedup_torch``, ``dlight_applied`` and ``max_err`` (opsdk vs the float64 reference).
+
+    Examples
+    --------
+    >>> from opsdk.bench import run_bench
+    >>> rows = run_bench(["gelu"], shapes=[(64, 32)], dtypes=["float32"], repeats=1,
+    ...                  candidates=["opsdk", "copy_numpy"], budget_ms=1)
+    >>> rows[0]["op"], rows[0]["opsdk_ms"] > 0
+    ('gelu', True)
+    """
+    tgt = resolve_target(target)
+    if tgt.kind.name != "llvm" or target_arch(tgt) != target_arch(resolve_target("x86")):
+        raise ValueError(f"target {target!r} does not run on this host; use x86 (the host CPU)")
+    cands = [c for c in CANDIDATES if c in set(candidates)]
+    ncores = threads or os.cpu_count() or 1
+    try:
+        import torch
+
+        torch.set_num_threads(ncores)
+    except ImportError:
+        cands = [c for c in cands if c != "torch"]
+    dev = tvm.cpu()
+    rng = np.random.default_rng(0)
+    rows = []
+    for case in expand_cases(ops, shapes, dtypes):
+        if progress:
+            progress(case.label)
+        rows.append(_run_case(case, tgt, dev, cands, rng, repeats, budget_ms / 1e3, check))
+        rows[-1]["threads"] = ncores
+    return rows
+
+
+def _run_case(
+    case: Case, tgt, dev, cands: list[str], rng, repeats: int, budget_s: float, check: bool
+) -> dict[str, Any]:
+    ins = _inputs(case, rng)
+    d = get_op(case.op)
+    out_shape = d.result_type(
+        {k: v.shape for k, v in ins.items()}, {k: case.dtype for k in ins}, _attrs(case)
+    )[0]
+    itemsize = np.dtype(np_dtype(case.dtype)).itemsize
+    nbytes = sum(a.nbytes for a in ins.values()) + int(np.prod(out_shape)) * itemsize
+    targs = [tvm.runtime.tensor(a, dev) for a in ins.values()]
+    timers: dict[str, _Timer] = {}
+    row: dict[str, Any] = {
+        "op": case.op,
+        "layout": case.layout,
+        "shape": list(case.shape),
+        "dtype": case.dtype,
+        "attrs": {k: v for k, v in _attrs(case).items()},
+        "bytes": int(nbytes),
+    }
+    if "opsdk" in cands:
+        before = len(last_choices())
+        ex = tvm.compile(_opsdk_module(case), target=tgt)
+        chosen = [c.rule for c in last_choices()[before:] if c.op == case.op]
+        row["rule"] = chosen[-1] if chosen else "generic"
+        vm = relax.VirtualMachine(ex, dev)
+        if check:
+            got = vm["main"](*targs).numpy().astype(np.float64)
+            row["max_err"] = float(np.max(np.abs(got - d.run_reference(ins, _attrs(case)))))
+        timers["opsdk"] = _Timer(_vm_step(vm, targs, dev))
+    if "tvm" in cands:
+        vm = relax.VirtualMachine(tvm.compile(_tvm_module(case), target=tgt), dev)
+        timers["tvm"] = _Timer(_vm_step(vm, targs, dev))
+    if "dlight" in cands:
+        mod, applied = _dlight(_tvm_module(case), tgt)
+        row["dlight_applied"] = applied
+        vm = relax.VirtualMachine(tvm.compile(mod, target=tgt), dev)
+        timers["dlight"] = _Timer(_vm_step(vm, targs, dev))
+    if "torch" in cands:
+        fn = _torch_callable(case, ins)
+        if fn is not None:
+            timers["torch"] = _Timer(_py_step(fn))
+    half = _copy_elems(nbytes, itemsize)
+    if "copy_tvm" in cands:
+        ex = _copy_kernel(half, case.dtype, tgt)
+        src = tvm.runtime.tensor(np.zeros(half, np_dtype(case.dtype)), dev)
+        dst = tvm.runtime.tensor(np.zeros(half, np_dtype(case.dtype)), dev)
+        timers["copy_tvm"] = _Timer(_mod_step(ex, [src, dst], dev))
+    if "copy_numpy" in cands:
+        a = np.ones(half, np_dtype(case.dtype))
+        b = np.empty_like(a)
+        timers["copy_numpy"] = _Timer(_py_step(lambda: np.copyto(b, a)))
+    for t in timers.values():
+        t.calibrate(budget_s)
+    for _ in range(max(1, repeats)):  # round-robin: drift and noise hit every candidate alike
+        for t in timers.values():
+            # TVM's and torch's (OpenMP) thread pools spin for a while after a parallel call;
+            # a short pause lets the previous candidate's workers go idle before timing.
+            time.sleep(_SETTLE_S)
+            t.samples.append(t.step(t.number))
+    for c in CANDIDATES:
+        t = timers.get(c)
+        ms = float(np.median(t.samples)) * 1e3 if t else None
+        row[f"{c}_ms"] = ms
+        row[f"{c}_min_ms"] = float(min(t.samples)) * 1e3 if t else None
+        row[f"{c}_gbps"] = nbytes / (ms * 1e-3) / 1e9 if ms else None
+    copies = [row[f"{c}_gbps"] for c in ("copy_tvm", "copy_numpy") if row.get(f"{c}_gbps")]
+    row["copy_gbps"] = max(copies) if copies else None
+    ours = row.get("opsdk_ms")
+    row["pct_copy"] = (
+        100.0 * row["opsdk_gbps"] / row["copy_gbps"] if ours and row["copy_gbps"] else None
+    )
+    for c in ("tvm", "dlight", "torch"):
+        other = row.get(f"{c}_ms")
+        row[f"speedup_{c}"] = other / ours if other and ours else None
+    return row

@@ -1,0 +1,119 @@
+"""Vectorizable float32 ``exp`` and ``erf`` for op computes.
+
+TVM lowers ``tirx.exp`` / ``tirx.erf`` to LLVM intrinsics that the x86 and aarch64 back ends
+expand into one libm call per vector lane (``expf``, ``erff``), so a vectorized loop runs at
+scalar speed (measured: softmax 4096x768 spent most of its time in ``expf``). These versions are
+plain arithmetic (FMA, floor, integer shift, bit cast), which vectorizes on every CPU target.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+__all__ = ["erf_f32", "exp_f32"]
+_LN2_HI = 0.693359375  # ln(2) split so that n * _LN2_HI is exact for |n| <= 2^10 (Cody-Waite)
+_LN2_LO = -2.12194440e-4
+# Cephes expf minimax polynomial: e^r ~ 1 + r + r^2 P(r) on [-ln2/2, ln2/2].
+_EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
+_EXP_HI = 88.37  # keeps n = round(x / ln2) <= 127
+_EXP_LO = -87.33654475  # keeps n >= -126 (2^n a normal float)
+_MAGIC = 12582912.0 + 127.0  # 1.5 * 2^23 (round to integer) + the exponent bias
+
+
+def _f32(v: float) -> tirx.PrimExpr:
+    return tirx.const(v, "float32")
+
+
+def _lt_select(x: tirx.PrimExpr, bound: float, then: tirx.PrimExpr) -> tirx.PrimExpr:
+    # Written as select(x < bound, ...) so that a NaN input falls through unchanged.
+    return tirx.Select(x < _f32(bound), then, x)
+
+
+def exp_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``exp(x)`` of a float32 expression in vectorizable arithmetic (max error < 1 ulp).
+
+    Cody-Waite reduction ``x = n ln2 + r`` and the Cephes degree-5 polynomial for ``e^r``.
+    ``n`` is rounded with the "magic number" trick: adding ``1.5 * 2^23 + 127`` leaves
+    ``n + 127`` in the low mantissa bits, so shifting those bits left by 23 gives the float
+    ``2^n`` without a float-to-int conversion (16 vector operations in all). Inputs are
+    clamped to [-87.34, 88.37]: beyond, the result saturates at ~1.2e-38 and ~2.4e38 instead
+    of a subnormal / infinity. NaN propagates.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.ops._vecmath import exp_f32
+    >>> x = te.placeholder((8,), "float32", name="x")
+    >>> y = te.compute((8,), lambda i: exp_f32(x[i]), name="y")
+    >>> str(y.dtype)
+    'float32'
+    """
+    xc = tirx.Select(x > _f32(_EXP_HI), _f32(_EXP_HI), x)
+    xc = _lt_select(xc, _EXP_LO, _f32(_EXP_LO))
+    kf = xc * _f32(1.4426950408889634) + _f32(_MAGIC)
+    # The bit-cast round trip (free in LLVM) keeps TVM's simplifier from folding
+    # ``(a + M) - M`` back to ``a``, which would drop the rounding.
+    kbits = tirx.reinterpret("int32", kf)
+    n = tirx.reinterpret("float32", kbits) - _f32(_MAGIC)  # round(x / ln2), exact
+    r = xc - n * _f32(_LN2_HI)
+    r = r - n * _f32(_LN2_LO)
+    p = _f32(_EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = p * r + _f32(c)
+    y = p * (r * r) + r + _f32(1.0)
+    bits = tirx.shift_left(kbits, tirx.const(23, "int32"))
+    return y * tirx.reinterpret("float32", bits)
+
+
+# Rational minimax approximation erf(x) ~ x P(x^2) / Q(x^2) on [-4, 4] (as in Eigen's
+# generic_fast_erf_float); |erf(x)| rounds to 1 beyond |x| = 4 in float32 anyway.
+_ERF_P = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+_ERF_Q = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
+
+
+def erf_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``erf(x)`` of a float32 expression in vectorizable arithmetic.
+
+    The approximation's own error is 6.5e-8; evaluated in float32 the absolute error stays
+    under 4e-7 (measured on a dense grid over [-8, 8]). NaN propagates.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.ops._vecmath import erf_f32
+    >>> x = te.placeholder((8,), "float32", name="x")
+    >>> y = te.compute((8,), lambda i: erf_f32(x[i]), name="y")
+    >>> y.shape[0]
+    8
+    """
+    xc = tirx.Select(x > _f32(4.0), _f32(4.0), x)
+    xc = _lt_select(xc, -4.0, _f32(-4.0))
+    x2 = xc * xc
+    p = _f32(_ERF_P[0])
+    for c in _ERF_P[1:]:
+        p = p * x2 + _f32(c)
+    q = _f32(_ERF_Q[0])
+    for c in _ERF_Q[1:]:
+        q = q * x2 + _f32(c)
+    return xc * p / q

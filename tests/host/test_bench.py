@@ -1,0 +1,189 @@
+"""``opsdk bench`` smoke tests (tiny shapes, no timed assertions) and structural checks that
+the x86 and NEON rules produce parallel + vectorized loops for every built-in op."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir, tirx
+
+import opsdk
+from opsdk._dtypes import eps, np_dtype
+from opsdk._explain import build_single_op
+from opsdk.bench import add_bench_arguments, expand_cases, run_bench, run_bench_command
+
+# The six ops of the benchmark matrix (other built-in ops get their own tests).
+OPS = ["layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm"]
+
+
+def test_bench_smoke_reports_sane_fields():
+    rows = run_bench(
+        ["layer_norm", "softmax"], shapes=[(64, 48)], dtypes=["float32"], repeats=2, budget_ms=1
+    )
+    assert [r["op"] for r in rows] == ["layer_norm", "softmax"]
+    ln = rows[0]
+    assert ln["bytes"] == (2 * 64 * 48 + 2 * 48) * 4  # x + gamma + beta read, y written
+    assert ln["rule"] == "x86.rows"
+    assert ln["max_err"] < 1e-4
+    for r in rows:
+        for c in ("opsdk", "tvm", "dlight", "copy_tvm", "copy_numpy"):
+            assert r[f"{c}_ms"] > 0 and r[f"{c}_min_ms"] <= r[f"{c}_ms"]
+            assert r[f"{c}_gbps"] > 0
+        assert r["copy_gbps"] == max(r["copy_tvm_gbps"], r["copy_numpy_gbps"])
+        assert r["pct_copy"] > 0 and r["speedup_tvm"] > 0
+        assert isinstance(r["dlight_applied"], bool)
+
+
+def test_bench_command_writes_json_and_png(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    args = p.parse_args(
+        [
+            "gelu:tanh",
+            "--shapes",
+            "32x40",
+            "--dtypes",
+            "float16",
+            "--repeats",
+            "1",
+            "--budget-ms",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert run_bench_command(args) == 0
+    text = capsys.readouterr().out
+    assert "gelu[tanh] 32x40 float16" in text and "x torch" in text
+    data = json.loads(out.read_text())
+    assert data["rows"][0]["attrs"]["approximate"] == "tanh"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_usage_errors():
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    assert run_bench_command(p.parse_args(["no_such_op", "--shapes", "4x4"])) == 2
+    assert run_bench_command(p.parse_args(["gelu", "--target", "arm"])) == 2
+    with pytest.raises(ValueError, match="no layout"):
+        expand_cases(["softmax:nope"])
+
+
+def test_default_cases_cover_the_issue_matrix():
+    cases = expand_cases(dtypes=["float32", "float16"])
+    labels = {c.label for c in cases}
+    assert "layer_norm 16384x1024 float16" in labels
+    assert "group_norm[NHWC] 8x56x56x64 float32" in labels
+    assert {c.op for c in cases} == set(OPS)
+
+
+# ----------------------------------------------------------------------------- structure
+def _lowered_funcs(op: str, target: str, layout: str, dtype: str = "float32"):
+    d = opsdk.get_op(op)
+    attrs = {**d.default_attrs(), **d.layouts[layout]}
+    base = (2, 8, 12, 24) if op == "group_norm" else (2, 6, 40)
+    n = tirx.Var("n", "int64")
+    shapes = d.example_shapes((n, *base[1:]), attrs)
+    mod = opsdk.transform.LowerOps(target)(build_single_op(op, shapes, dtype, attrs))
+    return [
+        f
+        for f in mod.functions.values()
+        if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("opsdk.op") == op
+    ]
+
+
+def _loop_kinds(func: tirx.PrimFunc) -> set:
+    sch = s_tir.Schedule(func)
+    kinds = set()
+    todo = [sch.get_sblock("root")]
+    while todo:
+        blk = todo.pop()
+        for child in sch.get_child_blocks(blk):
+            kinds |= {sch.get(lp).kind for lp in sch.get_loops(child)}
+            todo.append(child)
+    return kinds
+
+
+@pytest.mark.parametrize("target", ["x86", "arm"])
+@pytest.mark.parametrize("op", OPS)
+def test_rules_make_parallel_and_vector_loops(op, target):
+    d = opsdk.get_op(op)
+    for layout in d.layouts:
+        funcs = _lowered_funcs(op, target, layout)
+        assert len(funcs) == 1
+        f = funcs[0]
+        prefix = "x86." if target == "x86" else "neon."
+        assert str(f.attrs["opsdk.rule"]).startswith(prefix), (layout, f.attrs["opsdk.rule"])
+        kinds = _loop_kinds(f)
+        assert tirx.ForKind.PARALLEL in kinds, (op, layout, target)
+        assert tirx.ForKind.VECTORIZED in kinds, (op, layout, target)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "softmax"])
+def test_row_reductions_keep_vector_partial_sums(op):
+    """The reduction runs on a vector of partial sums (an rfactor block with a vectorized
+    lane loop), not a scalar chain."""
+    f = _lowered_funcs(op, "x86", next(iter(opsdk.get_op(op).layouts)))[0]
+    sch = s_tir.Schedule(f)
+    found = False
+    todo = [sch.get_sblock("root")]
+    while todo:
+        blk = todo.pop()
+        for child in sch.get_child_blocks(blk):
+            b = sch.get(child)
+            if b.name_hint.endswith("_rf_update"):
+                kinds = [sch.get(lp).kind for lp in sch.get_loops(child)]
+                found |= tirx.ForKind.VECTORIZED in kinds
+            todo.append(child)
+    assert found
+
+
+# ----------------------------------------------------------------------------- tails
+def _check(op: str, shape: tuple, dtype: str, attrs: dict | None = None) -> None:
+    d = opsdk.get_op(op)
+    attrs = {**d.default_attrs(), **(attrs or {})}
+    n = tirx.Var("n", "int64")
+    shapes = d.example_shapes((n, *shape[1:]), attrs)
+    ex = tvm.compile(build_single_op(op, shapes, dtype, attrs), target=opsdk.target("x86"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(1)
+    conc = d.example_shapes(shape, attrs)
+    ins = {}
+    for k, s in conc.items():
+        lo, hi = d.domain.get(k, (-2.0, 2.0))
+        v = rng.uniform(lo, hi, size=s) + (40.0 if k == "x" and d.kind == "norm" else 0.0)
+        ins[k] = v.astype(np_dtype(dtype))
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in ins.values()]).numpy()
+    ref = d.run_reference(ins, attrs)
+    k = 1 if d.kind == "elementwise" else int(np.prod(shape[1:]))
+    bound = eps(dtype) * np.abs(ref) + (eps(dtype) + 8 * k * eps("float32")) * (1 + np.abs(ref))
+    err = np.abs(out.astype(np.float64) - ref)
+    assert np.all(err <= bound), (op, shape, dtype, float(err.max()))
+
+
+@pytest.mark.parametrize("cols", [1, 3, 17, 769])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "softmax", "bias_gelu"])
+def test_odd_row_lengths_match_reference(op, cols):
+    """Lengths that are not a multiple of the vector width (partitioned tails, restored
+    predicates), with a large common offset for the norms."""
+    _check(op, (3, cols), "float32")
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "attrs"),
+    [
+        ("softmax", (2, 5, 33), {"axis": 1}),
+        ("group_norm", (2, 6, 5, 7), {"num_groups": 3}),
+        ("group_norm", (2, 5, 7, 6), {"num_groups": 3, "layout": "NHWC"}),
+        ("layer_norm", (2, 3, 17), {"begin_axis": -2}),
+    ],
+)
+def test_middle_axes_and_groups_match_reference(op, shape, attrs):
+    _check(op, shape, "float16", attrs)
