@@ -134,7 +134,15 @@ def _render(
             f"Verify with ``opsdk verify {name} --module {module} --target x86``.\n"
         )
         src = src.replace('"""', header, 1) if src.startswith('"""') else header + '"""\n' + src
-        footer = f"\n\n#: The ops this module provides.\nOPS = [{name}]\n"
+        footer = (
+            f"\n\n#: The ops this module provides.\nOPS = [{name}]\n\n"
+            f"# verify's rounding-error model of the built-in {from_op} fits this copy while the\n"
+            "# math is the same; delete these lines when you change it (verify then falls back\n"
+            "# to a generic, heuristic bound, or write a model with opsdk.verify.error_model).\n"
+            "from opsdk import get_op  # noqa: E402\n"
+            "from opsdk.verify import error_model, model_for  # noqa: E402\n\n"
+            f'error_model({name})(model_for(get_op("{from_op}"))[1])\n'
+        )
         if targets:
             footer += (
                 "\n# Schedule rules for this op live beside this file.\n"

@@ -1,4 +1,5 @@
-"""TE helpers for op computes: float32 accumulation, element counts, reduce axes."""
+"""TE helpers for op computes: float32 accumulation, element counts, reduce axes, and
+vectorizable float32 ``exp``/``erf`` (TVM's own lower to one libm call per vector lane)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from collections.abc import Sequence
 
 from tvm import te, tirx
 
-__all__ = ["acc", "dtype_of", "prod", "reduce_axes"]
+from .ops._vecmath import erf_f32, exp_f32
+
+__all__ = ["acc", "dtype_of", "erf_f32", "exp_f32", "prod", "reduce_axes"]
 
 
 def acc(value: tirx.PrimExpr, dtype: str = "float32") -> tirx.PrimExpr:

@@ -20,6 +20,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..targets import target_features
+from ._common import vector_lanes, vectorize_loop
 
 __all__ = [
     "BUILTIN_RULE_MODULES",
@@ -31,6 +32,8 @@ __all__ = [
     "load_builtin_rules",
     "rule",
     "rules_for",
+    "vector_lanes",
+    "vectorize_loop",
 ]
 
 #: Modules holding the built-in rules, imported explicitly (no import-time discovery).
@@ -75,6 +78,7 @@ class Choice:
     claims: tuple[str, ...]
     reasons: list[str] = field(default_factory=list)
     func: tirx.PrimFunc | None = None
+    schedule: s_tir.Schedule | None = None  # the chosen rule's schedule (None: generic)
 
 
 _RULES: list[Rule] = []
@@ -183,7 +187,7 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         if sch is None:
             ch.reasons.append(f"{r.name}: declined (returned None)")
             continue
-        ch.rule, ch.claims, ch.func = r.name, r.claims, sch.mod["main"]
+        ch.rule, ch.claims, ch.func, ch.schedule = r.name, r.claims, sch.mod["main"], sch
         ch.reasons.append(
             f"{r.name}: chosen (priority {r.priority}, key {r.target_key!r}"
             + (f", requires {', '.join(r.requires)}" if r.requires else "")
