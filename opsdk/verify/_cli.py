@@ -1,0 +1,248 @@
+"""Command-line pieces of ``opsdk verify`` (wired into :mod:`opsdk.cli`).
+
+Exit codes: 0 every check passed, 1 a check failed, 2 a usage error (unknown op, target,
+dtype, layout or profile; a malformed ``--case``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+__all__ = ["add_verify_arguments", "run_verify_command"]
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``opsdk verify`` arguments to ``parser``.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> from opsdk.verify._cli import add_verify_arguments
+    >>> p = argparse.ArgumentParser()
+    >>> add_verify_arguments(p)
+    >>> p.parse_args(["gelu", "--target", "x86", "--examples", "5"]).examples
+    5
+    """
+    parser.add_argument("ops", nargs="*", metavar="OP", help="ops to verify (default: all)")
+    parser.add_argument("--target", default="host",
+                        help="x86, arm, arm-dotprod, arm-sve, c (default: host)")
+    parser.add_argument("--dtypes", nargs="+", metavar="DTYPE",
+                        help="only these dtypes (space or comma separated)")
+    parser.add_argument("--layouts", nargs="+", metavar="LAYOUT", help="only these layouts")
+    parser.add_argument("--examples", type=int, metavar="N",
+                        help="random examples per cell after the corner cases (profile default)")
+    parser.add_argument("--profile", default=None, choices=["dev", "ci", "thorough"],
+                        help="how hard to search (default: dev)")
+    parser.add_argument("--seed", type=int, help="hypothesis seed (reproducible runs)")
+    parser.add_argument("--report", metavar="OUT.json", help="write the full report as JSON")
+    parser.add_argument("--junit", metavar="OUT.xml", help="write a JUnit XML report")
+    parser.add_argument("--case", metavar="JSON",
+                        help="re-run exactly one case (as printed by a failure)")
+    parser.add_argument("--rpc", metavar="HOST:PORT", help="run kernels on a TVM RPC server")
+    parser.add_argument("--tracker", metavar="HOST:PORT", help="TVM RPC tracker to get a device")
+    parser.add_argument("--key", help="device key (with --tracker)")
+    parser.add_argument("--module", action="append", metavar="MODULE",
+                        help="also load ops from this module (OPS = [...])")
+    parser.add_argument("--no-lints", action="store_true", help="skip the schedule-claim lints")
+    parser.add_argument("--no-db", action="store_true",
+                        help="do not read or write the example database")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v for item in values for v in item.split(",") if v]
+
+
+class _Usage(Exception):
+    pass
+
+
+def _load_modules(modules: list[str] | None) -> None:
+    if not modules:
+        return
+    import opsdk
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        opsdk.load_plugins(list(modules))
+    except (ImportError, TypeError, ValueError) as e:
+        raise _Usage(f"cannot load op modules: {e}") from None
+
+
+def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | None,
+                                                      list[str] | None]:
+    import opsdk
+    from opsdk.targets import target_spec
+
+    _load_modules(args.module)
+    try:
+        tname = target_spec(args.target).name
+    except ValueError as e:
+        raise _Usage(str(e)) from None
+    defs = []
+    for name in args.ops:
+        try:
+            defs.append(opsdk.get_op(name))
+        except KeyError as e:
+            raise _Usage(str(e).strip("'\"")) from None
+    pool = defs or opsdk.list_ops()
+    dtypes, layouts = _split(args.dtypes), _split(args.layouts)
+    from ._strategies import cell_dtypes
+
+    known_dt = {dt for d in pool for dt in cell_dtypes(d)}
+    for dt in dtypes or []:
+        if dt not in known_dt:
+            raise _Usage(f"unknown dtype {dt!r} for {', '.join(d.name for d in pool)}; "
+                         f"supported: {', '.join(sorted(known_dt))}")
+    known_ly = {ly for d in pool for ly in d.layouts}
+    for ly in layouts or []:
+        if ly not in known_ly:
+            raise _Usage(f"unknown layout {ly!r}; known: {', '.join(sorted(known_ly))}")
+    if args.examples is not None and args.examples < 0:
+        raise _Usage("--examples must be >= 0")
+    if args.tracker and not args.key:
+        raise _Usage("--tracker needs --key")
+    return defs, tname, dtypes, layouts
+
+
+class _Progress:
+    """Plain-text progress on stderr: a rewritten line on a terminal, one line per cell else."""
+
+    def __init__(self, stream: TextIO, quiet: bool) -> None:
+        self.stream, self.quiet = stream, quiet
+        self.tty = stream.isatty()
+        self.label = ""
+        self.t0 = time.perf_counter()
+
+    def __call__(self, label: str, done: int) -> None:
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            self.stream.write(f"\r\033[K[{done:5d} examples {elapsed:6.1f}s] {label}")
+            self.stream.flush()
+        elif label != self.label:
+            self.stream.write(f"[{done:5d} examples {elapsed:6.1f}s] {label}\n")
+            self.stream.flush()
+        self.label = label
+
+    def close(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def run_verify_command(args: argparse.Namespace) -> int:
+    """Run ``opsdk verify`` for parsed ``args``; returns the exit code (0, 1 or 2).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> from opsdk.verify._cli import add_verify_arguments, run_verify_command
+    >>> p = argparse.ArgumentParser()
+    >>> add_verify_arguments(p)
+    >>> run_verify_command(p.parse_args(["no_such_op", "--quiet"]))
+    2
+    """
+    try:
+        defs, tname, dtypes, layouts = _check_usage(args)
+        if args.case:
+            return _run_case(args, defs, tname)
+    except _Usage as e:
+        print(f"opsdk verify: error: {e}", file=sys.stderr)
+        return 2
+    from ._engine import verify
+
+    progress = _Progress(sys.stderr, args.quiet)
+    try:
+        report = verify(
+            defs or None,
+            tname,
+            dtypes=dtypes,
+            layouts=layouts,
+            profile=args.profile or "dev",
+            seed=args.seed,
+            max_examples=args.examples,
+            database=None if args.no_db else "default",
+            lints=not args.no_lints,
+            progress=progress,
+            rpc=args.rpc,
+            tracker=args.tracker,
+            key=args.key,
+        )
+    except ValueError as e:
+        progress.close()
+        print(f"opsdk verify: error: {e}", file=sys.stderr)
+        return 2
+    progress.close()
+    print(report.format_table())
+    for f in report.failures:
+        print()
+        print(f.format())
+    for c in report.cells:
+        if c.error:
+            print(f"\nERROR {c.op} {c.dtype} {c.layout}: {c.error}")
+    examples = sum(c.examples for c in report.cells)
+    device = report.device.get("device", "?")
+    print(
+        f"\n{len(report.cells)} cells, {examples} examples, profile {report.profile}, "
+        f"target {report.target} on {device}: {report.seconds:.1f} s wall"
+    )
+    print("PASS" if report.ok else "FAIL")
+    _write(args, report.to_json(), report.to_junit())
+    return 0 if report.ok else 1
+
+
+def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
+    from ._engine import run_case
+    from ._report import VerifyReport
+    from ._strategies import Case
+
+    try:
+        raw = json.loads(args.case)
+        if not isinstance(raw, dict):
+            raise ValueError("expected a JSON object")
+        if defs:
+            raw.setdefault("op", defs[0].name)
+            if len(defs) != 1 or raw["op"] != defs[0].name:
+                raise ValueError(f"the case is for op {raw['op']!r}, not {args.ops}")
+        raw.setdefault("target", tname)
+        case = Case.from_dict(raw)
+    except (ValueError, TypeError, KeyError) as e:
+        raise _Usage(f"bad --case: {e}") from None
+    import opsdk
+
+    try:
+        d = opsdk.get_op(case.op)
+    except KeyError as e:
+        raise _Usage(str(e).strip("'\"")) from None
+    from ._engine import _runner_for
+
+    with _runner_for(case.target, args.rpc, args.tracker, args.key) as runner:
+        res = run_case(case, runner=runner, op=d)
+        device = runner.device_info().get("device", "?")
+    if res.ok:
+        print(f"pass: opsdk.{case.op} {case.dtype} {case.layout} {list(case.shape)} on {device} "
+              f"({res.ratio:.2f} of the bound, {res.max_ulps:.3g} ulp)")
+    else:
+        print(res.format())
+    report = VerifyReport(target=case.target, device={"device": device})
+    _write(args, json.dumps(res.to_dict(), indent=2), report.to_junit())
+    return 0 if res.ok else 1
+
+
+def _write(args: argparse.Namespace, report_json: str, junit: str) -> None:
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(report_json)
+    if args.junit:
+        with open(args.junit, "w") as f:
+            f.write(junit)

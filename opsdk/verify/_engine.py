@@ -1,0 +1,957 @@
+"""The verification engine: build once per signature, run every drawn example, check oracles.
+
+For one op on one target, every cell of its capability matrix (dtype x layout) is a
+hypothesis search over :class:`~opsdk.verify.Case`. Each example is checked against
+
+(a) the float64 numpy reference on the same rounded inputs, within the error model's bound;
+(b) the op's generic (unscheduled) lowering of the same compute: schedule invariance, within
+    twice the bound (both kernels are held to the same model);
+(c) the Relax type inferred for the call, against the real output's shape and dtype.
+
+(d) Kernels are built with symbolic dims (static only where the op requires it, e.g. group
+norm's channel count) and cached per (op, target, dtype, attributes, rank, inputs present):
+one build runs every drawn shape, which is what keeps verification fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
+from hypothesis import seed as hyp_seed
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.errors import Flaky
+from tvm import relax, tirx
+
+from .._dtypes import accum_dtype, np_dtype
+from .._opdef import OpDef
+from ..register import builder, get_op, is_registered, register, unregister
+from ..schedules import GENERIC, choose, generic_only
+from ..schedules._common import vector_lanes
+from ..targets import TARGETS, target_arch, target_spec
+from ..targets import target as resolve_target
+from ..transform import LowerOps
+from ._lints import lint_prim_func
+from ._report import (
+    CaseResult,
+    CellResult,
+    LintResult,
+    RefusalResult,
+    VerifyReport,
+    reproducer_command,
+)
+from ._strategies import (
+    Case,
+    StrategyKnobs,
+    _present_shapes,
+    _repair,
+    case_strategy,
+    cell_dtypes,
+    corner_cases,
+    free_defaults,
+    input_dtypes,
+    layout_attrs,
+    make_inputs,
+    static_axes,
+)
+from ._tolerance import ModelInput, output_bound, ulps
+
+__all__ = [
+    "PROFILES",
+    "Profile",
+    "capabilities",
+    "check_refusals",
+    "database_path",
+    "lint_cell",
+    "run_case",
+    "verify",
+    "verify_op",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Profiles
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much a verify run explores: random examples per cell and the strategy's knobs."""
+
+    name: str
+    max_examples: int
+    knobs: StrategyKnobs = field(default_factory=StrategyKnobs)
+    corners: bool = True
+    #: Which examples also run the generic lowering (schedule invariance): ``"all"``, or
+    #: ``"corners"`` (the corner cases of the common signature; others only when they fail,
+    #: to assign the blame). Each generic build is a second compile per signature.
+    invariance: str = "all"
+
+
+PROFILES: dict[str, Profile] = {
+    "dev": Profile("dev", 10, StrategyKnobs(p_common=80, p_long=12, p_static=0, max_extra_rank=2),
+                   invariance="corners"),
+    "ci": Profile("ci", 25, StrategyKnobs(p_long=12, p_static=6, max_extra_rank=3)),
+    "thorough": Profile("thorough", 250, StrategyKnobs(p_long=15, p_static=10, max_extra_rank=5)),
+}
+
+
+_HYPOTHESIS_BASE: dict[str, Any] = dict(
+    deadline=None,  # a first example compiles its kernels
+    suppress_health_check=list(HealthCheck),
+    verbosity=Verbosity.quiet,  # failures are reported by verify itself
+    report_multiple_bugs=False,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+    print_blob=False,
+)
+
+
+def _register_hypothesis_profiles() -> None:
+    # Namespaced: hypothesis itself ships a "ci" profile, and users may have a "dev" one.
+    for p in PROFILES.values():
+        settings.register_profile(f"opsdk.{p.name}", max_examples=p.max_examples,
+                                  **_HYPOTHESIS_BASE)
+
+
+_register_hypothesis_profiles()
+
+
+def default_profile() -> str:
+    """``$OPSDK_VERIFY_PROFILE`` or ``$HYPOTHESIS_PROFILE`` if it names a verify profile,
+    else ``dev``."""
+    for var in ("OPSDK_VERIFY_PROFILE", "HYPOTHESIS_PROFILE"):
+        if os.environ.get(var) in PROFILES:
+            return os.environ[var]
+    return "dev"
+
+
+def database_path() -> Path:
+    """Where failing examples are kept: ``hypothesis`` in opsdk's cache directory
+    (``$OPSDK_CACHE``, else ``$XDG_CACHE_HOME/opsdk``, else ``~/.cache/opsdk``).
+
+    Examples
+    --------
+    >>> from opsdk.verify import database_path
+    >>> database_path().name
+    'hypothesis'
+    """
+    from ..runners._provision import cache_dir
+
+    return cache_dir() / "hypothesis"
+
+
+def _database(database: Any) -> ExampleDatabase | None:
+    if database is None:
+        return None
+    if database == "default":
+        return DirectoryBasedExampleDatabase(str(database_path()))
+    if isinstance(database, (str, os.PathLike)):
+        return DirectoryBasedExampleDatabase(str(database))
+    return database
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets and runners
+
+
+def _target_name(target: str) -> str:
+    return target_spec(target).name
+
+
+def _runner_for(target_name: str, rpc: str | None = None, tracker: str | None = None,
+                key: str | None = None) -> Any:
+    from ..runners import runner_for
+
+    return runner_for(target_name, rpc=rpc, tracker=tracker, key=key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Builds
+
+
+@dataclass
+class _Build:
+    params: list[str]
+    dims: list[Any]
+    free: dict[str, Any]
+    out_shape: list[Any]
+    out_dtype: str
+    ex: Any
+    ex_generic: Any
+    prim: tirx.PrimFunc
+    prim_name: str
+    rule: str
+    seconds: float
+    mod: tvm.IRModule | None = None
+    tgt: Any = None
+
+    def lower_generic(self) -> tvm.IRModule:
+        with generic_only():
+            return LowerOps(self.tgt)(self.mod)
+
+
+_BUILDS: OrderedDict[tuple, _Build] = OrderedDict()
+_MAX_BUILDS = 256
+
+
+def _build_key(d: OpDef, case: Case, tgt: Any, dims: Sequence[Any],
+               present: Sequence[str]) -> tuple:
+    dkey = tuple(int(x) if isinstance(x, int) else "?" for x in dims)
+    attrs = tuple(sorted((k, repr(v)) for k, v in case.attrs.items()))
+    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey)
+
+
+def _relax_module(d: OpDef, shapes: Mapping[str, tuple], dtype: str,
+                  attrs: Mapping[str, Any]) -> tuple[tvm.IRModule, relax.Var]:
+    bb = relax.BlockBuilder()
+    dts = input_dtypes(d, dtype, list(shapes))
+    params = [relax.Var(n, relax.TensorType(list(s), dts[n])) for n, s in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(builder(d)(**dict(zip(shapes, params)), **attrs))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), y
+
+
+def _prim_of(mod: tvm.IRModule, op_name: str) -> tuple[str, tirx.PrimFunc]:
+    for gv, f in mod.functions.items():
+        if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("opsdk.op") == op_name:
+            return gv.name_hint, f
+    raise RuntimeError(f"opsdk.{op_name}: lowering produced no PrimFunc")
+
+
+def _signature(d: OpDef, case: Case, tgt: Any) -> tuple[tuple, list[Any], list[str]]:
+    present = [p.name for p in d.tensor_params if not p.optional or p.name in case.present]
+    rank = len(case.shape)
+    if case.static:
+        fixed: Iterable[int] = range(rank)
+    else:
+        fixed = static_axes(d, case.shape, case.dtype, case.attrs, case.present)
+    dims = [case.shape[i] if i in fixed else tirx.Var(f"d{i}", "int64") for i in range(rank)]
+    return _build_key(d, case, tgt, dims, present), dims, present
+
+
+def _free_dims(d: OpDef, case: Case) -> dict[str, Any]:
+    """Free named dims of the build: static sizes in a static build, else symbolic."""
+    sizes = {**free_defaults(d), **case.free}
+    if case.static:
+        return sizes
+    return {k: tirx.Var(f"free_{k}", "int64") for k in sizes}
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    # TVM's compile and LLVM's JIT release the GIL: two builds run side by side.
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                   thread_name_prefix="opsdk-verify-build")
+    return _POOL
+
+
+def _compile(mod: tvm.IRModule, tgt: Any, warm: bool) -> Any:
+    ex = tvm.compile(mod, target=tgt)
+    if warm:  # LLVM code is generated lazily, at first load: do it here, in parallel
+        relax.VirtualMachine(ex, tvm.cpu())
+    return ex
+
+
+def _oracle_target(tgt: Any) -> Any:
+    # The generic lowering is an oracle, not a product: LLVM -O0 compiles it ~5x faster
+    # (IEEE semantics are the same at every level; fast-math stays off).
+    if tgt.kind.name != "llvm":
+        return tgt
+    return tvm.target.Target({**dict(tgt.export()), "opt-level": 0})
+
+
+def _get_builds(d: OpDef, cases: Sequence[Case], tgt: Any, *,
+                generic: bool | Callable[[Case], bool] = True) -> list[_Build]:
+    """Builds for ``cases`` (cached); missing ones are compiled side by side. With
+    ``generic`` (for a case) the generic lowering is built too (else when first needed)."""
+    from ..runners.local import host_arch
+
+    warm = tgt.kind.name == "llvm" and target_arch(tgt) == host_arch()
+    jobs: dict[tuple, tuple] = {}
+    keys = []
+    for case in cases:
+        key, dims, _ = _signature(d, case, tgt)
+        keys.append(key)
+        want_generic = generic(case) if callable(generic) else generic
+        if key in jobs:
+            b, fut, fut_g = jobs[key]
+            if want_generic and fut_g is None and b.rule != GENERIC:
+                fut_g = _pool().submit(_compile, b.lower_generic(), _oracle_target(tgt), warm)
+                jobs[key] = (b, fut, fut_g)
+            continue
+        hit = _BUILDS.get(key)
+        if hit is not None:
+            if want_generic and hit.ex_generic is None:
+                fut_g = _pool().submit(_compile, hit.lower_generic(), _oracle_target(tgt), warm)
+                jobs[key] = (hit, None, fut_g)
+            continue
+        t0 = time.perf_counter()
+        free = _free_dims(d, case)
+        shapes = _present_shapes(d, dims, case.attrs, case.present, free)
+        mod, y = _relax_module(d, shapes, case.dtype, case.attrs)
+        lowered = LowerOps(tgt)(mod)
+        prim_name, prim = _prim_of(lowered, d.name)
+        ty = y.ty
+        b = _Build(
+            params=list(shapes),
+            dims=dims,
+            free={k: v for k, v in free.items() if isinstance(v, tirx.Var)},
+            out_shape=list(ty.shape.values) if ty.shape is not None else [],
+            out_dtype=str(ty.dtype),
+            ex=None,
+            ex_generic=None,
+            prim=prim,
+            prim_name=prim_name,
+            rule=str(prim.attrs.get("opsdk.rule", GENERIC)),
+            seconds=0.0,
+            mod=mod,
+            tgt=tgt,
+        )
+        fut = _pool().submit(_compile, lowered, tgt, warm)
+        # A generic rule means the generic lowering is this very function.
+        fut_g = None
+        if want_generic and b.rule != GENERIC:
+            fut_g = _pool().submit(_compile, b.lower_generic(), _oracle_target(tgt), warm)
+        b.seconds = -t0
+        jobs[key] = (b, fut, fut_g)
+    for key, (b, fut, fut_g) in jobs.items():
+        if fut is not None:
+            b.ex = fut.result()
+            if b.rule == GENERIC:
+                b.ex_generic = b.ex
+        if fut_g is not None:
+            b.ex_generic = fut_g.result()
+        if b.seconds < 0:
+            b.seconds += time.perf_counter()
+        _BUILDS[key] = b
+    out = [_BUILDS[k] for k in keys]
+    for k in keys:
+        _BUILDS.move_to_end(k)
+    while len(_BUILDS) > _MAX_BUILDS:
+        _BUILDS.popitem(last=False)
+    return out
+
+
+def _get_build(d: OpDef, case: Case, tgt: Any, *, generic: bool = True) -> _Build:
+    return _get_builds(d, [case], tgt, generic=generic)[0]
+
+
+def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int]) -> tuple[int, ...]:
+    from tvm.sym import Analyzer
+
+    an = Analyzer()
+    for v, n in zip(b.dims, shape):
+        if isinstance(v, tirx.Var):
+            an.bind(v, tirx.const(int(n), "int64"))
+    for k, v in b.free.items():
+        an.bind(v, tirx.const(int(free[k]), "int64"))
+    out = []
+    for e in b.out_shape:
+        s = an.simplify(e) if not isinstance(e, int) else e
+        if isinstance(s, tirx.IntImm):
+            s = s.value
+        if not isinstance(s, int):
+            raise ValueError(f"inferred output dim {e} is not determined by the input dims")
+        out.append(int(s))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# One example
+
+
+def _run(runner: Any, ex: Any, args: Sequence[np.ndarray]) -> np.ndarray:
+    # An output element a kernel forgets to write shows whatever its memory held (garbage,
+    # or zeros in fresh pages): never the right value, since nothing ever computed it.
+    (out,) = runner.run(ex, list(args))
+    return np.asarray(out)
+
+
+def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        err = np.abs(got - ref)
+        same = (np.isnan(got) & np.isnan(ref)) | (np.isinf(got) & (got == ref))
+        err = np.where(same, 0.0, err)
+        return np.where(np.isnan(err), np.inf, err)
+
+
+def _module_of(d: OpDef) -> str | None:
+    return None if d.module.startswith("opsdk.") else d.module
+
+
+def run_case(case: Case, *, runner: Any = None, op: OpDef | None = None) -> CaseResult:
+    """Build (or reuse) the kernels for ``case``, run them and check every oracle.
+
+    Examples
+    --------
+    >>> from opsdk.verify import Case, run_case
+    >>> c = Case("softmax", "x86", "float32", "last", (3, 17), {"axis": -1}, (), {}, 1)
+    >>> run_case(c).status
+    'pass'
+    """
+    d = op or get_op(case.op)
+    tgt = resolve_target(case.target)
+    own = runner is None
+    runner = runner or _runner_for(case.target)
+    try:
+        return _check_case(d, case, tgt, runner)
+    finally:
+        if own and hasattr(runner, "close"):
+            runner.close()
+
+
+def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = True
+                ) -> CaseResult:
+    """All oracles for one example; the generic lowering runs when ``generic`` is set or
+    when the scheduled kernel fails (to tell a schedule bug from a compute bug)."""
+    res = CaseResult(case=case, status="pass", reproducer=reproducer_command(case, _module_of(d)))
+    try:
+        inputs = make_inputs(d, case)
+        b = _get_build(d, case, tgt, generic=generic)
+        res.rule, res.tir = b.rule, b.prim.script()
+        args = [inputs[n] for n in b.params]
+        got = _run(runner, b.ex, args)
+    except Exception as e:  # a claimed cell must build and run
+        res.status, res.message = "error", f"{type(e).__name__}: {e}".split("\n")[0][:2000]
+        return res
+    want_shape = _eval_shape(b, case.shape, {**free_defaults(d), **case.free})
+    want_dtype = np_dtype(b.out_dtype)
+    if tuple(got.shape) != want_shape or got.dtype != want_dtype:
+        res.status = "type"
+        res.message = (
+            f"inferred type R.Tensor({list(want_shape)}, {b.out_dtype}) but the kernel returned "
+            f"shape {list(got.shape)} dtype {got.dtype}"
+        )
+        return res
+    full = {p.name: inputs.get(p.name) for p in d.tensor_params}
+    x64 = {k: (None if v is None else v.astype(np.float64)) for k, v in full.items()}
+    with np.errstate(all="ignore"):  # e.g. exp overflow in a reference on "large" data
+        ref = np.asarray(d.run_reference(x64, case.attrs), dtype=np.float64)
+    if ref.shape != got.shape:
+        res.status = "type"
+        res.message = f"reference returns shape {list(ref.shape)}, kernel {list(got.shape)}"
+        return res
+    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+    m = ModelInput(op=d, inputs=x64, attrs=nattrs, ref=ref, u=_unit(accum_dtype(b.out_dtype)),
+                   dtype=case.dtype)
+    tol, _ = output_bound(d, m, b.out_dtype)
+    y = got.astype(np.float64)
+    err = _errors(y, ref)
+    with np.errstate(all="ignore"):
+        ratio = np.where(err == 0, 0.0, err / tol)
+        # Relative error where it means something: not where the reference is zero or
+        # below the output dtype's normal range (a correct kernel may flush it to zero).
+        rel = np.where((err == 0) | (np.abs(ref) < _smallest_normal(b.out_dtype)), 0.0,
+                       err / np.abs(ref))
+    if ref.size:
+        idx = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        res.ratio = float(ratio[idx])
+        res.max_abs = float(err.max())
+        res.max_rel = float(rel.max())
+        res.max_ulps = float(ulps(b.out_dtype, ref, err).max())
+        res.index = tuple(int(i) for i in idx)
+        res.got, res.expected, res.bound = float(y[idx]), float(ref[idx]), float(tol[idx])
+    if res.ratio > 1.0:
+        res.status = "mismatch"
+        res.message = (
+            f"kernel (rule {b.rule}) is {res.ratio:.3g}x outside the error bound of the float64 "
+            "reference"
+        )
+    if generic or not res.ok:
+        try:
+            if b.ex_generic is None:
+                b = _get_build(d, case, tgt, generic=True)
+            yg = y if b.ex_generic is b.ex else _run(runner, b.ex_generic, args).astype(np.float64)
+        except Exception as e:
+            res.message += f" (generic lowering failed: {type(e).__name__}: {e})".split("\n")[0]
+            yg = None
+        if yg is not None:
+            with np.errstate(all="ignore"):
+                err_g = _errors(yg, ref)
+                res.generic_ok = bool(np.where(err_g == 0, 0.0, err_g / tol).max(initial=0) <= 1)
+                inv = _errors(y, yg)
+                ratio_inv = np.where(inv == 0, 0.0, inv / (2 * tol))
+            if res.ok and ratio_inv.size and float(ratio_inv.max()) > 1.0:
+                res.status = "invariance"
+                j = np.unravel_index(int(np.argmax(ratio_inv)), ratio_inv.shape)
+                res.index = tuple(int(i) for i in j)
+                res.got, res.expected = float(y[j]), float(yg[j])
+                res.message = (
+                    f"scheduled kernel (rule {b.rule}) and generic lowering differ by "
+                    f"{float(inv[j]):.3g} > 2x the bound {2 * float(tol[j]):.3g} at {res.index}"
+                )
+    if res.status != "pass" and res.index is not None:
+        res.worst_inputs = _inputs_at(inputs, res.index, got.shape)
+    return res
+
+
+def _smallest_normal(dtype: str) -> float:
+    import ml_dtypes
+
+    from .._dtypes import is_float
+
+    return float(ml_dtypes.finfo(np_dtype(dtype)).tiny) if is_float(dtype) else 1.0
+
+
+def _unit(dtype: str) -> float:
+    from ._tolerance import unit_roundoff
+
+    return unit_roundoff(dtype)
+
+
+def _inputs_at(inputs: Mapping[str, np.ndarray], idx: tuple[int, ...],
+               out_shape: tuple[int, ...]) -> dict[str, float]:
+    out = {}
+    for name, a in inputs.items():
+        if a.shape == tuple(out_shape):
+            out[name] = float(a[idx])
+        elif a.ndim and a.ndim <= len(idx) and a.shape == tuple(out_shape[-a.ndim:]):
+            out[name] = float(a[idx[-a.ndim:]])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+
+
+class _CaseFailed(Exception):
+    def __init__(self, result: CaseResult) -> None:
+        super().__init__(result.status)
+        self.result = result
+
+
+def verify_cell(
+    d: OpDef,
+    target_name: str,
+    dtype: str,
+    layout: str,
+    *,
+    runner: Any,
+    profile: Profile,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    database: Any = "default",
+    on_example: Callable[[], None] | None = None,
+) -> CellResult:
+    """Run the hypothesis search of one cell; the failure (if any) is the shrunk example."""
+    tgt = resolve_target(target_name)
+    cell = CellResult(op=d.name, target=target_name, dtype=dtype, layout=layout)
+    lanes = vector_lanes(tgt, np_dtype(dtype).itemsize * 8)
+    strategy = case_strategy(d, target_name, dtype, layout, lanes, profile.knobs)
+    last_fail: list[CaseResult] = []
+    rules: set[str] = set()
+    t0 = time.perf_counter()
+
+    corners = corner_cases(d, target_name, dtype, layout, lanes) if profile.corners else []
+    # "corners": the corner cases on the common signature (one generic build per cell).
+    common = _signature(d, corners[0], tgt)[0] if corners else None
+    inv_cases = [c for c in corners if _signature(d, c, tgt)[0] == common]
+
+    def body(case: Case) -> None:
+        generic = profile.invariance == "all" or case in inv_cases
+        res = _check_case(d, case, tgt, runner, generic=generic)
+        cell.examples += 1
+        if res.rule:
+            rules.add(res.rule)
+        if res.ok:
+            cell.max_ulps = max(cell.max_ulps, res.max_ulps)
+            cell.max_rel = max(cell.max_rel, res.max_rel)
+            cell.ratio = max(cell.ratio, res.ratio)
+        if on_example:
+            on_example()
+        if not res.ok:
+            last_fail[:] = [res]
+            raise _CaseFailed(res)
+
+    n = profile.max_examples if max_examples is None else max_examples
+
+    def search(explicit: Sequence[Case], budget: int) -> None:
+        test = given(case=strategy)(body)
+        for c in reversed(explicit):
+            test = example(case=c)(test)
+        extra: dict[str, Any] = {} if budget else {"phases": (Phase.explicit,)}
+        test = settings(**{**_HYPOTHESIS_BASE, **extra}, max_examples=max(budget, 1),
+                        database=_database(database))(test)
+        if seed is not None:
+            test = hyp_seed(seed)(test)
+        # One database entry per cell (the inner function's source is the same for all).
+        test._hypothesis_internal_database_key = (  # type: ignore[attr-defined]
+            f"opsdk.verify:{d.name}:{target_name}:{dtype}:{layout}".encode()
+        )
+        try:
+            test()
+        except _CaseFailed:
+            pass
+        except Flaky:
+            if last_fail:
+                last_fail[0].message += " (flaky: did not fail again on replay)"
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if not last_fail:
+                cell.error = f"{type(e).__name__}: {e}"
+
+    if corners:
+        with contextlib.suppress(Exception):  # a failing build is reported per example
+            _get_builds(d, corners, tgt,  # side by side
+                        generic=lambda c: profile.invariance == "all" or c in inv_cases)
+    search(corners, n)
+    if last_fail and last_fail[0].case in corners:
+        # Explicit examples are not shrunk: look for the bug with random examples, which
+        # hypothesis shrinks, and report that one when found (else the corner case).
+        corner = last_fail[0]
+        last_fail.clear()
+        search((), max(4 * n, 20))
+        if not last_fail:
+            last_fail.append(corner)
+
+    cell.failure = last_fail[0] if last_fail else None
+    if cell.failure is not None:
+        cell.max_ulps = max(cell.max_ulps, cell.failure.max_ulps)
+        cell.max_rel = max(cell.max_rel, cell.failure.max_rel)
+        cell.ratio = max(cell.ratio, cell.failure.ratio)
+    cell.rules = sorted(rules)
+    cell.seconds = time.perf_counter() - t0
+    return cell
+
+
+# ---------------------------------------------------------------------------------------------
+# Capabilities, refusals and lints
+
+
+def _example_shape(d: OpDef, attrs: Mapping[str, Any], dtype: str,
+                   present: Sequence[str]) -> list[int] | None:
+    return _repair(d, list(d.examples[0]), dtype, attrs, present)
+
+
+def capabilities(d: OpDef, targets: Sequence[str] | None = None, *, rules: bool = True
+                 ) -> list[dict[str, Any]]:
+    """The op's claimed cells: target x dtype x layout, with the rule that lowers each.
+
+    A cell is claimed when a schedule rule applies on that target, or when the target is a
+    CPU one where the generic lowering runs as is (LLVM and C; GPUs need a rule). With
+    ``rules=False`` the rule is only looked up where it decides the claim (not on CPUs).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify import capabilities
+    >>> cells = capabilities(opsdk.get_op("gelu"))
+    >>> sorted({c["target"] for c in cells if c["claimed"]})[:2]
+    ['arm', 'arm-dotprod']
+    """
+    from tvm import te
+
+    out = []
+    for tname in targets or TARGETS:
+        try:
+            tgt = resolve_target(tname)
+        except Exception:  # a target this TVM cannot build
+            continue
+        for layout in d.layouts:
+            attrs = layout_attrs(d, layout)
+            for dtype in cell_dtypes(d):
+                optional = [p.name for p in d.tensor_params if p.optional]
+                shape = _example_shape(d, attrs, dtype, optional)
+                rule: str | None = None  # not looked up
+                cpu = tgt.kind.name in ("llvm", "c")
+                if shape is not None and (rules or not cpu):
+                    shapes = _present_shapes(d, shape, attrs, optional)
+                    outt = d.trace(shapes, input_dtypes(d, dtype, list(shapes)), attrs)
+                    ins = [t for t in _placeholders(outt)]
+                    func = te.create_prim_func([*ins, outt])
+                    rule = choose(d, func, tgt).rule
+                claimed = cpu or rule not in (None, GENERIC)
+                out.append({"target": tname, "dtype": dtype, "layout": layout, "rule": rule,
+                            "claimed": claimed})
+    return out
+
+
+def _placeholders(t: Any) -> list[Any]:
+    from tvm import te
+
+    found: list[Any] = []
+    stack = [t]
+    seen: list[Any] = []
+    while stack:
+        x = stack.pop()
+        if any(x.op.same_as(s) for s in seen):
+            continue
+        seen.append(x.op)
+        if isinstance(x.op, te.PlaceholderOp):
+            found.append(x)
+        stack.extend(getattr(x.op, "input_tensors", []))
+    return sorted(found, key=lambda p: p.op.name)
+
+
+def _refused(d: OpDef, shapes: Mapping[str, tuple], dtypes: Mapping[str, str],
+             attrs: Mapping[str, Any], arg: str, what: str) -> RefusalResult:
+    params = {n: relax.Var(n, relax.TensorType(list(s), dtypes[n])) for n, s in shapes.items()}
+    try:
+        relax.BlockBuilder().normalize(builder(d)(**params, **attrs))  # runs FInferType
+    except ValueError as e:
+        msg = str(e).split("\n")[0]
+        if d.op_name in msg and f"'{arg}'" in msg:
+            return RefusalResult(d.name, what, "pass", msg)
+        return RefusalResult(d.name, what, "fail", f"ValueError without op and argument: {msg}")
+    except Exception as e:
+        return RefusalResult(d.name, what, "fail",
+                             f"raised {type(e).__name__} instead of ValueError: {e}"[:300])
+    return RefusalResult(d.name, what, "fail", "accepted (no error): an unclaimed input")
+
+
+def check_refusals(d: OpDef) -> list[RefusalResult]:
+    """Unclaimed inputs must be refused by a ``ValueError`` naming the op and the argument:
+    dtypes outside ``d.dtypes`` (float64, int8, int32), ranks outside ``d.ranks`` and a
+    secondary input whose dtype differs from the primary's.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify import check_refusals
+    >>> all(r.ok for r in check_refusals(opsdk.get_op("layer_norm")))
+    True
+    """
+    out = []
+    layout = next(iter(d.layouts))
+    attrs = layout_attrs(d, layout)
+    ok_dtype = cell_dtypes(d)[0]
+    shape = _example_shape(d, attrs, ok_dtype, ())
+    if shape is None:
+        return [RefusalResult(d.name, "example shape", "fail", "no valid example shape found")]
+    shapes = _present_shapes(d, shape, attrs, ())
+    for bad in ("float64", "int8", "int32"):
+        if bad in cell_dtypes(d):
+            continue
+        dts = input_dtypes(d, ok_dtype, list(shapes))
+        dts[d.primary] = bad
+        out.append(_refused(d, shapes, dts, attrs, d.primary, f"dtype {bad}"))
+    lo, hi = d.ranks
+    required = [p.name for p in d.tensor_params[1:] if not p.optional]
+    for rank in (lo - 1, hi + 1):
+        if rank < 0:
+            continue
+        prim = (2,) * rank
+        try:
+            derived = d.input_shapes(prim, d.normalize_attrs(d.bind_attrs(attrs), max(rank, 1))
+                                     ) if d.input_shapes else {}
+        except Exception:  # the shape function cannot handle the wrong rank itself
+            derived = {}
+        sizes = free_defaults(d)
+        shp = {d.primary: prim, **{n: tuple(sizes.get(s, 2) if isinstance(s, str) else s
+                                            for s in derived.get(n, (2,))) for n in required}}
+        out.append(_refused(d, shp, input_dtypes(d, ok_dtype, list(shp)), attrs, d.primary,
+                            f"rank {rank}"))
+    others = [p.name for p in d.tensor_params[1:] if p.name not in d.input_dtypes]
+    if others:  # inputs without dtypes of their own must share the primary's
+        present = [p.name for p in d.tensor_params if p.optional]
+        full = _present_shapes(d, shape, attrs, present)
+        name = others[0]
+        alt = next((t for t in ("float16", "float32", "float64") if t != ok_dtype), "float64")
+        dts = input_dtypes(d, ok_dtype, list(full))
+        dts[name] = alt
+        out.append(_refused(d, full, dts, attrs, name,
+                            f"'{name}' dtype {alt} with '{d.primary}' {ok_dtype}"))
+    return out
+
+
+def lint_cell(d: OpDef, target: str, dtype: str, layout: str,
+              cases: Sequence[Case] | None = None) -> list[LintResult]:
+    """Check the schedule's claims on the static-shape corner case's build, and report the
+    symbolic build of the first corner case (both are builds verify itself runs)."""
+    tname = _target_name(target)
+    tgt = resolve_target(tname)
+    if cases is None:
+        lanes = vector_lanes(tgt, np_dtype(dtype).itemsize * 8)
+        cases = corner_cases(d, tname, dtype, layout, lanes)
+    if not cases:
+        return [LintResult(d.name, tname, dtype, layout, "?", "claims", "skip",
+                           "no valid example shape")]
+    static = next((c for c in cases if c.static), replace(cases[0], static=True))
+    out: list[LintResult] = []
+    for c, symbolic in ((static, False), (replace(cases[0], static=False), True)):
+        try:
+            b = _get_build(d, c, tgt, generic=False)
+        except Exception as e:
+            out.append(LintResult(d.name, tname, dtype, layout, "?", "build", "fail",
+                                  f"{type(e).__name__}: {e}"[:300]))
+            continue
+        out += lint_prim_func(d, b.prim, b.ex, tgt, target_name=tname, dtype=dtype,
+                              layout=layout, symbolic=symbolic, prim_name=b.prim_name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def _resolve_profile(profile: str | Profile | None) -> Profile:
+    if isinstance(profile, Profile):
+        return profile
+    name = profile or default_profile()
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; use one of {', '.join(PROFILES)}") from None
+
+
+def verify_op(
+    op: str | OpDef,
+    target: str = "host",
+    *,
+    dtypes: Sequence[str] | None = None,
+    layouts: Sequence[str] | None = None,
+    profile: str | Profile | None = None,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    runner: Any = None,
+    database: Any = "default",
+    lints: bool = True,
+    refusals: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+    fail_fast: bool = False,
+) -> VerifyReport:
+    """Verify one op on one target: every claimed dtype x layout cell, its lints and refusals.
+
+    Parameters
+    ----------
+    op
+        A registered op name or :class:`~opsdk.OpDef` (registered for the run if needed).
+    target
+        Friendly target name (``host``, ``x86``, ``arm``, ...).
+    dtypes, layouts
+        Restrict the cells (default: all claimed ones).
+    profile
+        ``dev`` (default), ``ci`` or ``thorough``: random examples per cell after the
+        deterministic corner cases.
+    seed
+        Hypothesis seed, for reproducible runs.
+    max_examples
+        Override the profile's random examples per cell (0: corner cases only).
+    runner
+        A runner from :mod:`opsdk.runners` (default: the one for ``target``).
+    database
+        ``"default"`` (``$OPSDK_CACHE/hypothesis``), a path, a hypothesis database or None.
+
+    Returns
+    -------
+    VerifyReport
+
+    Examples
+    --------
+    >>> from opsdk.verify import verify_op
+    >>> r = verify_op("gelu", "x86", dtypes=["float32"], layouts=["erf"], max_examples=2,
+    ...               database=None, lints=False, refusals=False)
+    >>> r.ok, r.cells[0].examples > 2
+    (True, True)
+    """
+    return verify([op], target, dtypes=dtypes, layouts=layouts, profile=profile, seed=seed,
+                  max_examples=max_examples, runner=runner, database=database, lints=lints,
+                  refusals=refusals, progress=progress, fail_fast=fail_fast)
+
+
+def verify(
+    ops: Sequence[str | OpDef] | None = None,
+    target: str = "host",
+    *,
+    dtypes: Sequence[str] | None = None,
+    layouts: Sequence[str] | None = None,
+    profile: str | Profile | None = None,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    runner: Any = None,
+    database: Any = "default",
+    lints: bool = True,
+    refusals: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+    rpc: str | None = None,
+    tracker: str | None = None,
+    key: str | None = None,
+    fail_fast: bool = False,
+) -> VerifyReport:
+    """Verify several ops (default: every registered op) on one target; see :func:`verify_op`.
+
+    ``progress(label, examples_done)`` is called after each example. ``fail_fast`` stops
+    at the first failing cell. ``rpc``/``tracker``/``key`` pick a remote runner.
+
+    Examples
+    --------
+    >>> from opsdk.verify import verify
+    >>> r = verify(["softmax"], "x86", dtypes=["float16"], max_examples=0, database=None)
+    >>> r.ok
+    True
+    """
+    from .. import registered_ops
+
+    prof = _resolve_profile(profile)
+    tname = _target_name(target)
+    temporary: list[OpDef] = []  # ops registered for this run only
+    defs = [_as_def(o, temporary) for o in ops] if ops else registered_ops()
+    report = VerifyReport(target=tname, profile=prof.name, seed=seed)
+    t0 = time.perf_counter()
+    own = runner is None
+    runner = runner or _runner_for(tname, rpc, tracker, key)
+    done = [0]
+    try:
+        if own and hasattr(runner, "__enter__"):
+            runner.__enter__()
+        report.device = dict(runner.device_info())
+        for d in defs:
+            claimed = {(c["dtype"], c["layout"])
+                       for c in capabilities(d, [tname], rules=False) if c["claimed"]}
+            for dtype in cell_dtypes(d):
+                if dtypes and dtype not in dtypes:
+                    continue
+                for layout in d.layouts:
+                    if layouts and layout not in layouts:
+                        continue
+                    label = f"{d.name} {dtype} {layout}"
+                    if (dtype, layout) not in claimed or (fail_fast and not report.ok):
+                        continue
+
+                    def tick(label: str = label) -> None:
+                        done[0] += 1
+                        if progress:
+                            progress(label, done[0])
+
+                    cell = verify_cell(d, tname, dtype, layout, runner=runner, profile=prof,
+                                       seed=seed, max_examples=max_examples, database=database,
+                                       on_example=tick)
+                    report.cells.append(cell)
+                    if fail_fast and not cell.ok:
+                        break
+                    if lints:
+                        report.lints += lint_cell(d, tname, dtype, layout)
+            if refusals:
+                report.refusals += check_refusals(d)
+    finally:
+        if own and hasattr(runner, "__exit__"):
+            runner.__exit__(None, None, None)
+        for d in temporary:
+            unregister(d)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _as_def(op: str | OpDef, temporary: list[OpDef]) -> OpDef:
+    if isinstance(op, OpDef):
+        if not is_registered(op.name):
+            register(op)
+            temporary.append(op)
+        return op
+    return get_op(op)

@@ -1,0 +1,543 @@
+"""Test cases derived from an op's definition: shapes, attributes, optional inputs, data recipes.
+
+A :class:`Case` is plain data (JSON round-trips), and the input arrays are a pure function
+of it (:func:`make_inputs`): the seed and the recipe names regenerate the data exactly, so a
+one-line ``--case '<json>'`` re-runs a failure bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import reject
+from hypothesis import strategies as st
+from tvm import tirx
+
+from .._dtypes import is_float, np_dtype
+from .._opdef import OpDef
+
+__all__ = [
+    "AUX_RECIPES",
+    "RECIPES",
+    "Case",
+    "case_strategy",
+    "cell_dtypes",
+    "corner_cases",
+    "input_dtypes",
+    "make_inputs",
+    "static_axes",
+]
+
+#: Data recipes for the primary input. ``domain`` (uniform over the op's domain hint) is the
+#: ordinary case; the others are the inputs that break naive kernels.
+RECIPES: tuple[str, ...] = (
+    "domain",  # uniform over d.domain (ordinary data)
+    "normal",  # bell-shaped over d.domain
+    "tiny",  # |x| ~ 1e-3: variance far below epsilon, epsilon placement matters
+    "large",  # |x| up to 1e3: exp overflows without max subtraction
+    "offset",  # 1e3 + small spread: one-pass variance E[x^2]-E[x]^2 cancels
+    "constant",  # every element equal: zero variance
+    "rowconst",  # constant along the last axis (zero-variance rows)
+    "mixed",  # mixed signs over five decades
+)
+#: Recipes for the other tensor inputs (gamma, beta, bias, ...).
+AUX_RECIPES: tuple[str, ...] = ("domain", "ones", "mixed")
+
+_DEFAULT_DOMAIN = (-2.0, 2.0)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One verification example: everything needed to rebuild the kernel and its inputs.
+
+    Examples
+    --------
+    >>> from opsdk.verify import Case
+    >>> c = Case("gelu", "x86", "float32", "erf", (3, 17), {"approximate": "none"}, (), {}, 7)
+    >>> Case.from_json(c.to_json()) == c
+    True
+    """
+
+    op: str
+    target: str
+    dtype: str
+    layout: str
+    shape: tuple[int, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    present: tuple[str, ...] = ()  # optional tensor inputs that are passed
+    data: dict[str, str] = field(default_factory=dict)  # recipe per tensor input
+    seed: int = 0
+    static: bool = False  # compile with every dim static (else symbolic dims)
+    free: dict[str, int] = field(default_factory=dict)  # sizes of free named dims ("N")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["present"] = list(self.present)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Case:
+        known = {f for f in cls.__dataclass_fields__}
+        extra = set(d) - known
+        if extra:
+            raise ValueError(f"unknown case fields {sorted(extra)}; known: {sorted(known)}")
+        kw = dict(d)
+        kw["shape"] = tuple(int(s) for s in kw.get("shape", ()))
+        kw["present"] = tuple(kw.get("present", ()))
+        kw["attrs"] = dict(kw.get("attrs", {}))
+        kw["data"] = dict(kw.get("data", {}))
+        kw["free"] = {k: int(v) for k, v in kw.get("free", {}).items()}
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        return cls.from_dict(json.loads(text))
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def cell_dtypes(d: OpDef) -> tuple[str, ...]:
+    """The dtype axis of the capability matrix: the dtypes the primary input may have."""
+    return tuple(d.dtypes)
+
+
+def input_dtypes(d: OpDef, dtype: str, names: Sequence[str]) -> dict[str, str]:
+    """Dtype of each named input when the primary input has ``dtype``: the same, or the
+    first dtype the op lists for that input (``input_dtypes``)."""
+    return d.dtypes_for(dtype, names)
+
+
+def free_defaults(d: OpDef) -> dict[str, int]:
+    """Sizes the op's free named dims take when a case does not set them."""
+    return {k: min(hi, max(lo, 8)) for k, (lo, hi) in getattr(d, "free_dims", {}).items()}
+
+
+def _ulp(dtype: str, value: float) -> float:
+    if not is_float(dtype):
+        return 1.0
+    info = ml_dtypes.finfo(np_dtype(dtype))
+    e = np.floor(np.log2(max(abs(value), float(info.tiny))))
+    return float(2.0**e * float(info.eps))
+
+
+def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
+         rng: np.random.Generator) -> np.ndarray:
+    if recipe == "domain":
+        return rng.uniform(lo, hi, shape)
+    if recipe == "normal":
+        return np.clip(rng.normal((lo + hi) / 2, (hi - lo) / 6, shape), lo, hi)
+    if recipe == "tiny":
+        return rng.uniform(-1e-3, 1e-3, shape)
+    if recipe == "large":
+        return rng.uniform(-1e3, 1e3, shape)
+    if recipe == "offset":
+        # Small spread, but at least 16 ulps of the dtype at 1e3 so it survives rounding.
+        spread = max(0.1, 16 * _ulp(dtype, 1e3))
+        return 1e3 + rng.uniform(-spread, spread, shape)
+    if recipe == "constant":
+        return np.full(shape, rng.uniform(lo, hi))
+    if recipe == "rowconst":
+        if not shape:
+            return np.full(shape, rng.uniform(lo, hi))
+        return np.broadcast_to(rng.uniform(lo, hi, (*shape[:-1], 1)), shape).copy()
+    if recipe == "mixed":
+        sign = rng.choice([-1.0, 1.0], shape)
+        return sign * 10.0 ** rng.uniform(-3, 2, shape)
+    if recipe == "ones":
+        return np.ones(shape)
+    if recipe == "zeros":
+        return np.zeros(shape)
+    raise ValueError(f"unknown data recipe {recipe!r}; known: {RECIPES + AUX_RECIPES}")
+
+
+def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
+    """The input arrays of ``case`` (present inputs only), rounded to the case's dtype.
+
+    Each input gets its own generator seeded with ``(case.seed, position)``, so the data of
+    one input does not depend on the recipes of the others. Values respect the sign of the
+    op's domain hint (a domain in ``[0, inf)`` gets non-negative data from every recipe).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify import Case
+    >>> from opsdk.verify._strategies import make_inputs
+    >>> c = Case("gelu", "x86", "float16", "erf", (2, 5), {"approximate": "none"}, (),
+    ...          {"x": "offset"}, 3)
+    >>> x = make_inputs(opsdk.get_op("gelu"), c)["x"]
+    >>> x.dtype, x.shape, bool((abs(x - 1000) < 20).all())
+    (dtype('float16'), (2, 5), True)
+    """
+    shapes = d.example_shapes(case.shape, case.attrs, free=case.free)
+    dtypes = input_dtypes(d, case.dtype, [p.name for p in d.tensor_params])
+    out: dict[str, np.ndarray] = {}
+    for i, p in enumerate(d.tensor_params):
+        if p.optional and p.name not in case.present:
+            continue
+        lo, hi = d.domain.get(p.name, _DEFAULT_DOMAIN)
+        rng = np.random.default_rng([case.seed, i])
+        shape = tuple(int(s) for s in shapes[p.name])
+        dt = dtypes[p.name]
+        a = _raw(case.data.get(p.name, "domain"), shape, lo, hi, dt, rng)
+        if lo >= 0:
+            a = np.abs(a)
+        elif hi <= 0:
+            a = -np.abs(a)
+        if not is_float(dt):
+            # Integer inputs (zero points, shifts, accumulators) have meaning only inside
+            # their domain: every recipe is kept within it, then rounded.
+            info = np.iinfo(np_dtype(dt))
+            a = np.clip(np.rint(np.clip(a, lo, hi)), info.min, info.max)
+        out[p.name] = np.ascontiguousarray(a.astype(np_dtype(dt)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes and attributes
+
+
+def layout_attrs(d: OpDef, layout: str) -> dict[str, Any]:
+    """Default attributes with the layout's settings applied (required ones from attr_domain)."""
+    return {**d.default_attrs(), **d.layouts[layout]}
+
+
+def _present_shapes(d: OpDef, shape: Sequence[Any], attrs: Mapping[str, Any],
+                    present: Sequence[str], free: Mapping[str, Any] | None = None
+                    ) -> dict[str, tuple]:
+    shapes = d.example_shapes(tuple(shape), attrs, free=dict(free or {}))
+    keep = {p.name for p in d.tensor_params if not p.optional} | set(present)
+    return {k: v for k, v in shapes.items() if k in keep}
+
+
+def is_valid(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any],
+             present: Sequence[str]) -> bool:
+    """Whether the op accepts this combination (``d.validate`` does not raise)."""
+    try:
+        shapes = _present_shapes(d, shape, attrs, present)
+        d.validate(shapes, input_dtypes(d, dtype, list(shapes)), attrs)
+    except ValueError:
+        return False
+    return True
+
+
+def _freeze(attrs: Mapping[str, Any]) -> tuple:
+    return tuple(sorted(attrs.items()))
+
+
+_STATIC_CACHE: dict[tuple, tuple[int, ...]] = {}
+
+
+def _static_axes_cached(d: OpDef, rank: int, dtype: str, fattrs: tuple, present: tuple,
+                        probe: tuple) -> tuple[int, ...]:
+    key = (d.name, id(d), rank, dtype, fattrs, present)
+    if key not in _STATIC_CACHE:
+        _STATIC_CACHE[key] = _find_static_axes(d, rank, dtype, dict(fattrs), present, probe)
+    return _STATIC_CACHE[key]
+
+
+def _find_static_axes(d: OpDef, rank: int, dtype: str, attrs: dict, present: tuple,
+                      probe: tuple) -> tuple[int, ...]:
+    sym = [tirx.Var(f"d{i}", "int64") for i in range(rank)]
+
+    def ok(static: Sequence[int]) -> bool:
+        shape = [probe[i] if i in static else sym[i] for i in range(rank)]
+        try:
+            shapes = _present_shapes(d, shape, attrs, present)
+            d.validate(shapes, input_dtypes(d, dtype, list(shapes)), attrs)
+        except ValueError:
+            return False
+        return True
+
+    if ok(()):
+        return ()
+    for i in range(rank):
+        if ok((i,)):
+            return (i,)
+    for i in range(rank):
+        for j in range(i + 1, rank):
+            if ok((i, j)):
+                return (i, j)
+    return tuple(range(rank))
+
+
+def static_axes(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any],
+                present: Sequence[str]) -> tuple[int, ...]:
+    """Axes of the primary input that must stay static in the symbolic build.
+
+    Found by asking ``d.validate`` which dims it refuses to see symbolic (e.g. group_norm's
+    channel count); every other dim becomes a ``tirx.Var``.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify._strategies import static_axes
+    >>> gn = opsdk.get_op("group_norm")
+    >>> static_axes(gn, (2, 3, 5, 8), "float32", {"num_groups": 2, "layout": "NHWC"}, ())
+    (3,)
+    """
+    return _static_axes_cached(d, len(shape), dtype, _freeze(attrs), tuple(present),
+                               tuple(int(s) for s in shape))
+
+
+def _attr_choices(d: OpDef, layout: str, rank: int) -> dict[str, list[Any]]:
+    fixed = d.layouts[layout]
+    out: dict[str, list[Any]] = {}
+    for p in d.attr_params:
+        if p.name in fixed:
+            continue
+        dom = d.attr_domain.get(p.name)
+        if isinstance(dom, (list, tuple)) and dom:
+            vals = list(dom)
+        elif dom is not None:
+            vals = [dom]
+        elif p.choices is not None:
+            vals = list(p.choices)
+        elif p.is_axis:
+            vals = list(range(-1, -rank - 1, -1))
+        else:
+            continue  # keep the default
+        # The default first: hypothesis shrinks towards it.
+        if not p.required and p.default in vals:
+            vals.remove(p.default)
+            vals.insert(0, p.default)
+        out[p.name] = vals
+    return out
+
+
+def _lengths(lanes: int) -> list[int]:
+    """Axis lengths, simplest first: size-1, small, around the vector width (tails!), multiples."""
+    vals = [1, 2, 3, 5, lanes + 1, lanes - 1, 2 * lanes + 3, 7, lanes, 2 * lanes, 4, 3 * lanes - 5]
+    seen: list[int] = []
+    for v in vals:
+        if v >= 1 and v not in seen:
+            seen.append(v)
+    return seen
+
+
+#: Lengths for axes that must stay static (each value is a separate compile).
+_STATIC_POOL = (8, 4, 16, 12, 6, 2, 32, 24, 3)
+_BUDGET = 6144  # elements of an ordinary example
+_LONG = (1000, 5000)  # length of the occasional long reduction axis
+
+
+def _fit_budget(shape: list[int], keep: set[int], budget: int) -> list[int]:
+    # Deterministic shrink of the largest free dims until the example is small.
+    while int(np.prod(shape)) > budget:
+        free = [i for i in range(len(shape)) if i not in keep and shape[i] > 2]
+        if not free:
+            break
+        i = max(free, key=lambda k: shape[k])
+        shape[i] = max(2, shape[i] // 2)
+    return shape
+
+
+@dataclass(frozen=True)
+class StrategyKnobs:
+    """How the strategy spends examples (set per profile)."""
+
+    p_common: int = 70  # percent of examples with the common signature (see case_strategy)
+    p_long: int = 12  # percent of examples with one long axis
+    p_static: int = 5  # percent compiled with static dims (exercises the vector code path)
+    max_extra_rank: int = 3  # ranks drawn from [lo, lo + max_extra_rank]
+
+
+def case_strategy(
+    d: OpDef,
+    target: str,
+    dtype: str,
+    layout: str,
+    lanes: int,
+    knobs: StrategyKnobs = StrategyKnobs(),
+) -> st.SearchStrategy[Case]:
+    """Hypothesis strategy of :class:`Case` for one cell (op, target, dtype, layout).
+
+    Each rank, attribute value and set of optional inputs is a separate compile, so most
+    examples (``knobs.p_common`` percent) keep the common signature: rank 2 (or the nearest
+    allowed), the first value of each attribute domain, every optional input present.
+    Shapes: rank within ``d.ranks``; axis lengths around the vector width ``lanes`` (tails),
+    size-1 dims, occasionally one long axis (1000-5000, usually the last). Attributes from
+    ``attr_domain`` (or ``Literal`` choices); optional inputs present or absent; data recipes
+    from :data:`RECIPES`. Invalid combinations (``d.validate`` raises) are redrawn.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify._strategies import case_strategy
+    >>> from hypothesis import given
+    >>> s = case_strategy(opsdk.get_op("softmax"), "x86", "float32", "last", 16)
+    >>> @given(s)
+    ... def shapes_are_small(case):
+    ...     assert case.op == "softmax" and len(case.shape) >= 1
+    >>> shapes_are_small()
+    """
+    lo, hi = d.ranks
+    # Each rank, attribute value and set of optional inputs is a separate compile: the
+    # common signature (rank 2, default attributes, every input present) is drawn most.
+    pref = min(max(2, lo), hi)
+    ranks = list(range(max(lo, 0), min(hi, lo + knobs.max_extra_rank) + 1))
+    optional = [p.name for p in d.tensor_params if p.optional]
+    aux = [p.name for p in d.tensor_params[1:]]
+    lengths = _lengths(lanes)
+
+    @st.composite
+    def draw_case(draw: Any) -> Case:
+        # Most examples share the common signature (one compile for all their shapes).
+        common = draw(st.integers(0, 99)) < knobs.p_common
+        rank = pref if common else draw(st.sampled_from(ranks))
+        attrs = dict(layout_attrs(d, layout))
+        for name, vals in _attr_choices(d, layout, rank).items():
+            attrs[name] = vals[0] if common else draw(st.sampled_from(vals))
+        if common:
+            present = tuple(optional)
+        else:
+            present = tuple(n for n in optional if not draw(st.booleans()))
+        probe = next(
+            (p for p in _STATIC_POOL if is_valid(d, (p,) * rank, dtype, attrs, present)), None
+        )
+        if probe is None:
+            reject()
+        fixed = static_axes(d, (probe,) * rank, dtype, attrs, present)
+        shape: list[int] = []
+        for _ in range(4):  # redraw shapes the op refuses (e.g. groups must divide channels)
+            long_draw = draw(st.integers(0, 99)) >= 100 - knobs.p_long
+            shape = [
+                (_STATIC_POOL[0] if common else draw(st.sampled_from(_STATIC_POOL)))
+                if i in fixed else draw(st.sampled_from(lengths))
+                for i in range(rank)
+            ]
+            keep = set(fixed)
+            if long_draw and rank > 0:
+                k = draw(st.integers(0, 2 * rank - 1))  # shrinks towards the last axis
+                axis = rank - 1 if k < rank else k - rank
+                if axis not in fixed:
+                    shape[axis] = draw(st.integers(*_LONG))
+                    keep.add(axis)
+                    for i in range(rank):
+                        if i not in keep:
+                            shape[i] = min(shape[i], 3)
+                shape = _fit_budget(shape, keep, 4 * _LONG[1])
+            else:
+                shape = _fit_budget(shape, keep, _BUDGET)
+            if is_valid(d, shape, dtype, attrs, present):
+                break
+        else:
+            reject()
+        data = {d.primary: draw(st.sampled_from(_PRIMARY_ORDER))}
+        for name in aux:
+            if name in present or name not in optional:
+                data[name] = draw(st.sampled_from(AUX_RECIPES))
+        free = {k: draw(st.sampled_from([n for n in lengths if lo_ <= n <= hi_] or [lo_]))
+                for k, (lo_, hi_) in sorted(getattr(d, "free_dims", {}).items())}
+        seed = draw(st.integers(0, 2**31 - 1))
+        static = draw(st.integers(0, 99)) >= 100 - knobs.p_static
+        return Case(d.name, target, dtype, layout, tuple(shape), attrs, present, data, seed, static,
+                    free)
+
+    return draw_case()
+
+
+# "domain" weighted up: most examples are ordinary data, the rest one of the hard recipes.
+_PRIMARY_ORDER = ("domain", "domain", "normal", "domain", *RECIPES[2:])
+
+
+def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> list[Case]:
+    """Deterministic examples every run starts with (hypothesis's explicit phase).
+
+    One of each hard input class on a small shape with a vector tail (last axis ``lanes + 1``),
+    plus one long reduction (last axis 1531) with ordinary and with large-offset data, every
+    optional input present and absent, all-ones shapes and the largest attribute values; last
+    a larger case compiled with static dims (the lints inspect that build). They use three
+    signatures (compiles). These catch the classic kernel bugs
+    whatever the seed; random examples explore the rest.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.verify._strategies import corner_cases
+    >>> cs = corner_cases(opsdk.get_op("layer_norm"), "x86", "float32", "last", 16)
+    >>> cs[0].shape, cs[0].present
+    ((3, 17), ('gamma', 'beta'))
+    """
+    lo, hi = d.ranks
+    rank = min(max(2, lo), hi)
+    base_attrs = layout_attrs(d, layout)
+    optional = tuple(p.name for p in d.tensor_params if p.optional)
+    aux = [p.name for p in d.tensor_params[1:]]
+    choices = _attr_choices(d, layout, rank)
+    big_attrs = dict(base_attrs)
+    for name, vals in choices.items():
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            big_attrs[name] = max(vals)
+
+    def shape_of(last: int, other: int) -> list[int]:
+        s = [other] * rank
+        if rank:
+            s[-1] = last
+        return s
+
+    specs = [
+        # (shape, recipe, present, attrs)
+        (shape_of(lanes + 1, 3), "domain", optional, base_attrs),
+        (shape_of(1531, 2), "normal", optional, base_attrs),
+        (shape_of(1531, 2), "offset", optional, base_attrs),
+        (shape_of(lanes + 1, 3), "tiny", optional, base_attrs),
+        (shape_of(lanes + 1, 3), "large", optional, base_attrs),
+        (shape_of(lanes + 1, 3), "rowconst", optional, base_attrs),
+        (shape_of(1, 1), "domain", optional, base_attrs),
+        # One more signature: optional inputs absent, largest attribute values.
+        (shape_of(lanes - 1, 2), "tiny", (), big_attrs),
+        (shape_of(lanes - 1, 2), "offset", (), big_attrs),
+    ]
+    out: list[Case] = []
+    for k, (shape, recipe, present, attrs) in enumerate(specs):
+        shape = _repair(d, shape, dtype, attrs, present)
+        if shape is None:
+            continue
+        passed = [n for n in aux if n in present or n not in optional]
+        data = {d.primary: recipe, **{n: "domain" for n in passed}}
+        c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
+        if c not in out:
+            out.append(c)
+    # Static dims, as in a model with fixed shapes, and big enough (32 rows, 4 vectors and a
+    # tail) that a schedule applies everything it claims: also the build the lints inspect.
+    big = [max(3, -(-32 // 3 ** max(rank - 2, 0))) if i == 0 else 3 for i in range(rank)]
+    if rank:
+        big[-1] = 4 * lanes + 1
+    shape = _repair(d, big, dtype, base_attrs, optional)
+    if shape is not None:
+        data = {d.primary: "domain", **{n: "domain" for n in aux}}
+        out.append(Case(d.name, target, dtype, layout, tuple(shape), dict(base_attrs),
+                        tuple(optional), data, len(specs), static=True))
+    return out
+
+
+def _repair(d: OpDef, shape: list[int], dtype: str, attrs: Mapping[str, Any],
+            present: Sequence[str]) -> list[int] | None:
+    """Make ``shape`` valid by replacing single dims with friendlier lengths, if needed."""
+    if is_valid(d, shape, dtype, attrs, present):
+        return shape
+    for fill in (8, 16, 4, 2, 1):
+        for i in range(len(shape)):
+            s = list(shape)
+            s[i] = fill
+            if is_valid(d, s, dtype, attrs, present):
+                return s
+    for fill in (8, 16, 4, 2, 1):
+        if is_valid(d, [fill] * len(shape), dtype, attrs, present):
+            return [fill] * len(shape)
+    return None
+

@@ -1,0 +1,213 @@
+"""The generic op suite (one parametrized test per registered op, like torch's OpInfo) and
+the verify engine's own checks: capabilities, lints, math assumptions, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from xml.etree import ElementTree as ET
+
+import numpy as np
+import pytest
+from tvm import s_tir, te, tirx
+
+import opsdk
+from opsdk.verify import (
+    MATH_ULPS,
+    Case,
+    capabilities,
+    database_path,
+    lint_cell,
+    run_case,
+    verify_op,
+)
+from opsdk.verify._cli import add_verify_arguments, run_verify_command
+from opsdk.verify._lints import asm_functions, kernel_vector_ops
+
+OPS = [d.name for d in opsdk.list_ops()]
+
+
+def _explain(report) -> str:
+    parts = [f.format(tir=False) for f in report.failures]
+    parts += [f"{c.op} {c.dtype} {c.layout}: {c.error}" for c in report.cells if c.error]
+    parts += [f"lint {x.op} {x.dtype}/{x.layout} {x.check}: {x.detail}"
+              for x in report.lints if x.status == "fail"]
+    parts += [f"refusal {x.op} {x.what}: {x.detail}" for x in report.refusals if not x.ok]
+    return "\n\n".join(parts)
+
+
+# ------------------------------------------------------------------------- the generic suite
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_verifies_on_host(name: str) -> None:
+    # Profile: $HYPOTHESIS_PROFILE (CI sets ci) or dev. Every claimed cell, lints, refusals.
+    report = verify_op(name, "host", database=None)
+    assert report.cells, f"{name}: no claimed cells on the host"
+    assert report.ok, _explain(report)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_every_dtype_and_layout_is_claimed_on_host(name: str) -> None:
+    d = opsdk.get_op(name)
+    host = opsdk.targets.target_spec("host").name
+    cells = {(c["dtype"], c["layout"]) for c in capabilities(d, [host]) if c["claimed"]}
+    assert cells == {(dt, ly) for dt in d.dtypes for ly in d.layouts}
+
+
+# ------------------------------------------------------------------------- model assumptions
+
+
+def _max_error_in_u(fn, xs: np.ndarray, exact, relative: bool = True) -> float:
+    a = te.placeholder((te.var("n"),), "float32", name="a")
+    b = te.compute(a.shape, lambda i: fn(a[i]), name="b")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]))
+    _, inner = sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 16])
+    sch.vectorize(inner)  # the vector code path, as in the kernels
+    import tvm
+
+    ex = tvm.compile(sch.mod["main"], target=opsdk.target("host"))
+    out = tvm.runtime.empty(xs.shape, "float32")
+    ex["main"](tvm.runtime.tensor(xs), out)
+    got = out.numpy().astype(np.float64)
+    want = exact(xs.astype(np.float64))
+    err = np.abs(got - want)
+    if relative:
+        err = err / np.abs(want)
+    return float(err.max() / 2.0**-24)
+
+
+def test_math_accuracy_assumptions_of_the_models_hold() -> None:
+    # The error models assume these accuracies (opsdk.verify.MATH_ULPS); if TVM's lowering
+    # or opsdk's vectorized math changes, this fails instead of verify crying wolf.
+    rng = np.random.default_rng(0)
+    wide = np.concatenate([np.linspace(-10, 10, 400_000), rng.uniform(-1e-3, 1e-3, 100_000)])
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    found = {
+        "exp": _max_error_in_u(tirx.exp, np.linspace(-87, 88, 400_000).astype("float32"), np.exp),
+        "erf": _max_error_in_u(tirx.erf, wide.astype("float32"), erf),
+        "tanh_abs": _max_error_in_u(tirx.tanh, wide.astype("float32"), np.tanh, relative=False),
+        "rsqrt": _max_error_in_u(tirx.rsqrt, (10.0 ** rng.uniform(-8, 8, 400_000)).astype("f4"),
+                                 lambda v: 1 / np.sqrt(v)),
+    }
+    try:
+        from opsdk.ops._vecmath import erf_f32, exp_f32
+    except ImportError:  # the built-in ops use TVM's own exp/erf
+        pass
+    else:
+        found["exp_f32"] = _max_error_in_u(
+            exp_f32, np.linspace(-87.3, 88.37, 400_000).astype("float32"), np.exp)
+        found["erf_f32"] = _max_error_in_u(erf_f32, wide.astype("float32"), erf)
+    for name, value in found.items():
+        key = name.removesuffix("_f32")
+        assert value <= MATH_ULPS[key], f"{name}: {value:.2f} u > assumed {MATH_ULPS[key]} u"
+
+
+# ------------------------------------------------------------------------- lints
+
+
+def test_asm_parser_counts_only_the_kernels_vector_arithmetic() -> None:
+    asm = "\n".join([
+        "\t.type\t__tvm_ffi_main,@function",
+        "\t.type\topsdk_demo_compute_,@function",
+        "__tvm_ffi_main:",
+        "\tvmovups\t%ymm0, 72(%rsp)",
+        ".Lfunc_end0:",
+        "opsdk_demo_compute_:",
+        "\tvmovups\t(%rdi), %zmm1",
+        "\tvaddps\t%zmm1, %zmm2, %zmm3",
+        "\tvfmadd213ps\t%ymm1, %ymm2, %ymm3",
+        "\tvaddss\t%xmm1, %xmm2, %xmm3",
+        "\tvmulps\t%xmm1, %xmm2, %xmm3",
+        ".Lfunc_end1:",
+    ])
+    assert set(asm_functions(asm)) == {"__tvm_ffi_main", "opsdk_demo_compute_"}
+    assert kernel_vector_ops(asm, "x86_64", "opsdk_demo") == {"zmm": 1, "ymm": 1, "xmm": 1}
+    neon = "\t.type\topsdk_demo,%function\nopsdk_demo:\n\tfmla\tv0.4s, v1.4s, v2.4s\n" \
+           "\tldr\tq0, [x0]\n\tmov\tv1.16b, v0.16b\n.Lfunc_end0:\n"
+    assert kernel_vector_ops(neon, "aarch64", "opsdk_demo") == {"neon": 1}
+
+
+def test_lints_flag_a_rule_whose_claims_do_not_hold() -> None:
+    gelu = opsdk.get_op("gelu")
+
+    @opsdk.op(reference=gelu.reference, layouts=gelu.layouts, domain=gelu.domain,
+              kind="elementwise", examples=gelu.examples)
+    def lint_demo_gelu(x: opsdk.Tensor, *, approximate: str = "none") -> te.Tensor:
+        return gelu.compute(x, approximate=approximate)
+
+    @opsdk.rule("lint_demo_gelu", "cpu", name="test.claims_too_much", priority=1000,
+                claims=("vectorize", "parallel"))
+    def _nothing(func, target):
+        return s_tir.Schedule(func)  # claims vectorize + parallel, does neither
+
+    opsdk.register(lint_demo_gelu, replace=True)
+    try:
+        results = lint_cell(lint_demo_gelu, "host", "float32", "erf")
+    finally:
+        opsdk.unregister(lint_demo_gelu)
+    status = {x.check: x.status for x in results}
+    assert status["vectorize:tir"] == "fail"
+    assert status["parallel:tir"] == "fail"
+    assert status["parallel:asm"] == "fail"
+
+
+# ------------------------------------------------------------------------- cases and CLI
+
+
+def _cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    add_verify_arguments(p)
+    return run_verify_command(p.parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [
+    ["no_such_op"],
+    ["gelu", "--target", "no_such_target"],
+    ["gelu", "--dtypes", "float64"],
+    ["gelu", "--layouts", "NCHW"],
+    ["gelu", "--case", "{not json"],
+    ["gelu", "--case", '{"op": "softmax"}'],
+    ["gelu", "--case", '{"bogus_field": 1}'],
+])
+def test_cli_usage_errors_exit_2(argv: list[str], capsys) -> None:
+    assert _cli([*argv, "--quiet", "--no-db"]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_cli_runs_cells_and_writes_reports(tmp_path, capsys) -> None:
+    rep, junit = tmp_path / "r.json", tmp_path / "j.xml"
+    rc = _cli(["gelu", "--target", "x86", "--dtypes", "float32", "--layouts", "erf",
+               "--examples", "2", "--no-db", "--quiet", "--seed", "1",
+               "--report", str(rep), "--junit", str(junit)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "gelu" in out and "worst ulp" in out and "s wall" in out and "PASS" in out
+    data = json.loads(rep.read_text())
+    assert data["ok"] and data["device"]["device"] and data["cells"][0]["examples"] > 2
+    assert ET.fromstring(junit.read_text()).get("failures") == "0"
+
+
+def test_cli_case_reruns_one_case(capsys) -> None:
+    case = Case("softmax", "x86", "float16", "axis1", (3, 5, 17), {"axis": 1}, (),
+                {"x": "large"}, 5)
+    assert _cli(["softmax", "--case", case.to_json(), "--quiet"]) == 0
+    assert "pass" in capsys.readouterr().out
+    assert run_case(case).ok
+
+
+def test_cases_regenerate_identical_data() -> None:
+    from opsdk.verify import make_inputs
+
+    d = opsdk.get_op("layer_norm")
+    case = Case("layer_norm", "x86", "bfloat16", "last", (4, 33), {"epsilon": 1e-3},
+                ("beta",), {"x": "offset", "beta": "mixed"}, 123)
+    a, b = make_inputs(d, case), make_inputs(d, Case.from_json(case.to_json()))
+    assert a.keys() == b.keys() == {"x", "beta"}
+    assert all(np.array_equal(a[k].view(np.uint16), b[k].view(np.uint16)) for k in a)
+
+
+def test_database_lives_under_the_cache_dir(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("OPSDK_CACHE", str(tmp_path))
+    assert database_path() == tmp_path / "hypothesis"

@@ -1,0 +1,384 @@
+"""Deliberately wrong variants of the built-in ops: verify must flag every one.
+
+Each mutant is an op with a bug in its compute (or a schedule rule with a bug, registered for
+the mutant's name only) and the *correct* reference of the op it imitates, so the built-in
+error model applies (models are keyed by the reference function). Importing this module
+registers the mutant schedule rules; the ops themselves are registered by the tests (or by
+``opsdk verify --module verify_mutants``) and unregistered after.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from tvm import s_tir, te, tirx
+from tvm.target import Target
+from tvm_ffi.structural import structural_mutate
+
+import opsdk
+from opsdk import Axis, Tensor
+from opsdk.te_utils import acc, prod, reduce_axes
+
+_LN = opsdk.get_op("layer_norm")
+_RMS = opsdk.get_op("rms_norm")
+_GN = opsdk.get_op("group_norm")
+_SOFTMAX = opsdk.get_op("softmax")
+_GELU = opsdk.get_op("gelu")
+_BIAS_GELU = opsdk.get_op("bias_gelu")
+
+
+def _like(base: opsdk.OpDef, **over):
+    """``opsdk.op`` settings of a built-in (its reference, dtypes, layouts, domains, ...)."""
+    kw = dict(
+        reference=base.reference,
+        dtypes=base.dtypes,
+        ranks=base.ranks,
+        input_shapes=base.input_shapes,
+        check=base.check,
+        layouts=base.layouts,
+        domain=base.domain,
+        attr_domain=base.attr_domain,
+        kind=base.kind,
+        examples=base.examples,
+    )
+    kw.update(over)
+    return opsdk.op(**kw)
+
+
+# ------------------------------------------------------------------------------ layer norm
+
+
+def _layer_norm(x, gamma, beta, begin_axis, epsilon, *, bug: str, name: str) -> te.Tensor:
+    """The built-in layer_norm compute with one bug switched on."""
+    a = (lambda v: v) if bug == "fp16_acc" else acc  # no float32 upcast
+    outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
+    n = prod(inner)
+    if bug == "fp16_acc":
+        n = n.astype(x.dtype)
+    r1 = reduce_axes(inner, "r")
+    s = te.compute(outer, lambda *o: te.sum(a(x(*o, *r1)), axis=r1), name="sum")
+    mean = te.compute(outer, lambda *o: s(*o) / n, name="mean")
+    r2 = reduce_axes(inner, "k")
+    if bug == "one_pass":
+        sq = te.compute(
+            outer, lambda *o: te.sum(a(x(*o, *r2)) * a(x(*o, *r2)), axis=r2), name="sqsum"
+        )
+        var = te.compute(outer, lambda *o: sq(*o) / n - mean(*o) * mean(*o), name="var")
+    else:
+
+        def dev2(*o):
+            d = a(x(*o, *r2)) - mean(*o)
+            return te.sum(d * d, axis=r2)
+
+        sq = te.compute(outer, dev2, name="sqsum")
+        count = n - 1.0 if bug == "unbiased" else n
+        var = te.compute(outer, lambda *o: sq(*o) / count, name="var")
+    if bug == "eps_outside":
+        rstd = te.compute(outer, lambda *o: 1.0 / (tirx.sqrt(var(*o)) + epsilon), name="rstd")
+    else:
+        rstd = te.compute(outer, lambda *o: tirx.rsqrt(var(*o) + epsilon), name="rstd")
+    b = len(outer)
+
+    def out(*i):
+        y = (a(x(*i)) - mean(*i[:b])) * rstd(*i[:b])
+        if gamma is not None:
+            y = y * a(gamma(*i[b:]))
+        if beta is not None and bug != "no_beta":
+            y = y + a(beta(*i[b:]))
+        return y.astype(x.dtype)
+
+    return te.compute(x.shape, out, name=name)
+
+
+def _ln_mutant(bug: str, name: str) -> opsdk.OpDef:
+    def compute(
+        x: Tensor,
+        gamma: Tensor | None = None,
+        beta: Tensor | None = None,
+        *,
+        begin_axis: Axis = -1,
+        epsilon: float = 1e-5,
+    ) -> te.Tensor:
+        return _layer_norm(x, gamma, beta, begin_axis, epsilon, bug=bug, name=name)
+
+    compute.__name__ = name
+    return _like(_LN)(compute)
+
+
+mut_ln_eps_outside = _ln_mutant("eps_outside", "mut_ln_eps_outside")
+mut_ln_unbiased = _ln_mutant("unbiased", "mut_ln_unbiased")
+mut_ln_fp16_acc = _ln_mutant("fp16_acc", "mut_ln_fp16_acc")
+mut_ln_one_pass = _ln_mutant("one_pass", "mut_ln_one_pass")
+mut_ln_no_beta = _ln_mutant("no_beta", "mut_ln_no_beta")
+#: Correct compute; its schedule rule (below) forgets the vector tail.
+mut_ln_vec_tail = _ln_mutant("none", "mut_ln_vec_tail")
+
+
+@opsdk.rule(
+    "mut_ln_vec_tail", "cpu", name="mut.rows_without_tail", priority=1000, claims=("vectorize",)
+)
+def _rows_without_tail(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Vectorize the output's last axis by 16 lanes, dropping the partial last vector."""
+    sch = s_tir.Schedule(func)
+    loop = sch.get_loops(sch.get_sblock("mut_ln_vec_tail"))[-1]
+    n = sch.get(loop).extent
+    outer, inner = sch.split(loop, factors=[None, 16])
+    sch.vectorize(inner)
+    var = sch.get(outer).loop_var
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if not node.loop_var.same_as(var):
+            return mut.default_mutate(node)
+        return tirx.For(
+            node.loop_var,
+            node.min,
+            tirx.floordiv(n, 16),
+            node.kind,
+            mut.mutate(node.body),
+            node.thread_binding,
+            node.annotations,
+        )
+
+    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+
+
+# ------------------------------------------------------------------------------ rms norm
+
+
+@_like(_RMS)
+def mut_rms_no_eps(
+    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
+) -> te.Tensor:
+    """rms_norm that forgets epsilon."""
+    outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
+    r = reduce_axes(inner, "r")
+    ss = te.compute(outer, lambda *o: te.sum(acc(x(*o, *r)) * acc(x(*o, *r)), axis=r), name="ss")
+    n = prod(inner)
+    scale = te.compute(outer, lambda *o: tirx.rsqrt(ss(*o) / n), name="rrms")
+    b = len(outer)
+
+    def out(*i):
+        y = acc(x(*i)) * scale(*i[:b])
+        if gamma is not None:
+            y = y * acc(gamma(*i[b:]))
+        return y.astype(x.dtype)
+
+    return te.compute(x.shape, out, name="mut_rms_no_eps")
+
+
+# ------------------------------------------------------------------------------ group norm
+
+
+@_like(_GN)
+def mut_gn_nhwc_axis(
+    x: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    num_groups: int,
+    epsilon: float = 1e-5,
+    layout: Literal["NCHW", "NHWC"] = "NCHW",
+) -> te.Tensor:
+    """group_norm whose NHWC output step takes the channel from axis 1 (the NCHW position)."""
+    cax = 1 if layout == "NCHW" else 3
+    c = int(x.shape[cax])
+    cg = c // num_groups
+    if layout == "NCHW":
+        _, _, h, w = x.shape
+
+        def at(nn, ch, hh, ww):
+            return x(nn, ch, hh, ww)
+    else:
+        _, h, w, _ = x.shape
+
+        def at(nn, ch, hh, ww):
+            return x(nn, hh, ww, ch)
+
+    count = (h * w).astype("float32") * float(cg)
+    n = x.shape[0]
+    rc, rh, rw = (
+        te.reduce_axis((0, cg), "rc"),
+        te.reduce_axis((0, h), "rh"),
+        te.reduce_axis((0, w), "rw"),
+    )
+    s = te.compute(
+        (n, num_groups),
+        lambda nn, g: te.sum(acc(at(nn, g * cg + rc, rh, rw)), axis=[rc, rh, rw]),
+        name="sum",
+    )
+    mean = te.compute((n, num_groups), lambda nn, g: s(nn, g) / count, name="mean")
+    kc, kh, kw = (
+        te.reduce_axis((0, cg), "kc"),
+        te.reduce_axis((0, h), "kh"),
+        te.reduce_axis((0, w), "kw"),
+    )
+
+    def dev2(nn, g):
+        d = acc(at(nn, g * cg + kc, kh, kw)) - mean(nn, g)
+        return te.sum(d * d, axis=[kc, kh, kw])
+
+    sq = te.compute((n, num_groups), dev2, name="sqsum")
+    rstd = te.compute(
+        (n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon), name="rstd"
+    )
+
+    def out(*i):
+        ch = i[1] % c  # the bug: axis 1 is H in NHWC (kept in range, so no stray reads)
+        g = ch // cg
+        y = (acc(x(*i)) - mean(i[0], g)) * rstd(i[0], g)
+        if gamma is not None:
+            y = y * acc(gamma(ch))
+        if beta is not None:
+            y = y + acc(beta(ch))
+        return y.astype(x.dtype)
+
+    return te.compute(x.shape, out, name="mut_gn_nhwc_axis")
+
+
+# ------------------------------------------------------------------------------ softmax
+
+
+@_like(_SOFTMAX)
+def mut_softmax_no_max(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """softmax without subtracting the row maximum: exp overflows for large inputs."""
+    nd = len(x.shape)
+    outer = [x.shape[i] for i in range(nd) if i != axis]
+    rs = te.reduce_axis((0, x.shape[axis]), name="rs")
+
+    def at(o, r):
+        return (*o[:axis], r, *o[axis:])
+
+    ex = te.compute(outer, lambda *o: te.sum(tirx.exp(acc(x(*at(o, rs)))), axis=rs), name="expsum")
+
+    def out(*i):
+        o = (*i[:axis], *i[axis + 1 :])
+        return (tirx.exp(acc(x(*i))) / ex(*o)).astype(x.dtype)
+
+    return te.compute(x.shape, out, name="mut_softmax_no_max")
+
+
+# ------------------------------------------------------------------------------ gelu
+
+
+def _gelu_tanh(v):
+    inner = math.sqrt(2.0 / math.pi) * (v + 0.044715 * v * v * v)
+    return 0.5 * v * (1.0 + tirx.tanh(inner))
+
+
+def _gelu_erf(v):
+    return 0.5 * v * (1.0 + tirx.erf(v * (1.0 / math.sqrt(2.0))))
+
+
+@_like(_GELU)
+def mut_gelu_tanh_as_erf(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """gelu that computes the tanh approximation when asked for the exact (erf) form."""
+    return te.compute(
+        x.shape, lambda *i: _gelu_tanh(acc(x(*i))).astype(x.dtype), name="mut_gelu_tanh_as_erf"
+    )
+
+
+def _round_bf16_truncating(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    bits = tirx.reinterpret("uint32", v)
+    kept = tirx.bitwise_and(bits, tirx.const(0xFFFF0000, "uint32"))
+    return tirx.reinterpret("float32", kept)
+
+
+@_like(_GELU)
+def mut_gelu_bf16_trunc(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """gelu whose bfloat16 output is truncated (round toward zero) instead of rounded."""
+    f = _gelu_tanh if approximate == "tanh" else _gelu_erf
+
+    def out(*i):
+        y = f(acc(x(*i)))
+        if str(x.dtype) == "bfloat16":
+            y = _round_bf16_truncating(y)
+        return y.astype(x.dtype)
+
+    return te.compute(x.shape, out, name="mut_gelu_bf16_trunc")
+
+
+@_like(_GELU)
+def mut_gelu_last_tile(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """Correct gelu; its schedule rule (below) skips the last partial tile of rows."""
+    f = _gelu_tanh if approximate == "tanh" else _gelu_erf
+    return te.compute(x.shape, lambda *i: f(acc(x(*i))).astype(x.dtype), name="mut_gelu_last_tile")
+
+
+@opsdk.rule(
+    "mut_gelu_last_tile", "cpu", name="mut.tiles_without_last", priority=1000, claims=("parallel",)
+)
+def _tiles_without_last(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Tiles of 4 along the first axis in parallel, forgetting the partial last tile."""
+    sch = s_tir.Schedule(func)
+    loop = sch.get_loops(sch.get_sblock("mut_gelu_last_tile"))[0]
+    n = sch.get(loop).extent
+    outer, _ = sch.split(loop, factors=[None, 4])
+    sch.parallel(outer)
+    var = sch.get(outer).loop_var
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if not node.loop_var.same_as(var):
+            return mut.default_mutate(node)
+        return tirx.For(
+            node.loop_var,
+            node.min,
+            tirx.floordiv(n, 4),
+            node.kind,
+            mut.mutate(node.body),
+            node.thread_binding,
+            node.annotations,
+        )
+
+    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+
+
+# ------------------------------------------------------------------------------ bias_gelu
+
+
+@_like(_BIAS_GELU)
+def mut_bias_gelu_wrong_axis(
+    x: Tensor, bias: Tensor, *, approximate: Literal["none", "tanh"] = "none"
+) -> te.Tensor:
+    """bias_gelu that broadcasts the bias along the first axis instead of the last."""
+    f = _gelu_tanh if approximate == "tanh" else _gelu_erf
+    c = bias.shape[0]
+    return te.compute(
+        x.shape,
+        lambda *i: f(acc(x(*i)) + acc(bias(i[0] % c))).astype(x.dtype),
+        name="mut_bias_gelu_wrong_axis",
+    )
+
+
+#: What each mutant gets wrong (for the test table).
+BUGS = {
+    "mut_ln_eps_outside": "epsilon added outside the sqrt",
+    "mut_ln_unbiased": "unbiased variance (divides by n - 1)",
+    "mut_ln_vec_tail": "schedule drops the vector tail (axis not a multiple of 16)",
+    "mut_ln_fp16_acc": "accumulates in the input dtype (float16/bfloat16)",
+    "mut_ln_one_pass": "one-pass variance E[x^2] - E[x]^2",
+    "mut_ln_no_beta": "ignores beta",
+    "mut_rms_no_eps": "rms_norm without epsilon",
+    "mut_gn_nhwc_axis": "NHWC group_norm takes the channel from axis 1",
+    "mut_softmax_no_max": "softmax without max subtraction",
+    "mut_gelu_tanh_as_erf": "tanh GELU posing as the erf form",
+    "mut_gelu_bf16_trunc": "bfloat16 output truncated instead of rounded",
+    "mut_gelu_last_tile": "schedule skips the last tile of rows",
+    "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
+}
+
+OPS = [
+    mut_ln_eps_outside,
+    mut_ln_unbiased,
+    mut_ln_vec_tail,
+    mut_ln_fp16_acc,
+    mut_ln_one_pass,
+    mut_ln_no_beta,
+    mut_rms_no_eps,
+    mut_gn_nhwc_axis,
+    mut_softmax_no_max,
+    mut_gelu_tanh_as_erf,
+    mut_gelu_bf16_trunc,
+    mut_gelu_last_tile,
+    mut_bias_gelu_wrong_axis,
+]
