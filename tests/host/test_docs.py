@@ -25,7 +25,7 @@ def test_doc_examples_run(doc):
     registered = set()
     try:
         for code in blocks:
-            exec(compile(code, doc, "exec"), ns)  # noqa: S102 (documentation examples)
+            exec(compile(code, doc, "exec"), ns)
             registered |= {d.name for d in opsdk.list_ops()}
         if "swish" in registered:
             assert opsdk.is_registered("swish")
