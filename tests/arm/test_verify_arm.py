@@ -1,0 +1,120 @@
+"""`opsdk verify` executes on aarch64: an ARM-only schedule bug is caught on arm (and not on
+x86), and verify reaches a separately started RPC server exactly as it would a board."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from tvm import s_tir, te, tirx
+from tvm.target import Target
+from tvm_ffi.structural import structural_mutate
+
+import opsdk
+from opsdk import Tensor
+from opsdk.ops import gelu as _gelu_mod
+from opsdk.te_utils import acc
+from opsdk.verify import verify, verify_op
+
+pytestmark = pytest.mark.arm
+_gelu_module = __import__("sys").modules[_gelu_mod.module]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _arm_env():
+    from opsdk.runners import setup_arm
+
+    setup_arm(log=lambda *_: None)
+
+
+# A correct GELU (the built-in's math and reference, so it shares the built-in error model)...
+@opsdk.op(reference=_gelu_module._reference, domain={"x": (-6.0, 6.0)}, kind="elementwise",
+          examples=[(2, 3, 8)])
+def neon_tail_bug(x: Tensor, *, approximate: str = "none") -> te.Tensor:
+    """GELU; its ARM rule (below) drops the partial last NEON vector of each row."""
+    return te.compute(
+        x.shape,
+        lambda *i: _gelu_module.gelu_expr(acc(x(*i)), approximate).astype(x.dtype),
+        name="neon_tail_bug",
+    )
+
+
+# ... whose ARM-only schedule forgets the tail when a row is not a multiple of 4 lanes.
+@opsdk.rule("neon_tail_bug", "arm_cpu", name="mut.neon_without_tail", requires=("neon",),
+            priority=1000, claims=("vectorize",))
+def _neon_without_tail(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    sch = s_tir.Schedule(func)
+    loop = sch.get_loops(sch.get_sblock("neon_tail_bug"))[-1]
+    n = sch.get(loop).extent
+    outer, inner = sch.split(loop, factors=[None, 4])
+    sch.vectorize(inner)
+    var = sch.get(outer).loop_var
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if not node.loop_var.same_as(var):
+            return mut.default_mutate(node)
+        return tirx.For(node.loop_var, node.min, tirx.floordiv(n, 4), node.kind,
+                        mut.mutate(node.body), node.thread_binding, node.annotations)
+
+    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+
+
+def test_arm_only_schedule_bug_caught_on_arm_not_on_x86():
+    opsdk.register(neon_tail_bug)
+    try:
+        common = {"dtypes": ["float32"], "profile": "ci", "max_examples": 10, "database": None,
+                  "lints": False, "refusals": False}
+        on_x86 = verify_op("neon_tail_bug", "x86", **common)
+        assert on_x86.ok, on_x86.format_table()
+        on_arm = verify_op("neon_tail_bug", "arm", **common)
+        assert not on_arm.ok
+        (fail,) = on_arm.failures
+        assert fail.rule == "mut.neon_without_tail"
+        assert on_arm.device["arch"] == "aarch64"
+        assert fail.case.shape[-1] % 4 != 0  # shrunk to a row with a partial vector
+    finally:
+        opsdk.unregister(neon_tail_bug)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_verify_over_rpc_against_a_separately_started_server():
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "opsdk.runners.emulated", "--port", str(port),
+         "--host", "127.0.0.1", "--cpu", "cortex-a72"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait until the board-like server accepts connections
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        report = verify(["softmax"], "arm", rpc=f"127.0.0.1:{port}", dtypes=["float32"],
+                        profile="ci", max_examples=5, database=None, lints=False,
+                        refusals=False)
+        assert report.ok, report.format_table()
+        assert report.device["device"].startswith("rpc 127.0.0.1")
+        assert sum(c.examples for c in report.cells) >= 10
+        # the CLI spelling users type
+        r = subprocess.run(
+            [sys.executable, "-m", "opsdk", "verify", "gelu", "--target", "arm",
+             "--rpc", f"127.0.0.1:{port}", "--dtypes", "float32", "--examples", "3",
+             "--no-lints"],
+            capture_output=True, text=True, timeout=600, env={**os.environ},
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "PASS" in r.stdout
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
