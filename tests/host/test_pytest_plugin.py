@@ -40,8 +40,9 @@ OPS = [plugin_swish, plugin_swish_off]
 
 def test_plugin_runs_the_generic_suite_on_a_package(tmp_path) -> None:
     (tmp_path / "myops.py").write_text(textwrap.dedent(_OPS))
+    # The one line of configuration; the installed opsdk registers the plugin (pytest11).
     (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nopsdk_ops = myops\naddopts = -p opsdk.pytest_plugin -p no:cacheprovider\n"
+        "[pytest]\nopsdk_ops = myops\naddopts = -p no:cacheprovider\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "HYPOTHESIS_PROFILE": "dev"}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "--opsdk-seed", "0"],
