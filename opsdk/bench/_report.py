@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -171,6 +172,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="length of one timed batch of calls (default 20 ms)",
     )
     parser.add_argument("--threads", type=int, help="threads for torch (default: all cores)")
+    parser.add_argument(
+        "--module", action="append",
+        help="also load ops from this module (custom ops: compared with their unscheduled "
+        "lowering and the copy roofline; pass --shapes)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
     parser.add_argument(
@@ -184,6 +190,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """Run ``opsdk bench`` with parsed ``args``; returns the exit code (2: usage error)."""
     from ._run import run_bench
 
+    if getattr(args, "module", None):
+        import opsdk
+
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            opsdk.load_plugins(list(args.module))
+        except (ImportError, TypeError, ValueError) as e:
+            print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
+            return 2
     for dt in args.dtypes:
         if dt not in ("float32", "float16", "bfloat16"):
             print(f"opsdk bench: error: unsupported dtype {dt!r}", file=sys.stderr)
