@@ -51,8 +51,9 @@ def build_single_op(
 ) -> tvm.IRModule:
     """A Relax module ``main(inputs...) -> opsdk.<op>(inputs...)``; dims may be symbolic."""
     d = get_op(op_name)
+    dtypes = d.dtypes_for(dtype, shapes)  # e.g. qdense: int8 x, float32 scales, int32 bias
     bb = relax.BlockBuilder()
-    params = [relax.Var(n, relax.TensorType(list(s), dtype)) for n, s in shapes.items()]
+    params = [relax.Var(n, relax.TensorType(list(s), dtypes[n])) for n, s in shapes.items()]
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(_call(d, dict(zip(shapes, params)), attrs)))
@@ -90,7 +91,7 @@ def explain(
     target: Any = "x86",
     *,
     shape: tuple[int, ...] | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     attrs: Mapping[str, Any] | None = None,
     asm: bool = True,
 ) -> Explanation:
@@ -109,6 +110,7 @@ def explain(
     'neon.rows'
     """
     d = get_op(op_name)
+    dtype = dtype or d.dtypes[0]
     tgt = resolve_target(target)
     attrs = {**d.default_attrs(), **(attrs or {})}
     base = tuple(shape or max(d.examples, key=len))

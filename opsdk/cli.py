@@ -159,7 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )
-    s.add_argument("--dtype", default="float32")
+    s.add_argument("--dtype", help="dtype of the first input (default: the op's first dtype)")
     s.add_argument("--shape", help="primary input shape, e.g. 4096,768 (default: symbolic batch)")
     s.add_argument("--attr", action="append", help="attribute NAME=VALUE (JSON values)")
     s.add_argument(

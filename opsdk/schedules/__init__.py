@@ -40,6 +40,8 @@ __all__ = [
 BUILTIN_RULE_MODULES: tuple[str, ...] = (
     "opsdk.schedules.cpu.x86",
     "opsdk.schedules.arm_cpu.neon",
+    "opsdk.schedules.cpu.vnni",
+    "opsdk.schedules.arm_cpu.dotprod",
 )
 
 GENERIC = "generic"
@@ -235,7 +237,16 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
         ch = choose(op, func, target)
     _LOG.append(ch)
     del _LOG[:-256]
-    out = ch.func.with_attr("opsdk.rule", ch.rule)
+    out = ch.func
+    # A rule may return a freshly built function (e.g. TVMScript with tensor intrinsics);
+    # keep the original's symbol attrs so it slots back into the module unchanged.
+    orig = dict(func.attrs or {})
+    for key in ("global_symbol",):
+        if key in (out.attrs or {}) and key not in orig:
+            out = out.without_attr(key)
+        elif key in orig:
+            out = out.with_attr(key, orig[key])
+    out = out.with_attr("opsdk.rule", ch.rule)
     if ch.rule != GENERIC:
         out = out.with_attr("tir.is_scheduled", True)
     return out

@@ -1,0 +1,34 @@
+"""Shared pieces of the INT8 ops: integer ranges, per-tensor/per-channel parameter shapes and
+float32-exact numpy helpers (integer outputs are compared bit-exactly, so the references
+mirror the kernels' float32 rounding steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+
+__all__ = ["QRANGE", "clamp_te", "param_shape", "per_channel_index", "rint_f32"]
+
+#: Saturation range of each quantized dtype.
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
+
+
+def param_shape(x_shape, attrs) -> tuple:
+    """Shape of a scale / zero-point tensor: one per channel along ``axis``, or ``(1,)``."""
+    return (x_shape[attrs["axis"]],) if attrs["per_channel"] else (1,)
+
+
+def per_channel_index(i, attrs):
+    """Index into a parameter tensor for output index ``i``."""
+    return i[attrs["axis"]] if attrs["per_channel"] else 0
+
+
+def clamp_te(v: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
+    """Saturate an integer expression to ``dtype``'s range and cast."""
+    lo, hi = QRANGE[dtype]
+    return tirx.max(tirx.min(v, hi), lo).astype(dtype)
+
+
+def rint_f32(v: np.ndarray) -> np.ndarray:
+    """Round half to even in float32, like the kernels' ``nearbyint``."""
+    return np.rint(np.asarray(v, dtype=np.float32))

@@ -1,0 +1,60 @@
+"""``quantize``: float32 -> int8/uint8, ``clamp(round(x / scale) + zero_point)``.
+
+Rounding: the quotient ``x / scale`` is rounded to float32 (an IEEE division, as the kernel
+computes it), then to the nearest integer with ties to even (``nearbyint``), then the zero
+point is added and the result saturated to the output range.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from tvm import te, tirx
+
+from .._opdef import Axis, Tensor, op
+from ._quant import QRANGE, clamp_te, param_shape, per_channel_index, rint_f32
+
+
+def _reference(x, scale, zero_point, *, axis=-1, per_channel=False, out_dtype="int8"):
+    shape = [1] * x.ndim
+    if per_channel:
+        shape[axis] = -1
+    s = scale.astype(np.float32).reshape(shape if per_channel else [1] * x.ndim)
+    zp = zero_point.astype(np.int64).reshape(s.shape)
+    q = rint_f32(x.astype(np.float32) / s).astype(np.int64) + zp
+    lo, hi = QRANGE[out_dtype]
+    return np.clip(q, lo, hi).astype(out_dtype)
+
+
+@op(
+    reference=_reference,
+    dtypes={"x": ("float32",), "scale": ("float32",), "zero_point": ("int32",)},
+    ranks=(1, 6),
+    input_shapes=lambda s, a: {"scale": param_shape(s, a), "zero_point": param_shape(s, a)},
+    layouts={"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}},
+    domain={"x": (-4.0, 4.0), "scale": (0.005, 0.1), "zero_point": (-20, 20)},
+    kind="elementwise",
+    examples=[(2, 3, 8)],
+)
+def quantize(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """Affine quantization of float32 ``x`` with per-tensor (``scale`` of shape ``(1,)``) or
+    per-channel (``scale`` of shape ``(x.shape[axis],)``) scales and zero points."""
+    a = {"axis": axis, "per_channel": per_channel}
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        # Clamp in float first: a quotient beyond the int32 range would make the cast undefined.
+        r = tirx.max(tirx.min(tirx.nearbyint(x(*i) / scale(c)), 2.0**30), -(2.0**30))
+        q = r.astype("int32") + zero_point(c)
+        return clamp_te(q, out_dtype)
+
+    return te.compute(x.shape, body, name="quantize")

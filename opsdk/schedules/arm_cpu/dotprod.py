@@ -1,0 +1,94 @@
+"""aarch64 rules for ``qdense``: ``sdot`` (dot-product extension) and a plain NEON fallback.
+
+Both rebuild the op as :func:`~opsdk.ops.qdense.qdense_packed` with int8 activations (uint8
+inputs are moved down by 128, the zero point by the same amount, and the compensation
+``(x_zero_point - 128) * sum_k w`` restores the exact result), then reuse the x86 VNNI rule's
+tiling (:func:`~opsdk.schedules.cpu.vnni.schedule_qdense_packed`) with a 4-channel
+micro-kernel:
+
+- ``neon.qdense_dotprod`` (needs ``dotprod``): one ``sdot v.4s, v.16b, v.16b`` per 4 channels x
+  4 bytes of K (s8 x s8 -> s32); the kernel is written with ``T.call_llvm_pure_intrin``
+  because ``sch.tensorize`` crashes in this TVM build (see the VNNI rule);
+- ``neon.qdense`` (NEON only, e.g. Cortex-A72): ``smull`` (s8 x s8 -> s16, exact) +
+  ``saddlp`` (pairwise widening add to s32) + ``addp``, accumulating in int32 vectors.
+
+Tiles are 4 rows x 16 channels: 16 accumulator registers, 4 weight vectors and the activation
+broadcasts fit NEON's 32 registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from .. import rule
+from ..cpu.vnni import Microkernel, rebuild_packed, schedule_qdense_packed, splat4
+
+__all__ = ["NEON_SMULL", "SDOT"]
+
+_NEON = ("kind:llvm", "arch:aarch64", "neon")
+ROWS, COLS = 4, 16
+
+
+def _sdot(acc: tirx.PrimExpr, a: tirx.PrimExpr, load_b: Callable) -> tirx.PrimExpr:
+    return tirx.call_llvm_pure_intrin(
+        "int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc, splat4(a, "int8x16", 4), load_b(0, 16)
+    )
+
+
+def _smull(acc: tirx.PrimExpr, a: tirx.PrimExpr, load_b: Callable) -> tirx.PrimExpr:
+    # 8 bytes of weights = 2 channels x 4 bytes of K; the activation word is repeated to match.
+    a8 = splat4(a, "int8x8", 2)
+    halves = []
+    for half in (0, 8):
+        prod = tirx.call_llvm_pure_intrin(
+            "int16x8", "llvm.aarch64.neon.smull.v8i16", a8, load_b(half, 8)
+        )
+        halves.append(
+            tirx.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16", prod)
+        )
+    # [c0 k01, c0 k23, c1 k01, c1 k23] + [c2 .., c3 ..] -> pairwise -> [c0, c1, c2, c3]
+    return acc + tirx.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.addp.v4i32", *halves)
+
+
+#: ``sdot v.4s``: 4 channels x 4 bytes of K, s8 x s8 (needs the dot-product extension).
+SDOT = Microkernel("sdot", 4, _sdot)
+#: NEON without dot product: ``smull`` + ``saddlp`` + ``addp`` for the same 4 x 4 step.
+NEON_SMULL = Microkernel("smull", 4, _smull)
+
+
+def _schedule(func: tirx.PrimFunc, target: Target, kernel: Microkernel) -> s_tir.Schedule | None:
+    packed = rebuild_packed(func, act_dtype="int8", rows=ROWS, cols=COLS)
+    if packed is None:
+        return None
+    return schedule_qdense_packed(packed, target, kernel)
+
+
+@rule(
+    "qdense",
+    "arm_cpu",
+    name="neon.qdense_dotprod",
+    requires=(*_NEON, "dotprod"),
+    priority=30,
+    claims=("vectorize", "parallel"),
+)
+def _qdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """int8 GEMM on sdot: int8-shifted activations, packed weights, zero-point compensation,
+    4 x 16 register tiles in parallel, fused requantize epilogue."""
+    return _schedule(func, target, SDOT)
+
+
+@rule(
+    "qdense",
+    "arm_cpu",
+    name="neon.qdense",
+    requires=_NEON,
+    priority=25,
+    claims=("vectorize", "parallel"),
+)
+def _qdense_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """int8 GEMM on NEON without dot product: smull/saddlp/addp into int32 vectors, same
+    tiling and epilogue as the sdot rule."""
+    return _schedule(func, target, NEON_SMULL)
