@@ -200,6 +200,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         except (ImportError, TypeError, ValueError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2
+    if args.ops and "qdense" in args.ops:
+        return _bench_qdense(args)
     for dt in args.dtypes:
         if dt not in ("float32", "float16", "bfloat16"):
             print(f"opsdk bench: error: unsupported dtype {dt!r}", file=sys.stderr)
@@ -234,4 +236,35 @@ def run_bench_command(args: argparse.Namespace) -> int:
             )
     if args.plot:
         plot(rows, args.plot)
+    return 0
+
+
+def _bench_qdense(args: argparse.Namespace) -> int:
+    """``opsdk bench qdense [--shapes M,K,N]``: int8 qdense vs torch float32 / dynamic int8."""
+    from ..quant_bench import bench_qdense
+
+    if args.ops != ["qdense"]:
+        print("opsdk bench: error: bench qdense on its own", file=sys.stderr)
+        return 2
+    shapes = args.shapes or [(1024, 1024, 1024)]
+    rows = []
+    for shp in shapes:
+        if len(shp) != 3:
+            print(f"opsdk bench: error: qdense shapes are M,K,N, got {shp}", file=sys.stderr)
+            return 2
+        m, k, n = shp
+        rows.append(bench_qdense(m, k, n, repeats=args.repeats, threads=args.threads,
+                                 target=args.target))
+    print(f"{'M x K x N':<18}{'rule':<18}{'qdense ms':>10}{'torch f32':>11}{'torch dyn':>11}"
+          f"{'x f32':>8}{'x dyn':>8}{'GOP/s':>8}  exact")
+    for r in rows:
+        print(f"{'x'.join(map(str, r['shape'])):<18}{r['rule']:<18}{r['tvm_ms']:>10.3f}"
+              f"{r['torch_f32_ms']:>11.3f}{r['torch_dynamic_int8_ms']:>11.3f}"
+              f"{r['vs_torch_f32']:>8.2f}{r['vs_torch_dynamic_int8']:>8.2f}{r['gops']:>8.1f}"
+              f"  {r['exact']}")
+    print(f"threads: torch {rows[0]['threads']}, TVM {rows[0]['tvm_threads']}; medians of "
+          f"{rows[0]['repeats']} interleaved rounds; int8 -> int8 per-channel")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2, default=list)
     return 0

@@ -248,7 +248,8 @@ def run_bench(
     round-robin (interleaved) ``repeats`` times, each sample a batch of calls lasting about
     ``budget_ms``; the figures are medians over the samples. TVM candidates run through
     ``time_evaluator`` (C++ timer loop); torch and numpy through a ``perf_counter`` loop.
-    torch runs with ``threads`` threads (default: all cores, like TVM's thread pool).
+    torch and TVM run with ``threads`` threads (default: all cores; TVM's pool only follows
+    when it has not started yet in this process, else set ``TVM_NUM_THREADS`` beforehand).
 
     Returns one dict per case: ``op``, ``layout``, ``shape``, ``dtype``, ``bytes`` moved,
     ``rule`` (the opsdk schedule rule), per candidate ``<c>_ms`` / ``<c>_min_ms`` /
@@ -269,6 +270,9 @@ def run_bench(
         raise ValueError(f"target {target!r} does not run on this host; use x86 (the host CPU)")
     cands = [c for c in CANDIDATES if c in set(candidates)]
     ncores = threads or os.cpu_count() or 1
+    # TVM 0.27 sizes its thread pool to half the logical CPUs on x86 (1 of 2 here) unless
+    # TVM_NUM_THREADS is set before the pool starts: give TVM the same threads as torch.
+    os.environ.setdefault("TVM_NUM_THREADS", str(ncores))
     try:
         import torch
 

@@ -187,3 +187,13 @@ def test_odd_row_lengths_match_reference(op, cols):
 )
 def test_middle_axes_and_groups_match_reference(op, shape, attrs):
     _check(op, shape, "float16", attrs)
+
+
+def test_bench_qdense_command_smoke(capsys):
+    """`opsdk bench qdense` runs on a tiny shape and reports sane fields (no timing asserts)."""
+    from opsdk.cli import main
+
+    assert main(["bench", "qdense", "--shapes", "32,64,48", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "x86.qdense_vnni" in out and "True" in out  # the VNNI rule ran and matched exactly
+    assert main(["bench", "qdense", "--shapes", "32,64"]) == 2
