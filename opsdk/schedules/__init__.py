@@ -236,7 +236,11 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
     else:
         ch = choose(op, func, target)
     _LOG.append(ch)
-    del _LOG[:-256]
+    # Keep every decision (callers slice by length: `last_choices()[before:]`) but let old
+    # ones drop their functions and schedules, which hold the memory.
+    if len(_LOG) > 256:
+        old = _LOG[-257]
+        old.func = old.schedule = None
     out = ch.func
     # A rule may return a freshly built function (e.g. TVMScript with tensor intrinsics);
     # keep the original's symbol attrs so it slots back into the module unchanged.
@@ -253,5 +257,7 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
 
 
 def last_choices() -> list[Choice]:
-    """Decisions made by recent lowerings, oldest first (bounded history)."""
+    """Decisions made by lowerings in this process, oldest first; its length only grows, so
+    ``last_choices()[n:]`` are the decisions made since the length was ``n`` (entries older
+    than the last 256 keep their reasons but drop their functions)."""
     return list(_LOG)
