@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import tirx
 
-__all__ = ["QRANGE", "clamp_te", "param_shape", "per_channel_index", "rint_f32"]
+__all__ = ["QRANGE", "clamp_te", "param_shape", "param_view", "per_channel_index", "rint_f32"]
 
 #: Saturation range of each quantized dtype.
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
@@ -16,6 +16,14 @@ QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)
 def param_shape(x_shape, attrs) -> tuple:
     """Shape of a scale / zero-point tensor: one per channel along ``axis``, or ``(1,)``."""
     return (x_shape[attrs["axis"]],) if attrs["per_channel"] else (1,)
+
+
+def param_view(p: np.ndarray, ndim: int, axis: int, per_channel: bool, dtype) -> np.ndarray:
+    """A scale / zero-point array shaped to broadcast against a rank-``ndim`` tensor."""
+    shape = [1] * ndim
+    if per_channel:
+        shape[axis] = -1
+    return p.astype(dtype).reshape(shape)
 
 
 def per_channel_index(i, attrs):

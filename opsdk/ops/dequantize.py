@@ -10,15 +10,12 @@ import numpy as np
 from tvm import te
 
 from .._opdef import Axis, Tensor, op
-from ._quant import param_shape, per_channel_index
+from ._quant import param_shape, param_view, per_channel_index
 
 
 def _reference(q, scale, zero_point, *, axis=-1, per_channel=False):
-    shape = [1] * q.ndim
-    if per_channel:
-        shape[axis] = -1
-    s = scale.astype(np.float32).reshape(shape)
-    zp = zero_point.astype(np.int64).reshape(shape)
+    s = param_view(scale, q.ndim, axis, per_channel, np.float32)
+    zp = param_view(zero_point, q.ndim, axis, per_channel, np.int64)
     return (q.astype(np.int64) - zp).astype(np.float32) * s
 
 

@@ -13,15 +13,12 @@ import numpy as np
 from tvm import te, tirx
 
 from .._opdef import Axis, Tensor, op
-from ._quant import QRANGE, clamp_te, param_shape, per_channel_index, rint_f32
+from ._quant import QRANGE, clamp_te, param_shape, param_view, per_channel_index, rint_f32
 
 
 def _reference(x, scale, zero_point, *, axis=-1, per_channel=False, out_dtype="int8"):
-    shape = [1] * x.ndim
-    if per_channel:
-        shape[axis] = -1
-    s = scale.astype(np.float32).reshape(shape if per_channel else [1] * x.ndim)
-    zp = zero_point.astype(np.int64).reshape(s.shape)
+    s = param_view(scale, x.ndim, axis, per_channel, np.float32)
+    zp = param_view(zero_point, x.ndim, axis, per_channel, np.int64)
     q = rint_f32(x.astype(np.float32) / s).astype(np.int64) + zp
     lo, hi = QRANGE[out_dtype]
     return np.clip(q, lo, hi).astype(out_dtype)

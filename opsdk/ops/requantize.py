@@ -15,7 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from .._opdef import Axis, Tensor, op
-from ._quant import QRANGE, clamp_te, param_shape, per_channel_index
+from ._quant import QRANGE, clamp_te, param_shape, param_view, per_channel_index
 
 __all__ = ["quantize_multiplier", "requantize"]
 
@@ -44,11 +44,8 @@ def _reference(
     x, multiplier, shift, *, axis=-1, per_channel=False, input_zero_point=0,
     output_zero_point=0, out_dtype="int8",
 ):
-    shape = [1] * x.ndim
-    if per_channel:
-        shape[axis] = -1
-    m = multiplier.astype(np.int64).reshape(shape)
-    n = 31 + shift.astype(np.int64).reshape(shape)
+    m = param_view(multiplier, x.ndim, axis, per_channel, np.int64)
+    n = 31 + param_view(shift, x.ndim, axis, per_channel, np.int64)
     v = (x.astype(np.int64) - input_zero_point) * m
     y = ((v + (np.int64(1) << (n - 1))) >> n) + output_zero_point
     lo, hi = QRANGE[out_dtype]

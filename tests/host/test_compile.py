@@ -118,7 +118,6 @@ def test_all_six_ops_compile_for_arm_with_neon():
     ex = tvm.compile(_all_ops_module("float32"), target=opsdk.target("arm"))
     stats = asm_vector_stats(_asm_of(ex), "aarch64")
     assert stats["neon"] > 50, stats
-    assert "aarch64" in _asm_of(ex) or stats["neon"] > 0
 
 
 @pytest.mark.parametrize("op", OPS)

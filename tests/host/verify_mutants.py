@@ -112,6 +112,20 @@ mut_ln_fp16_acc = _ln_mutant("fp16_acc", "mut_ln_fp16_acc")
 mut_ln_one_pass = _ln_mutant("one_pass", "mut_ln_one_pass")
 mut_ln_no_beta = _ln_mutant("no_beta", "mut_ln_no_beta")
 #: Correct compute; its schedule rule (below) forgets the vector tail.
+def _drop_partial_tile(sch: s_tir.Schedule, outer, n, factor: int) -> s_tir.Schedule:
+    """Shorten the ``outer`` loop of a ``[None, factor]`` split of a length-``n`` loop to
+    ``n // factor`` iterations: the partial last tile is silently skipped (the bug)."""
+    var = sch.get(outer).loop_var
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if not node.loop_var.same_as(var):
+            return mut.default_mutate(node)
+        return tirx.For(node.loop_var, node.min, tirx.floordiv(n, factor), node.kind,
+                        mut.mutate(node.body), node.thread_binding, node.annotations)
+
+    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+
+
 mut_ln_vec_tail = _ln_mutant("none", "mut_ln_vec_tail")
 
 
@@ -125,22 +139,7 @@ def _rows_without_tail(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
     n = sch.get(loop).extent
     outer, inner = sch.split(loop, factors=[None, 16])
     sch.vectorize(inner)
-    var = sch.get(outer).loop_var
-
-    def cut(node: tirx.For, mut) -> tirx.For:
-        if not node.loop_var.same_as(var):
-            return mut.default_mutate(node)
-        return tirx.For(
-            node.loop_var,
-            node.min,
-            tirx.floordiv(n, 16),
-            node.kind,
-            mut.mutate(node.body),
-            node.thread_binding,
-            node.annotations,
-        )
-
-    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+    return _drop_partial_tile(sch, outer, n, 16)
 
 
 # ------------------------------------------------------------------------------ rms norm
@@ -315,22 +314,7 @@ def _tiles_without_last(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule |
     n = sch.get(loop).extent
     outer, _ = sch.split(loop, factors=[None, 4])
     sch.parallel(outer)
-    var = sch.get(outer).loop_var
-
-    def cut(node: tirx.For, mut) -> tirx.For:
-        if not node.loop_var.same_as(var):
-            return mut.default_mutate(node)
-        return tirx.For(
-            node.loop_var,
-            node.min,
-            tirx.floordiv(n, 4),
-            node.kind,
-            mut.mutate(node.body),
-            node.thread_binding,
-            node.annotations,
-        )
-
-    return s_tir.Schedule(structural_mutate(sch.mod["main"], [(tirx.For, cut)]))
+    return _drop_partial_tile(sch, outer, n, 4)
 
 
 # ------------------------------------------------------------------------------ bias_gelu
