@@ -29,12 +29,11 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     head = (
         f"{'case':<36} {'rule':<15} {'opsdk':>8} {'GB/s':>6} {'%copy':>6} "
         f"{'tvm':>8} {'dlight':>8} {'torch':>8} {'copy':>7} {'np.copy':>7} "
-        f"{'x tvm':>7} {'x dl':>7} {'x torch':>7}"
+        f"{'x tvm':>7} {'x dl':>7} {'x torch':>7} {'hot%':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        name = r["op"] + (f"[{r['layout']}]" if r.get("layout") else "")
-        case = f"{name} {'x'.join(map(str, r['shape']))} {r['dtype']}"
+        case = f"{_label(r)} {r['dtype']}"
         dl = r.get("dlight_ms") if r.get("dlight_applied", True) else None
         lines.append(
             f"{case:<36} {r.get('rule', '-'):<15} {_f(r.get('opsdk_ms'), '8.3f')} "
@@ -43,12 +42,14 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{_f(r.get('copy_tvm_ms'), '7.3f')} {_f(r.get('copy_numpy_ms'), '7.3f')} "
             f"{_f(r.get('speedup_tvm'), '7.1f')} "
             f"{_f(r.get('speedup_dlight') if dl else None, '7.1f')} "
-            f"{_f(r.get('speedup_torch'), '7.2f')}"
+            f"{_f(r.get('speedup_torch'), '7.2f')} {_f(r.get('pct_hot'), '5.0f')}"
         )
     lines.append(
         "times: median ms over interleaved repeats; GB/s = (inputs + output bytes) / time; "
         "%copy = opsdk GB/s / the faster copy's GB/s (copy = TVM parallel copy, np.copy = "
-        "numpy, same bytes); x = speedup of opsdk; dlight '-' = no dlight rule applied"
+        "numpy, same bytes); x = speedup of opsdk; dlight '-' = no dlight rule applied; "
+        "hot% = time of the same kernel on a cache-resident slice of the rows (scaled to all "
+        "rows) / its time here: near 100 the op is compute-bound at this size"
     )
     return "\n".join(lines)
 
@@ -77,7 +78,25 @@ def summary(rows: Sequence[dict[str, Any]], dtype: str = "float32") -> dict[str,
         "geomean_speedup_torch": _geomean([r.get("speedup_torch") for r in sel]),
         "min_pct_copy": min((r["pct_copy"] for r in sel if r.get("pct_copy")), default=None),
         "geomean_pct_copy": _geomean([r.get("pct_copy") for r in sel]),
+        "below_80_pct_copy": [
+            {"case": _label(r), "pct_copy": r["pct_copy"], "pct_hot": r.get("pct_hot")}
+            for r in sel
+            if r.get("pct_copy") is not None and r["pct_copy"] < 80
+        ],
     }
+
+
+def _label(r: dict[str, Any]) -> str:
+    name = r["op"] + (f"[{r['layout']}]" if r.get("layout") else "")
+    return f"{name} {'x'.join(map(str, r['shape']))}"
+
+
+def _why(item: dict[str, Any]) -> str:
+    hot = item.get("pct_hot")
+    if hot is None:
+        return "no cache-resident slice measured"
+    kind = "compute-bound" if hot >= 80 else "memory-side"
+    return f"{kind}: in-cache time is {hot:.0f} % of it"
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
@@ -229,6 +248,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
             f"{_f(s['geomean_speedup_torch'], '.2f')}, % of copy min "
             f"{_f(s['min_pct_copy'], '.0f')} / geomean {_f(s['geomean_pct_copy'], '.0f')}"
         )
+        for item in s["below_80_pct_copy"]:
+            print(f"  below 80 % of copy: {item['case']} {item['pct_copy']:.0f} % ({_why(item)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

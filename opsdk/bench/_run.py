@@ -22,9 +22,15 @@ from ._cases import DEFAULT_CASES, SPECS, Case
 
 __all__ = ["CANDIDATES", "expand_cases", "run_bench"]
 
-#: Candidates in table order. ``copy_tvm``/``copy_numpy`` move the same bytes (the roofline).
-CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "copy_tvm", "copy_numpy")
+#: Candidates in table order. ``copy_tvm``/``copy_numpy`` move the same bytes (the roofline);
+#: ``hot`` is the opsdk kernel on a cache-resident slice of the rows, scaled to the full size:
+#: its compute time without the memory traffic.
+CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "copy_tvm", "copy_numpy", "hot")
+#: Working set (inputs + output) of the ``hot`` slice: within the two cores' L2 caches
+#: (1 MiB each on Zen 4), large enough that a call lasts tens of microseconds.
+_HOT_BYTES = 3 << 19
 _SETTLE_S = 0.005
+_SPIN_COUNT = 1000
 
 
 def expand_cases(
@@ -249,7 +255,9 @@ def run_bench(
     ``budget_ms``; the figures are medians over the samples. TVM candidates run through
     ``time_evaluator`` (C++ timer loop); torch and numpy through a ``perf_counter`` loop.
     torch and TVM run with ``threads`` threads (default: all cores; TVM's pool only follows
-    when it has not started yet in this process, else set ``TVM_NUM_THREADS`` beforehand).
+    when it has not started yet in this process, else set ``TVM_NUM_THREADS`` beforehand),
+    and TVM's idle workers spin only briefly (``TVM_THREAD_POOL_SPIN_COUNT``, same caveat) so
+    they do not steal the cores from the next candidate.
 
     Returns one dict per case: ``op``, ``layout``, ``shape``, ``dtype``, ``bytes`` moved,
     ``rule`` (the opsdk schedule rule), per candidate ``<c>_ms`` / ``<c>_min_ms`` /
@@ -273,6 +281,11 @@ def run_bench(
     # TVM 0.27 sizes its thread pool to half the logical CPUs on x86 (1 of 2 here) unless
     # TVM_NUM_THREADS is set before the pool starts: give TVM the same threads as torch.
     os.environ.setdefault("TVM_NUM_THREADS", str(ncores))
+    # After a parallel call TVM's workers spin (sched_yield) for 300000 rounds, which is
+    # longer than the pause between candidates: torch's OpenMP threads then share the cores
+    # with spinning TVM workers (measured: torch group_norm 0.2 ms alone, 7.3 ms in the bench).
+    # A short spin still covers the back-to-back calls of one timed batch.
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(_SPIN_COUNT))
     try:
         import torch
 
@@ -338,6 +351,15 @@ def _run_case(
         fn = _torch_callable(case, ins)
         if fn is not None:
             timers["torch"] = _Timer(_py_step(fn))
+    hot = _hot_case(case, nbytes) if "hot" in cands and "opsdk" in cands else None
+    if hot is not None:
+        # The slice and a single row: their difference removes the fixed cost of a call
+        # (VM dispatch, output allocation, waking the pool; ~4 us here).
+        for key, c in (("hot", hot), ("hot_one", _rows_of(hot, 1))):
+            hot_ins = [tvm.runtime.tensor(a, dev) for a in _inputs(c, rng).values()]
+            vm = relax.VirtualMachine(tvm.compile(_opsdk_module(c), target=tgt), dev)
+            timers[key] = _Timer(_vm_step(vm, hot_ins, dev))
+        row["hot_rows"] = hot.shape[0]
     half = _copy_elems(nbytes, itemsize)
     if "copy_tvm" in cands:
         ex = _copy_kernel(half, case.dtype, tgt)
@@ -356,6 +378,11 @@ def _run_case(
             # a short pause lets the previous candidate's workers go idle before timing.
             time.sleep(_SETTLE_S)
             t.samples.append(t.step(t.number))
+    if "hot" in timers:  # per-row cost (slice minus one row) times the full row count
+        one = timers.pop("hot_one").samples
+        scale = case.shape[0] / (row["hot_rows"] - 1)
+        timers["hot"].samples = [max(h - float(np.median(one)), 0.0) * scale
+                                 for h in timers["hot"].samples]
     for c in CANDIDATES:
         t = timers.get(c)
         ms = float(np.median(t.samples)) * 1e3 if t else None
@@ -371,4 +398,22 @@ def _run_case(
     for c in ("tvm", "dlight", "torch"):
         other = row.get(f"{c}_ms")
         row[f"speedup_{c}"] = other / ours if other and ours else None
+    # Share of the kernel's time that remains with every byte in cache: near 100 % the op is
+    # compute-bound at this size, and the copy's bandwidth is out of its reach.
+    row["pct_hot"] = 100.0 * row["hot_ms"] / ours if ours and row.get("hot_ms") else None
     return row
+
+
+def _hot_case(case: Case, nbytes: int) -> Case | None:
+    """The case cut down along its first axis to a cache-resident working set (a power of
+    two of rows), or None when even one slice is too large or the case is small already."""
+    rows = case.shape[0]
+    per_row = nbytes / rows
+    fit = int(_HOT_BYTES // per_row)
+    if fit < 2 or fit >= rows:
+        return None
+    return _rows_of(case, 1 << (fit.bit_length() - 1))
+
+
+def _rows_of(case: Case, k: int) -> Case:
+    return Case(case.op, (k, *case.shape[1:]), case.dtype, case.layout, dict(case.attrs))

@@ -14,7 +14,7 @@ from tvm import relax, s_tir, tirx
 import opsdk
 from opsdk._dtypes import eps, np_dtype
 from opsdk._explain import build_single_op
-from opsdk.bench import add_bench_arguments, expand_cases, run_bench, run_bench_command
+from opsdk.bench import add_bench_arguments, expand_cases, run_bench, run_bench_command, summary
 
 # The six ops of the benchmark matrix (other built-in ops get their own tests).
 OPS = ["layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm"]
@@ -36,6 +36,25 @@ def test_bench_smoke_reports_sane_fields():
         assert r["copy_gbps"] == max(r["copy_tvm_gbps"], r["copy_numpy_gbps"])
         assert r["pct_copy"] > 0 and r["speedup_tvm"] > 0
         assert isinstance(r["dlight_applied"], bool)
+
+
+def test_bench_hot_slice_measures_in_cache_time():
+    from opsdk.bench._run import _hot_case
+
+    # 8192 rows x 64 float32, in + out = 512 B a row: a 2048-row slice fits the 1.5 MiB budget.
+    rows = run_bench(["rms_norm"], shapes=[(8192, 64)], dtypes=["float32"], repeats=2,
+                     budget_ms=1, candidates=["opsdk", "copy_tvm", "hot"])
+    r = rows[0]
+    assert r["hot_rows"] == 2048
+    assert r["hot_ms"] > 0 and r["hot_min_ms"] <= r["hot_ms"]
+    assert r["pct_hot"] == pytest.approx(100 * r["hot_ms"] / r["opsdk_ms"])
+    s = summary(rows)
+    assert all(i["pct_copy"] < 80 for i in s["below_80_pct_copy"])
+    # Small cases (already cache-resident) and huge rows (no slice fits) get no hot figure.
+    from opsdk.bench._cases import Case
+
+    assert _hot_case(Case("gelu", (64, 48), "float32", "", {}), 64 * 48 * 8) is None
+    assert _hot_case(Case("gelu", (4, 10**6), "float32", "", {}), 4 * 8 * 10**6) is None
 
 
 def test_bench_command_writes_json_and_png(tmp_path, capsys):
