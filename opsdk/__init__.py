@@ -14,6 +14,7 @@ Examples
 from __future__ import annotations
 
 from . import drift, frontend, relax, transform
+from ._domains import LogUniform, log_uniform
 from ._dtypes import FLOAT_DTYPES
 from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
 from ._plugins import import_beside
@@ -25,6 +26,7 @@ from .transform import LowerOps, pipeline
 __all__ = [
     "FLOAT_DTYPES",
     "Axis",
+    "LogUniform",
     "LowerOps",
     "OpDef",
     "OpDefinitionError",
@@ -39,6 +41,7 @@ __all__ = [
     "is_registered",
     "list_ops",
     "load_plugins",
+    "log_uniform",
     "op",
     "pipeline",
     "register",

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from tvm import te, tirx
 
+from ._domains import LogUniform
 from ._dtypes import FLOAT_DTYPES, np_dtype
 
 __all__ = [
@@ -134,7 +135,7 @@ class OpDef:
     check: Callable[[dict, dict, dict], None] | None
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None
     layouts: dict[str, dict[str, Any]]
-    domain: dict[str, tuple[float, float]]
+    domain: dict[str, tuple[float, float] | LogUniform]
     attr_domain: dict[str, Any]
     kind: str
     doc: str
@@ -389,7 +390,10 @@ class OpDef:
                 out[p.name] = p.default
             elif p.name in self.attr_domain:
                 dom = self.attr_domain[p.name]
-                out[p.name] = dom[0] if isinstance(dom, (list, tuple)) else dom
+                if isinstance(dom, LogUniform):
+                    out[p.name] = dom.typical
+                else:
+                    out[p.name] = dom[0] if isinstance(dom, (list, tuple)) else dom
         return out
 
     def run_reference(
@@ -472,7 +476,7 @@ def op(
     check: Callable[[dict, dict, dict], None] | None = None,
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None = None,
     layouts: Mapping[str, Mapping[str, Any]] | None = None,
-    domain: Mapping[str, tuple[float, float]] | None = None,
+    domain: Mapping[str, tuple[float, float] | LogUniform] | None = None,
     attr_domain: Mapping[str, Any] | None = None,
     kind: str = "elementwise",
     examples: Sequence[tuple[int, ...]] | None = None,
@@ -505,9 +509,12 @@ def op(
         Named attribute settings forming the layout axis of the capability matrix,
         e.g. ``{"NCHW": {"layout": "NCHW"}, "NHWC": {"layout": "NHWC"}}``.
     domain
-        Value range hints per tensor input for test generation, e.g. ``{"x": (-4, 4)}``.
+        Value range hints per tensor input for test generation, e.g. ``{"x": (-4, 4)}``
+        (uniform), or ``{"scale": opsdk.log_uniform(1e-4, 1e2)}`` (spread evenly over the
+        decades, positive).
     attr_domain
-        Values to draw attributes from, e.g. ``{"epsilon": [1e-5, 1e-3]}``.
+        Values to draw attributes from, e.g. ``{"epsilon": [1e-5, 1e-3]}``, or a
+        :func:`~opsdk.log_uniform` range for a ``float`` attribute.
     kind
         ``"elementwise"``, ``"reduction"`` or ``"norm"``: lets generic schedule rules apply.
     examples
@@ -583,6 +590,7 @@ def op(
             per_input, primary_dtypes = {}, tuple(dtypes)
         for dt in (*primary_dtypes, *(d for v in per_input.values() for d in v)):
             np_dtype(dt)  # raises for unknown dtypes
+        _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
         d = OpDef(
             name=opname,
             compute=fn,
@@ -607,6 +615,47 @@ def op(
         return d
 
     return wrap
+
+
+def _check_domains(opname: str, params: Sequence[Param], domain: Mapping[str, Any],
+                   attr_domain: Mapping[str, Any]) -> None:
+    """Log-uniform domains name a tensor input / a float attribute and have usable bounds."""
+    tensors = {p.name for p in params if p.kind == "tensor"}
+    attrs = {p.name: p for p in params if p.kind == "attr"}
+    for name, dom in domain.items():
+        if not isinstance(dom, LogUniform):
+            continue
+        where = f"op {opname!r}: domain[{name!r}] = {dom!r}"
+        if name not in tensors:
+            raise OpDefinitionError(
+                f"{where}: {name!r} is not a tensor input (tensor inputs: {sorted(tensors)}); "
+                "attribute ranges go in attr_domain="
+            )
+        problem = dom.problem()
+        if problem:
+            raise OpDefinitionError(f"{where}: {problem}")
+    for name, dom in attr_domain.items():
+        where = f"op {opname!r}: attr_domain[{name!r}]"
+        if isinstance(dom, (list, tuple)) and any(isinstance(v, LogUniform) for v in dom):
+            raise OpDefinitionError(
+                f"{where}: a log_uniform(...) range stands alone, not inside a list of values"
+            )
+        if not isinstance(dom, LogUniform):
+            continue
+        where += f" = {dom!r}"
+        p = attrs.get(name)
+        if p is None:
+            raise OpDefinitionError(
+                f"{where}: {name!r} is not an attribute (attributes: {sorted(attrs)})"
+            )
+        if p.type is not float or p.choices is not None:
+            kind = f"Literal{list(p.choices)}" if p.choices is not None else p.type.__name__
+            raise OpDefinitionError(
+                f"{where}: a log-uniform range needs a float attribute; {name!r} is {kind}"
+            )
+        problem = dom.problem()
+        if problem:
+            raise OpDefinitionError(f"{where}: {problem}")
 
 
 def _self_check(d: OpDef) -> None:

@@ -49,6 +49,8 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
             for d in ops_of(ep.load(), f"entry point {ep.name} = {ep.value}"):
                 d.source = f"entry point {ep.name} ({ep.value})"
                 found.append(d)
+    from .ops import BUILTIN_OPS
+
     for name in modules or ():
         mod = importlib.import_module(name)
         if name == "opsdk.ops":
@@ -56,7 +58,8 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
         else:
             items = ops_of(mod, f"module {name}")
             for d in items:
-                d.source = f"module {name}"
+                if not any(d is b for b in BUILTIN_OPS):  # e.g. opsdk.ops.int8: still built-in
+                    d.source = f"module {name}"
         found.extend(items)
     return [register(d) for d in found]
 

@@ -106,6 +106,7 @@ def _from_source(from_op: str, name: str) -> str:
         raise ScaffoldError(f"--from {from_op}: only built-in ops can be copied (it is {d.source})")
     src = re.sub(r"from \.\._dtypes import", "from opsdk import", src)
     src = re.sub(r"from \.\._opdef import", "from opsdk import", src)
+    src = re.sub(r"from \.\._domains import", "from opsdk import", src)
     src = re.sub(r"from \.\.te_utils import", "from opsdk.te_utils import", src)
     src = re.sub(r"from \.(\w+) import", r"from opsdk.ops.\1 import", src)
     src = re.sub(rf"\bdef {from_op}\(", f"def {name}(", src)

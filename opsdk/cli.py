@@ -56,11 +56,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     w = max(len(r["name"]) for r in rows) if rows else 4
-    print(f"{'op':<{w}}  {'kind':<11}  {'dtypes':<26}  {'layouts':<14}  rules / source")
+    wl = max([14, *(len(",".join(r["layouts"])) for r in rows)])
+    print(f"{'op':<{w}}  {'kind':<11}  {'dtypes':<26}  {'layouts':<{wl}}  rules / source")
     for r in rows:
         print(
             f"{r['name']:<{w}}  {r['kind']:<11}  {','.join(r['dtypes']):<26}  "
-            f"{','.join(r['layouts']):<14}  {' '.join(r['rules']) or 'generic only'}  "
+            f"{','.join(r['layouts']):<{wl}}  {' '.join(r['rules']) or 'generic only'}  "
             f"[{r['source']}]"
         )
     return 0

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from .bias_gelu import bias_gelu
+from .dequantize import dequantize
 from .gelu import gelu
 from .group_norm import group_norm
 from .layer_norm import layer_norm
+from .qdense import qdense
+from .quantize import quantize
+from .requantize import requantize
 from .rms_norm import rms_norm
 from .softmax import softmax
 
-__all__ = ["BUILTIN_OPS"]
+__all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS"]
 
+#: The float ops (float32 / float16 / bfloat16, verified against error models).
+FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)
+#: The INT8 ops (integer and float32 outputs verified bit-exactly).
+INT8_OPS = (quantize, dequantize, requantize, qdense)
 #: Every built-in op, in registration order. Adding an op means adding it here.
-BUILTIN_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)
+BUILTIN_OPS = (*FLOAT_OPS, *INT8_OPS)

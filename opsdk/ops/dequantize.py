@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
+from .._domains import log_uniform
 from .._opdef import Axis, Tensor, op
 from ._quant import param_shape, param_view, per_channel_index
 
@@ -25,7 +26,11 @@ def _reference(q, scale, zero_point, *, axis=-1, per_channel=False):
     ranks=(1, 6),
     input_shapes=lambda s, a: {"scale": param_shape(s, a), "zero_point": param_shape(s, a)},
     layouts={"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}},
-    domain={"q": (-128, 127), "scale": (0.005, 0.1), "zero_point": (-20, 20)},
+    # q over the whole int8 / uint8 range (an integer input's domain is cut to its dtype),
+    # zero points over both ranges, scales over six decades: |q - zero_point| <= 383 is
+    # exact in float32 and the product (1e-4 to 4e4, or 0) one rounding of a normal float,
+    # the same in numpy and in any IEEE kernel, so the output is compared bit-exactly.
+    domain={"q": (-128, 255), "scale": log_uniform(1e-4, 1e2), "zero_point": (-128, 255)},
     kind="elementwise",
     examples=[(2, 3, 8)],
 )

@@ -1,14 +1,18 @@
-"""The INT8 ops (quantize, dequantize, requantize, qdense), loadable as a plugin module while
-they mature: ``opsdk.load_plugins(["opsdk.ops.int8"])`` or ``--module opsdk.ops.int8``."""
+"""The INT8 ops (quantize, dequantize, requantize, qdense) as a plugin module.
+
+They are built-in ops now (:data:`opsdk.ops.BUILTIN_OPS`, registered when opsdk is imported);
+this module stays so that ``opsdk.load_plugins(["opsdk.ops.int8"])`` and
+``--module opsdk.ops.int8`` keep working (loading it registers nothing new)."""
 
 from __future__ import annotations
 
+from . import INT8_OPS
 from .dequantize import dequantize
 from .qdense import qdense
 from .quantize import quantize
 from .requantize import requantize
 
-__all__ = ["OPS"]
+__all__ = ["OPS", "dequantize", "qdense", "quantize", "requantize"]
 
 #: The INT8 ops; integer outputs are verified bit-exactly.
-OPS = (quantize, dequantize, requantize, qdense)
+OPS = INT8_OPS

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 from tvm import te, tirx
 
+from .._domains import log_uniform
 from .._opdef import Tensor, op
 from ._quant import QRANGE, clamp_te, rint_f32
 
@@ -85,11 +86,25 @@ def _check(shapes, dtypes, attrs):
         "float32": {"out_dtype": "float32"},
         "int32": {"out_dtype": "int32"},
     },
-    domain={"x": (-128, 127), "w": (-127, 127), "w_scale": (0.001, 0.05), "bias": (-5000, 5000)},
+    # x over the whole int8 / uint8 range (an integer input's domain is cut to its dtype).
+    # Scales over decades: x_scale and out_scale 1e-4..1e2 (their ratio centred on 1),
+    # w_scale 1e-5..1 (weights' max|w| / 127), so the requantize factor r = x_scale * w_scale
+    # / out_scale is ~1e-3 typically (outputs in range) and from ~1e-11 (all zero point) to
+    # ~1e8 (all saturated; the "mixed" recipe takes w_scale to 1e2). Bit-exact comparison
+    # holds over all of it: |acc| <= K * 255 * 127 + 5000 < 2**31 for K up to 5000 (the
+    # longest drawn), s = x_scale * w_scale and r are normal float32 (1e-11..1e8), and
+    # |acc * r| <= 2e16 neither overflows float32 nor loses the int64 conversion of the
+    # reference, so every step is one IEEE rounding of a normal float, as in the kernel.
+    domain={
+        "x": (-128, 255),
+        "w": (-127, 127),
+        "w_scale": log_uniform(1e-5, 1.0),
+        "bias": (-5000, 5000),
+    },
     attr_domain={
-        "x_scale": [0.02, 0.5, 1e-3],
-        "x_zero_point": [0, -128, 127, 5],
-        "out_scale": [0.5, 0.05, 8.0],
+        "x_scale": log_uniform(1e-4, 1e2),
+        "x_zero_point": [0, -128, 127, 5, 255],  # 255: uint8's top (refused for int8 x)
+        "out_scale": log_uniform(1e-4, 1e2),
         "out_zero_point": [0, -128, 127, -3],
     },
     kind="dense",

@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 from tvm import te, tirx
 
+from .._domains import log_uniform
 from .._opdef import Axis, Tensor, op
 from ._quant import QRANGE, clamp_te, param_shape, param_view, per_channel_index, rint_f32
 
@@ -30,7 +31,14 @@ def _reference(x, scale, zero_point, *, axis=-1, per_channel=False, out_dtype="i
     ranks=(1, 6),
     input_shapes=lambda s, a: {"scale": param_shape(s, a), "zero_point": param_shape(s, a)},
     layouts={"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}},
-    domain={"x": (-4.0, 4.0), "scale": (0.005, 0.1), "zero_point": (-20, 20)},
+    # Scales over six decades: from saturating nearly every x (1e-4) to rounding all of
+    # [-4, 4] to the zero point (1e2). Bit-exact comparison stays valid over the whole
+    # range: |x / scale| <= 1e3 / 1e-4 = 1e7 (the largest data recipe over the smallest
+    # scale) is far from float32 overflow, scales are normal floats, and a quotient below
+    # the normal range (|x| < 1e-36) rounds to 0 however a kernel treats subnormals. Zero
+    # points over the int8 and uint8 ranges; the "edges" recipe puts them exactly at -128,
+    # 0, 127 and 255 (one outside the output's range shifts the output into saturation).
+    domain={"x": (-4.0, 4.0), "scale": log_uniform(1e-4, 1e2), "zero_point": (-128, 255)},
     kind="elementwise",
     examples=[(2, 3, 8)],
 )

@@ -40,6 +40,15 @@ def quantize_multiplier(real_scale: float) -> tuple[int, int]:
     return int(m), int(-exp)
 
 
+def _check(shapes, dtypes, attrs):
+    lo, hi = QRANGE[attrs["out_dtype"]]
+    if not lo <= attrs["output_zero_point"] <= hi:
+        raise ValueError(
+            f"argument 'output_zero_point' is {attrs['output_zero_point']}; it must lie in the "
+            f"range of out_dtype {attrs['out_dtype']} [{lo}, {hi}]"
+        )
+
+
 def _reference(
     x, multiplier, shift, *, axis=-1, per_channel=False, input_zero_point=0,
     output_zero_point=0, out_dtype="int8",
@@ -58,8 +67,13 @@ def _reference(
     ranks=(1, 6),
     input_shapes=lambda s, a: {"multiplier": param_shape(s, a), "shift": param_shape(s, a)},
     layouts={"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}},
-    domain={"x": (-100000, 100000), "multiplier": (2**30, 2**31 - 1), "shift": (0, 12)},
-    attr_domain={"input_zero_point": [0, 3, -7], "output_zero_point": [0, -5, 9]},
+    check=_check,
+    # The real scale M * 2**-(31 + shift) is in [0.5, 1) * 2**-shift: a uniform shift in
+    # [-7, 13] spreads it evenly over the decades, ~6e-5 to ~128 (int64 stays exact:
+    # |x - in_zp| * M < 2**48 and n = 31 + shift >= 24). Output zero points at both ends of
+    # int8 and of uint8 (each refused for the other dtype; the largest valid one is a corner).
+    domain={"x": (-100000, 100000), "multiplier": (2**30, 2**31 - 1), "shift": (-7, 13)},
+    attr_domain={"input_zero_point": [0, 3, -7], "output_zero_point": [0, -5, 9, -128, 127, 255]},
     kind="elementwise",
     examples=[(2, 3, 8)],
 )
@@ -74,7 +88,8 @@ def requantize(
     output_zero_point: int = 0,
     out_dtype: Literal["int8", "uint8"] = "int8",
 ) -> te.Tensor:
-    """Fixed-point requantization of int32 values, per tensor or per channel along ``axis``."""
+    """Fixed-point requantization of int32 values, per tensor or per channel along ``axis``;
+    ``output_zero_point`` must lie in the range of ``out_dtype``."""
     a = {"axis": axis, "per_channel": per_channel}
     one = tirx.const(1, "int64")
 

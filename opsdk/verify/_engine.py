@@ -205,8 +205,11 @@ _MAX_BUILDS = 256
 def _build_key(d: OpDef, case: Case, tgt: Any, dims: Sequence[Any],
                present: Sequence[str]) -> tuple:
     dkey = tuple(int(x) if isinstance(x, int) else "?" for x in dims)
+    # Free named dims are static in a static build (the size is part of the signature).
+    fkey = tuple(sorted((k, int(v) if case.static else "?")
+                        for k, v in {**free_defaults(d), **case.free}.items()))
     attrs = tuple(sorted((k, repr(v)) for k, v in case.attrs.items()))
-    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey)
+    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey, fkey)
 
 
 def _relax_module(d: OpDef, shapes: Mapping[str, tuple], dtype: str,

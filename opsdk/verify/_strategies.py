@@ -8,6 +8,7 @@ one-line ``--case '<json>'`` re-runs a failure bit for bit.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,11 +19,13 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from tvm import tirx
 
+from .._domains import LogUniform
 from .._dtypes import is_float, np_dtype
-from .._opdef import OpDef
+from .._opdef import OpDef, Param
 
 __all__ = [
     "AUX_RECIPES",
+    "INT_AUX_RECIPES",
     "RECIPES",
     "Case",
     "case_strategy",
@@ -47,6 +50,14 @@ RECIPES: tuple[str, ...] = (
 )
 #: Recipes for the other tensor inputs (gamma, beta, bias, ...).
 AUX_RECIPES: tuple[str, ...] = ("domain", "ones", "mixed")
+#: Recipes for the other integer inputs (zero points, shifts, weights): also ``edges``,
+#: every element one of the domain's ends or an end of the int8 / uint8 range inside it.
+INT_AUX_RECIPES: tuple[str, ...] = (*AUX_RECIPES, "edges")
+
+#: Integer values worth hitting exactly: the ends of the int8 and uint8 ranges.
+_INT_EDGES = (-128, 0, 127, 255)
+#: Recipes that draw from the domain: with a log-uniform domain they work in log space.
+_DOMAIN_RECIPES = ("domain", "normal", "constant", "rowconst")
 
 _DEFAULT_DOMAIN = (-2.0, 2.0)
 
@@ -135,7 +146,11 @@ def _ulp(dtype: str, value: float) -> float:
 
 
 def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
-         rng: np.random.Generator) -> np.ndarray:
+         rng: np.random.Generator, log: bool = False) -> np.ndarray:
+    if log and recipe in _DOMAIN_RECIPES:
+        # The same recipe over [log lo, log hi]: evenly spread over the decades, positive.
+        a = _raw(recipe, shape, math.log(lo), math.log(hi), dtype, rng)
+        return np.clip(np.exp(a), lo, hi)
     if recipe == "domain":
         return rng.uniform(lo, hi, shape)
     if recipe == "normal":
@@ -161,7 +176,24 @@ def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
         return np.ones(shape)
     if recipe == "zeros":
         return np.zeros(shape)
-    raise ValueError(f"unknown data recipe {recipe!r}; known: {RECIPES + AUX_RECIPES}")
+    if recipe == "edges":
+        ends = sorted({lo, hi, *(v for v in _INT_EDGES if lo <= v <= hi)})
+        return rng.choice(np.asarray(ends, dtype=np.float64), shape)
+    raise ValueError(f"unknown data recipe {recipe!r}; known: {RECIPES + INT_AUX_RECIPES}")
+
+
+def _input_range(d: OpDef, name: str, dtype: str) -> tuple[float, float, bool]:
+    """(lo, hi, log) of the data drawn for input ``name``: its domain hint (log-uniform or
+    not), for an integer input cut to the range of its dtype (a domain (-128, 255) means the
+    whole 8-bit range for both int8 and uint8)."""
+    dom = d.domain.get(name, _DEFAULT_DOMAIN)
+    lo, hi = (float(v) for v in dom)
+    if not is_float(dtype):
+        info = np.iinfo(np_dtype(dtype))
+        clo, chi = max(lo, float(info.min)), min(hi, float(info.max))
+        if clo <= chi:
+            lo, hi = clo, chi
+    return lo, hi, isinstance(dom, LogUniform)
 
 
 def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
@@ -169,7 +201,9 @@ def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
 
     Each input gets its own generator seeded with ``(case.seed, position)``, so the data of
     one input does not depend on the recipes of the others. Values respect the sign of the
-    op's domain hint (a domain in ``[0, inf)`` gets non-negative data from every recipe).
+    op's domain hint (a domain in ``[0, inf)`` gets non-negative data from every recipe); a
+    :func:`~opsdk.log_uniform` domain draws the domain-based recipes in log space. Integer
+    inputs stay inside their domain cut to their dtype's range, and are rounded.
 
     Examples
     --------
@@ -188,11 +222,11 @@ def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
     for i, p in enumerate(d.tensor_params):
         if p.optional and p.name not in case.present:
             continue
-        lo, hi = d.domain.get(p.name, _DEFAULT_DOMAIN)
         rng = np.random.default_rng([case.seed, i])
         shape = tuple(int(s) for s in shapes[p.name])
         dt = dtypes[p.name]
-        a = _raw(case.data.get(p.name, "domain"), shape, lo, hi, dt, rng)
+        lo, hi, log = _input_range(d, p.name, dt)
+        a = _raw(case.data.get(p.name, "domain"), shape, lo, hi, dt, rng, log)
         if lo >= 0:
             a = np.abs(a)
         elif hi <= 0:
@@ -293,13 +327,46 @@ def static_axes(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, 
                                tuple(int(s) for s in shape))
 
 
-def _attr_choices(d: OpDef, layout: str, rank: int) -> dict[str, list[Any]]:
+@dataclass(frozen=True)
+class LogAttr:
+    """A float attribute drawn log-uniformly from ``dom``; ``first`` is its common value
+    (the default when inside the range, else ``dom.typical``) and the shrink target."""
+
+    dom: LogUniform
+    first: float
+
+    def strategy(self) -> st.SearchStrategy[float]:
+        """Log-uniform over ``[lo, hi]``: hypothesis draws an offset ``t`` from ``first`` in
+        units of the whole log range, so ``t = 0`` (where it shrinks to) gives ``first``
+        exactly, the ends of ``t``'s range give ``lo`` and ``hi`` exactly, and a uniform ``t``
+        is a log-uniform value."""
+        lo, hi = math.log(self.dom.lo), math.log(self.dom.hi)
+        a = min(max((math.log(self.first) - lo) / (hi - lo), 0.0), 1.0)
+
+        def value(t: float) -> float:
+            if t == 0:
+                return self.first
+            if t <= -a:
+                return float(self.dom.lo)
+            if t >= 1.0 - a:
+                return float(self.dom.hi)
+            return self.dom.at(a + t)
+
+        return st.floats(-a, 1.0 - a).map(value)
+
+
+def _attr_choices(d: OpDef, layout: str, rank: int) -> dict[str, list[Any] | LogAttr]:
+    """Values each free attribute is drawn from, the common one first (a list), or a
+    :class:`LogAttr` for a log-uniform float attribute."""
     fixed = d.layouts[layout]
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[Any] | LogAttr] = {}
     for p in d.attr_params:
         if p.name in fixed:
             continue
         dom = d.attr_domain.get(p.name)
+        if isinstance(dom, LogUniform):
+            out[p.name] = LogAttr(dom, _log_first(p, dom))
+            continue
         if isinstance(dom, (list, tuple)) and dom:
             vals = list(dom)
         elif dom is not None:
@@ -316,6 +383,29 @@ def _attr_choices(d: OpDef, layout: str, rank: int) -> dict[str, list[Any]]:
             vals.insert(0, p.default)
         out[p.name] = vals
     return out
+
+
+def _log_first(p: Param, dom: LogUniform) -> float:
+    if not p.required and p.default in dom:
+        return float(p.default)
+    return dom.typical
+
+
+def _first(vals: list[Any] | LogAttr) -> Any:
+    return vals.first if isinstance(vals, LogAttr) else vals[0]
+
+
+def _attr_strategy(vals: list[Any] | LogAttr) -> st.SearchStrategy[Any]:
+    return vals.strategy() if isinstance(vals, LogAttr) else st.sampled_from(vals)
+
+
+def _largest_first(vals: list[Any] | LogAttr) -> list[Any] | None:
+    """Numeric values, largest first (None when the values are not numbers)."""
+    if isinstance(vals, LogAttr):
+        return [float(vals.dom.hi)]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return sorted(vals, reverse=True)
+    return None
 
 
 def _lengths(lanes: int) -> list[int]:
@@ -391,6 +481,8 @@ def case_strategy(
     ranks = list(range(max(lo, 0), min(hi, lo + knobs.max_extra_rank) + 1))
     optional = [p.name for p in d.tensor_params if p.optional]
     aux = [p.name for p in d.tensor_params[1:]]
+    aux_dtypes = input_dtypes(d, dtype, aux)
+    aux_recipes = {n: AUX_RECIPES if is_float(aux_dtypes[n]) else INT_AUX_RECIPES for n in aux}
     lengths = _lengths(lanes)
 
     @st.composite
@@ -400,7 +492,7 @@ def case_strategy(
         rank = pref if common else draw(st.sampled_from(ranks))
         attrs = dict(layout_attrs(d, layout))
         for name, vals in _attr_choices(d, layout, rank).items():
-            attrs[name] = vals[0] if common else draw(st.sampled_from(vals))
+            attrs[name] = _first(vals) if common else draw(_attr_strategy(vals))
         if common:
             present = tuple(optional)
         else:
@@ -439,7 +531,7 @@ def case_strategy(
         data = {d.primary: draw(st.sampled_from(_PRIMARY_ORDER))}
         for name in aux:
             if name in present or name not in optional:
-                data[name] = draw(st.sampled_from(AUX_RECIPES))
+                data[name] = draw(st.sampled_from(aux_recipes[name]))
         free = {k: draw(st.sampled_from([n for n in lengths if lo_ <= n <= hi_] or [lo_]))
                 for k, (lo_, hi_) in sorted(getattr(d, "free_dims", {}).items())}
         seed = draw(st.integers(0, 2**31 - 1))
@@ -459,10 +551,11 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
 
     One of each hard input class on a small shape with a vector tail (last axis ``lanes + 1``),
     plus one long reduction (last axis 1531) with ordinary and with large-offset data, every
-    optional input present and absent, all-ones shapes and the largest attribute values; last
-    a larger case compiled with static dims (the lints inspect that build). They use three
-    signatures (compiles). These catch the classic kernel bugs
-    whatever the seed; random examples explore the rest.
+    optional input present and absent, all-ones shapes and the largest attribute values (the
+    largest the op accepts together), integer inputs at their ``edges`` twice; last a larger
+    case compiled with static dims (the lints inspect that build; free named dims at an odd
+    length around the vector width). They use three signatures (compiles). These catch the
+    classic kernel bugs whatever the seed; random examples explore the rest.
 
     Examples
     --------
@@ -478,16 +571,22 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     optional = tuple(p.name for p in d.tensor_params if p.optional)
     aux = [p.name for p in d.tensor_params[1:]]
     choices = _attr_choices(d, layout, rank)
-    big_attrs = dict(base_attrs)
-    for name, vals in choices.items():
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            big_attrs[name] = max(vals)
 
     def shape_of(last: int, other: int) -> list[int]:
         s = [other] * rank
         if rank:
             s[-1] = last
         return s
+
+    # The largest value of each numeric attribute that the op accepts with the others (a
+    # zero point of 255 is the top of uint8 but out of range for int8: 127 there).
+    big_attrs = dict(base_attrs)
+    for name, vals in choices.items():
+        for v in _largest_first(vals) or ():
+            trial = {**big_attrs, name: v}
+            if _repair(d, shape_of(lanes - 1, 2), dtype, trial, ()) is not None:
+                big_attrs = trial
+                break
 
     specs = [
         # (shape, recipe, present, attrs)
@@ -502,13 +601,17 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         (shape_of(lanes - 1, 2), "tiny", (), big_attrs),
         (shape_of(lanes - 1, 2), "offset", (), big_attrs),
     ]
+    # Integer inputs (zero points, weights, shifts) at the ends of their ranges, once per
+    # signature: with large data, and with the largest attributes.
+    edges = {n for n, dt in input_dtypes(d, dtype, aux).items() if not is_float(dt)}
     out: list[Case] = []
     for k, (shape, recipe, present, attrs) in enumerate(specs):
         shape = _repair(d, shape, dtype, attrs, present)
         if shape is None:
             continue
         passed = [n for n in aux if n in present or n not in optional]
-        data = {d.primary: recipe, **{n: "domain" for n in passed}}
+        data = {d.primary: recipe,
+                **{n: "edges" if n in edges and k in (4, 8) else "domain" for n in passed}}
         c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
         if c not in out:
             out.append(c)
@@ -517,11 +620,16 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     big = [max(3, -(-32 // 3 ** max(rank - 2, 0))) if i == 0 else 3 for i in range(rank)]
     if rank:
         big[-1] = 4 * lanes + 1
+    # Free named dims (a dense layer's N) likewise: the largest odd length around the vector
+    # width in their range, so a blocked kernel sees whole blocks and a tail.
+    lengths = _lengths(lanes)
+    free = {k: max([n for n in lengths if lo_ <= n <= hi_ and n % 2] or [min(hi_, max(lo_, 8))])
+            for k, (lo_, hi_) in sorted(d.free_dims.items())}
     shape = _repair(d, big, dtype, base_attrs, optional)
     if shape is not None:
         data = {d.primary: "domain", **{n: "domain" for n in aux}}
         out.append(Case(d.name, target, dtype, layout, tuple(shape), dict(base_attrs),
-                        tuple(optional), data, len(specs), static=True))
+                        tuple(optional), data, len(specs), static=True, free=free))
     return out
 
 

@@ -327,6 +327,14 @@ def _model_bias_gelu(m: ModelInput) -> np.ndarray:
     return e + deriv * m.u * np.abs(v)  # fl(x + bias) rounds once
 
 
+def _model_exact(m: ModelInput) -> np.ndarray:
+    """The INT8 ops' float32 outputs (dequantize, qdense with ``out_dtype="float32"``): their
+    references repeat the kernel's float32 steps (a correctly rounded integer-to-float
+    conversion, then single IEEE multiplications of normal floats, no additions to fuse), so
+    a correct kernel matches bit for bit on every IEEE target."""
+    return np.zeros(m.ref.shape)
+
+
 def _load_builtin_models() -> None:
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
@@ -340,6 +348,8 @@ def _load_builtin_models() -> None:
         "softmax": _model_softmax,
         "gelu": _model_gelu,
         "bias_gelu": _model_bias_gelu,
+        "dequantize": _model_exact,
+        "qdense": _model_exact,
     }
     for d in BUILTIN_OPS:
         if d.name in models:

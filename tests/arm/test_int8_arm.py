@@ -49,10 +49,8 @@ TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def registered() -> Iterator[None]:
-    opsdk.register(qdense)
+def timings() -> Iterator[None]:
     yield
-    opsdk.unregister("qdense")
     print("\nint8 arm timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 

@@ -11,7 +11,7 @@ a symbolic batch run with M = 1 and M = 7), so one compile covers the matrix. Th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,13 +129,6 @@ def check_cases(
     return {**bad, **sat}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered() -> Iterator[None]:
-    opsdk.register(qdense)  # not a built-in yet
-    yield
-    opsdk.unregister("qdense")
-
-
 @pytest.fixture(scope="module")
 def cases() -> list[QCase]:
     return make_cases()
@@ -177,7 +170,6 @@ import sys, numpy as np, tvm, opsdk
 from tvm import relax
 sys.path.insert(0, sys.argv[1])
 import test_int8_schedules as T
-opsdk.register(T.qdense)
 assert tvm.get_global_func("runtime.NumThreads")() == 2
 cases = [c for c in T.make_cases() if c.inputs["x"].shape[1] >= 64][:8]
 for c in cases:  # 7 rows and more channel tiles than threads: tiles split across workers

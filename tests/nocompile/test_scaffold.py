@@ -109,3 +109,14 @@ def test_cli_writes_files_and_prints_next_steps(tmp_path, capsys):
     assert "wrote" in out and "opsdk verify gated --module gated --target x86" in out
     assert 'opsdk.rule("gated", "cpu"' in (tmp_path / "gated_schedules.py").read_text()
     assert "arm_cpu" not in (tmp_path / "gated_schedules.py").read_text()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "quantize", "qdense"])
+def test_from_builtin_copy_has_no_relative_imports(tmp_path, op):
+    # e.g. the INT8 ops import log_uniform from opsdk._domains: the copy imports it from opsdk
+    import re
+
+    new_op(f"copy_{op}", from_op=op, directory=tmp_path)
+    src = (tmp_path / f"copy_{op}.py").read_text()
+    assert not re.findall(r"^\s*from \.", src, flags=re.M)
+    compile(src, f"copy_{op}.py", "exec")

@@ -10,7 +10,10 @@ from tvm import relax, te, tirx
 import opsdk
 from opsdk import OpDefinitionError, Tensor
 
-BUILTINS = {"layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm"}
+BUILTINS = {
+    "layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm",
+    "quantize", "dequantize", "requantize", "qdense",
+}
 
 
 def _infer(call: relax.Call) -> relax.TensorType:
@@ -25,11 +28,23 @@ def _var(name, shape, dtype="float32"):
 def test_builtins_listed_and_registered_with_tvm():
     names = {d.name for d in opsdk.list_ops()}
     assert names >= BUILTINS
+    assert {d.name for d in opsdk.ops.BUILTIN_OPS} == BUILTINS
+    assert all(opsdk.get_op(n).source == "builtin" for n in BUILTINS)
     for name in BUILTINS:
         op = tvm.ir.Op.get(f"opsdk.{name}")
         assert op.name == f"opsdk.{name}"
         assert op.get_attr("FPurity")
         assert op.get_attr("TScriptPrinterName") == f"opsdk.{name}"
+
+
+def test_int8_module_still_loads_as_a_plugin_and_changes_nothing():
+    import opsdk.ops
+
+    before = [(d.name, d.source) for d in opsdk.list_ops()]
+    loaded = opsdk.load_plugins(["opsdk.ops.int8"])
+    assert [d.name for d in loaded] == ["quantize", "dequantize", "requantize", "qdense"]
+    assert all(any(d is b for b in opsdk.ops.BUILTIN_OPS) for d in loaded)
+    assert [(d.name, d.source) for d in opsdk.list_ops()] == before  # still "builtin"
 
 
 def test_register_twice_is_noop_and_reimport_is_harmless():

@@ -121,7 +121,8 @@ def _check(d, case):
     )
 
 
-_BUILTINS = [d.name for d in opsdk.list_ops() if d.module.startswith("opsdk.ops")]
+# The float ops (the INT8 ops' models are exact: their references repeat the kernels' steps).
+_BUILTINS = [d.name for d in opsdk.ops.FLOAT_OPS]
 
 
 @pytest.mark.parametrize("name", _BUILTINS)
