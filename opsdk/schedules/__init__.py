@@ -110,7 +110,9 @@ def rule(
     priority
         Higher runs first.
     claims
-        Structural facts of the produced schedule, checked by ``opsdk verify``.
+        Structural facts of the produced schedule, checked by ``opsdk verify``:
+        ``"vectorize"``, ``"parallel"``, ``"insn:<mnemonic>"`` (that instruction in the
+        kernel's assembly, e.g. ``"insn:vpdpbusd"``).
 
     Examples
     --------

@@ -1,13 +1,14 @@
 """IR and assembly lints: does the chosen schedule do what its rule claims?
 
-A rule's ``claims`` (``"vectorize"``, ``"parallel"``) are checked on structural facts, never
-on TIR text: the scheduled PrimFunc must hold a loop of that kind (or, for ``vectorize``,
-``Ramp`` vector expressions after TVM's lowering passes), and the kernel's own functions in
-the generated assembly must hold packed vector arithmetic (``ymm``/``zmm`` or packed ``xmm``
-on x86-64, ``v<n>.4s``-style NEON or ``z<n>.s`` SVE operands on aarch64) or the runtime's
-parallel launch. The claims are checked on a static-shape build of the op's example; the
-symbolic-shape build that verify runs is reported too (as ``warn``: TVM scalarizes a
-predicated vector loop whose extent is symbolic, so dynamic dims may lose vector code).
+A rule's ``claims`` (``"vectorize"``, ``"parallel"``, ``"insn:<mnemonic>"``) are checked on
+structural facts, never on TIR text: the scheduled PrimFunc must hold a loop of that kind (or,
+for ``vectorize``, ``Ramp`` vector expressions after TVM's lowering passes), and the kernel's
+own functions in the generated assembly must hold packed vector arithmetic (``ymm``/``zmm``
+or packed ``xmm`` on x86-64, ``v<n>.4s``-style NEON or ``z<n>.s`` SVE operands on aarch64),
+the runtime's parallel launch, or the named instruction (``insn:vpdpbusd``, ``insn:sdot``).
+The claims are checked on a static-shape build of the op's example; the symbolic-shape build
+that verify runs is reported too (as ``warn``: TVM scalarizes a predicated vector loop whose
+extent is symbolic, so dynamic dims may lose vector code).
 """
 
 from __future__ import annotations
@@ -206,7 +207,25 @@ def lint_prim_func(
                     **where, check="parallel:asm", status="pass" if ok else "fail",
                     detail="calls TVMBackendParallelLaunch" if ok else "no parallel launch",
                 ))
+        elif claim.startswith("insn:"):
+            # A named instruction the rule is there for (vpdpbusd, sdot): counted in the
+            # kernel's own assembly, so a rule that silently fell back to plain SIMD fails.
+            if symbolic or not asm:
+                continue
+            mnem = claim[len("insn:"):]
+            n = kernel_instruction_count(asm, mnem, prim_name)
+            out.append(LintResult(**where, check=claim, status="pass" if n else "fail",
+                                  detail=f"{n} {mnem} in the kernel"))
         else:
             out.append(LintResult(**where, check=claim, status="skip",
                                   detail=f"no lint for claim {claim!r}"))
     return out
+
+
+def kernel_instruction_count(asm: str, mnemonic: str, prim_name: str) -> int:
+    """How many times ``mnemonic`` occurs as an instruction in the kernel's own functions."""
+    n = 0
+    for name, body in asm_functions(asm).items():
+        if _is_kernel(name, prim_name):
+            n += sum(1 for line in body.splitlines() if line.split(None, 1)[:1] == [mnemonic])
+    return n

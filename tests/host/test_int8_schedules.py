@@ -247,8 +247,9 @@ def _wide_case() -> QCase:
 def test_rules_and_claims_per_target() -> None:
     names = {r.name: r for r in rules_for(qdense)}
     assert {"x86.qdense_vnni", "neon.qdense_dotprod", "neon.qdense"} <= set(names)
-    for r in ("x86.qdense_vnni", "neon.qdense_dotprod", "neon.qdense"):
-        assert names[r].claims == ("vectorize", "parallel")
+    assert names["x86.qdense_vnni"].claims == ("vectorize", "parallel", "insn:vpdpbusd")
+    assert names["neon.qdense_dotprod"].claims == ("vectorize", "parallel", "insn:sdot")
+    assert names["neon.qdense"].claims == ("vectorize", "parallel")
     func = _generic_func()
     from opsdk.schedules import choose
 
@@ -261,6 +262,26 @@ def test_rules_and_claims_per_target() -> None:
     ch = choose(qdense, func, tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
     assert ch.rule == "generic"
     assert any("lacks avx512vnni" in r for r in ch.reasons), ch.reasons
+
+
+def test_insn_claim_lint_counts_the_instruction() -> None:
+    from opsdk.verify._engine import lint_cell
+    from opsdk.verify._lints import kernel_instruction_count
+
+    targets = {"arm-dotprod": "sdot"}
+    if "avx512vnni" in opsdk.targets.target_features(opsdk.target("x86")):
+        targets["x86"] = "vpdpbusd"
+    for target, insn in targets.items():
+        res = [r for r in lint_cell(qdense, target, "int8", "int8_per_channel")
+               if r.check == f"insn:{insn}"]
+        assert len(res) == 1 and res[0].status == "pass", res
+        assert int(res[0].detail.split()[0]) >= 16, res[0].detail
+    # The same claim fails on a kernel without the instruction (plain NEON: smull, no sdot).
+    mod = build_single_op("qdense", {"x": (8, 64), "w": (32, 64), "w_scale": (32,)}, "int8",
+                          qdense.default_attrs())
+    asm = _asm_of(tvm.compile(mod, target=opsdk.target("arm")))
+    assert re.search(r"\bsmull", asm)
+    assert kernel_instruction_count(asm, "sdot", "opsdk_qdense") == 0
 
 
 def _generic_func() -> tirx.PrimFunc:
@@ -325,7 +346,7 @@ def test_explain_shows_rule_and_instruction(target, rule, instruction) -> None:
         pytest.skip("host CPU lacks AVX-512 VNNI")
     e = opsdk.explain("qdense", target)
     assert e.rule == rule, e.reasons
-    assert e.claims == ("vectorize", "parallel")
+    assert e.claims[:2] == ("vectorize", "parallel")
     # explain counts vector registers only; count the instruction in the same module's asm
     attrs = qdense.default_attrs()
     shapes = qdense.example_shapes((tirx.Var("n", "int64"), *max(qdense.examples)[1:]), attrs)

@@ -72,7 +72,7 @@ def _schedule(func: tirx.PrimFunc, target: Target, kernel: Microkernel) -> s_tir
     name="neon.qdense_dotprod",
     requires=(*_NEON, "dotprod"),
     priority=30,
-    claims=("vectorize", "parallel"),
+    claims=("vectorize", "parallel", "insn:sdot"),
 )
 def _qdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on sdot: int8-shifted activations, packed weights, zero-point compensation,

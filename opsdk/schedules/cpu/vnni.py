@@ -365,7 +365,7 @@ def _static_k_unpadded(func: tirx.PrimFunc) -> bool:
     name="x86.qdense_vnni",
     requires=_X86_VNNI,
     priority=20,
-    claims=("vectorize", "parallel"),
+    claims=("vectorize", "parallel", "insn:vpdpbusd"),
 )
 def _qdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on vpdpbusd: uint8-shifted activations, packed weights, zero-point
