@@ -30,6 +30,13 @@ CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "copy_tvm", "copy_numpy", "hot"
 #: (1 MiB each on Zen 4), large enough that a call lasts tens of microseconds.
 _HOT_BYTES = 3 << 19
 _SETTLE_S = 0.005
+# torch's OpenMP workers spin for milliseconds after a parallel region (GOMP_SPINCOUNT, read
+# when torch is imported, before the bench can set it); a short parallel TVM kernel timed in
+# that window waits for a preempted worker on every call (measured: a 19 us kernel took
+# 600 us right after torch). So torch is followed by a longer pause and by the one
+# single-threaded candidate (numpy's copy), and the short TVM kernels run first.
+_TORCH_SETTLE_S = 0.05
+_RUN_ORDER = ("opsdk", "copy_tvm", "hot", "hot_one", "tvm", "dlight", "torch", "copy_numpy")
 _SPIN_COUNT = 1000
 
 
@@ -372,12 +379,15 @@ def _run_case(
         timers["copy_numpy"] = _Timer(_py_step(lambda: np.copyto(b, a)))
     for t in timers.values():
         t.calibrate(budget_s)
+    order = [c for c in _RUN_ORDER if c in timers]
     for _ in range(max(1, repeats)):  # round-robin: drift and noise hit every candidate alike
-        for t in timers.values():
+        for c in order:
             # TVM's and torch's (OpenMP) thread pools spin for a while after a parallel call;
-            # a short pause lets the previous candidate's workers go idle before timing.
+            # a pause lets the previous candidate's workers go idle before timing.
             time.sleep(_SETTLE_S)
-            t.samples.append(t.step(t.number))
+            timers[c].samples.append(timers[c].step(timers[c].number))
+            if c == "torch":
+                time.sleep(_TORCH_SETTLE_S)
     if "hot" in timers:  # per-row cost (slice minus one row) times the full row count
         one = timers.pop("hot_one").samples
         scale = case.shape[0] / (row["hot_rows"] - 1)
