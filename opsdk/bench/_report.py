@@ -46,8 +46,9 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         )
     lines.append(
         "times: median ms over interleaved repeats; GB/s = (inputs + output bytes) / time; "
-        "%copy = opsdk GB/s / the faster copy's GB/s (copy = TVM parallel copy, np.copy = "
-        "numpy, same bytes); x = speedup of opsdk; dlight '-' = no dlight rule applied; "
+        "%copy = the faster copy's time / opsdk's time (copy = TVM parallel copy, np.copy = "
+        "numpy, same bytes); x = speedup of opsdk; %copy, x and hot% are medians of per-round "
+        "ratios; dlight '-' = no dlight rule applied; "
         "hot% = time of the same kernel on a cache-resident slice of the rows (scaled to all "
         "rows) / its time here: near 100 the op is compute-bound at this size"
     )

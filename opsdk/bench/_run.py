@@ -399,18 +399,28 @@ def _run_case(
         row[f"{c}_ms"] = ms
         row[f"{c}_min_ms"] = float(min(t.samples)) * 1e3 if t else None
         row[f"{c}_gbps"] = nbytes / (ms * 1e-3) / 1e9 if ms else None
-    copies = [row[f"{c}_gbps"] for c in ("copy_tvm", "copy_numpy") if row.get(f"{c}_gbps")]
-    row["copy_gbps"] = max(copies) if copies else None
-    ours = row.get("opsdk_ms")
-    row["pct_copy"] = (
-        100.0 * row["opsdk_gbps"] / row["copy_gbps"] if ours and row["copy_gbps"] else None
-    )
+    copies = [c for c in ("copy_tvm", "copy_numpy") if row.get(f"{c}_gbps")]
+    best_copy = max(copies, key=lambda c: row[f"{c}_gbps"]) if copies else None
+    row["copy_gbps"] = row[f"{best_copy}_gbps"] if best_copy else None
+    # Ratios are medians of per-round ratios: the candidates of one round run within a few
+    # hundred ms of each other, so a machine that slows down for a while (other tenants of
+    # the host) changes both sides of a ratio alike.
+    ours = timers.get("opsdk")
+
+    def ratio(c: str | None) -> float | None:
+        t = timers.get(c) if c else None
+        if t is None or ours is None:
+            return None
+        return float(np.median([a / b for a, b in zip(t.samples, ours.samples) if b > 0]))
+
+    pct = ratio(best_copy)
+    row["pct_copy"] = 100.0 * pct if pct else None
     for c in ("tvm", "dlight", "torch"):
-        other = row.get(f"{c}_ms")
-        row[f"speedup_{c}"] = other / ours if other and ours else None
+        row[f"speedup_{c}"] = ratio(c)
     # Share of the kernel's time that remains with every byte in cache: near 100 % the op is
     # compute-bound at this size, and the copy's bandwidth is out of its reach.
-    row["pct_hot"] = 100.0 * row["hot_ms"] / ours if ours and row.get("hot_ms") else None
+    hot = ratio("hot")
+    row["pct_hot"] = 100.0 * hot if hot else None
     return row
 
 

@@ -47,7 +47,7 @@ def test_bench_hot_slice_measures_in_cache_time():
     r = rows[0]
     assert r["hot_rows"] == 2048
     assert r["hot_ms"] > 0 and r["hot_min_ms"] <= r["hot_ms"]
-    assert r["pct_hot"] == pytest.approx(100 * r["hot_ms"] / r["opsdk_ms"])
+    assert r["pct_hot"] > 0  # median of per-round hot / opsdk ratios
     s = summary(rows)
     assert all(i["pct_copy"] < 80 for i in s["below_80_pct_copy"])
     # Small cases (already cache-resident) and huge rows (no slice fits) get no hot figure.
