@@ -131,18 +131,10 @@ def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
     """TVM's CPU dlight rules after default legalization; also says whether any applied."""
     from tvm.s_tir import dlight
 
-    seq = tvm.transform.Sequential(
-        [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            dlight.ApplyDefaultSchedule(dlight.cpu.Reduction(), dlight.cpu.GEMV()),
-        ]
-    )
     with tgt:
-        out = seq(mod)
+        out = dlight.ApplyDefaultSchedule(dlight.cpu.Reduction(), dlight.cpu.GEMV())(
+            _fuse(mod, tgt)
+        )
     applied = any(
         isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs
         for f in out.functions.values()
