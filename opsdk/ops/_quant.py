@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 from tvm import tirx
 
-__all__ = ["QRANGE", "clamp_te", "param_shape", "param_view", "per_channel_index", "rint_f32"]
+__all__ = [
+    "QRANGE",
+    "clamp_te",
+    "param_shape",
+    "param_view",
+    "per_channel_index",
+    "rint_f32",
+    "round_to_te",
+]
 
 #: Saturation range of each quantized dtype.
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}
@@ -35,6 +43,16 @@ def clamp_te(v: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
     """Saturate an integer expression to ``dtype``'s range and cast."""
     lo, hi = QRANGE[dtype]
     return tirx.max(tirx.min(v, hi), lo).astype(dtype)
+
+
+def round_to_te(f: tirx.PrimExpr, zero_point, dtype: str) -> tirx.PrimExpr:
+    """``sat(nearbyint(f) + zero_point)`` of a float32 expression, as ``dtype``.
+
+    The rounded value is clamped to +-2**30 in float first: a value beyond the int32 range
+    would make the float-to-int cast undefined (the clamp changes no saturated result).
+    """
+    r = tirx.max(tirx.min(tirx.nearbyint(f), 2.0**30), -(2.0**30))
+    return clamp_te(r.astype("int32") + zero_point, dtype)
 
 
 def rint_f32(v: np.ndarray) -> np.ndarray:

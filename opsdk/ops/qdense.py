@@ -27,7 +27,7 @@ from tvm import te, tirx
 
 from .._domains import log_uniform
 from .._opdef import Tensor, op
-from ._quant import QRANGE, clamp_te, rint_f32
+from ._quant import QRANGE, rint_f32, round_to_te
 
 __all__ = ["ATTRS_KEY", "BLOCK", "KGROUP", "qdense", "qdense_packed"]
 
@@ -146,9 +146,8 @@ def qdense(
         f = v.astype("float32")
         if out_dtype == "float32":
             return f * scale(j)
-        r = tirx.nearbyint(f * (scale(j) / tirx.const(out_scale, "float32")))
-        r = tirx.max(tirx.min(r, 2.0**30), -(2.0**30))
-        return clamp_te(r.astype("int32") + out_zero_point, out_dtype)
+        return round_to_te(f * (scale(j) / tirx.const(out_scale, "float32")), out_zero_point,
+                           out_dtype)
 
     attrs = {
         "x_scale": x_scale,
@@ -304,8 +303,7 @@ def qdense_packed(
         f = v.astype("float32") * osc[j]
         if out_dtype == "float32":
             return f
-        r = tirx.max(tirx.min(tirx.nearbyint(f), 2.0**30), -(2.0**30))
-        return clamp_te(r.astype("int32") + out_zero_point, out_dtype)
+        return round_to_te(f, out_zero_point, out_dtype)
 
     # The epilogue covers whole (padded) tiles, so it vectorizes without bounds predicates
     # (a predicate on the channel lanes would scalarize it); only the copy out is cut to (M, N).

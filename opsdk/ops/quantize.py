@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from tvm import te, tirx
+from tvm import te
 
 from .._domains import log_uniform
 from .._opdef import Axis, Tensor, op
-from ._quant import QRANGE, clamp_te, param_shape, param_view, per_channel_index, rint_f32
+from ._quant import QRANGE, param_shape, param_view, per_channel_index, rint_f32, round_to_te
 
 
 def _reference(x, scale, zero_point, *, axis=-1, per_channel=False, out_dtype="int8"):
@@ -57,9 +57,6 @@ def quantize(
 
     def body(*i):
         c = per_channel_index(i, a)
-        # Clamp in float first: a quotient beyond the int32 range would make the cast undefined.
-        r = tirx.max(tirx.min(tirx.nearbyint(x(*i) / scale(c)), 2.0**30), -(2.0**30))
-        q = r.astype("int32") + zero_point(c)
-        return clamp_te(q, out_dtype)
+        return round_to_te(x(*i) / scale(c), zero_point(c), out_dtype)
 
     return te.compute(x.shape, body, name="quantize")

@@ -22,7 +22,7 @@ from tvm import relax, te, tirx
 
 import opsdk
 from opsdk._explain import _asm_of, build_single_op
-from opsdk.ops._quant import QRANGE, clamp_te
+from opsdk.ops._quant import QRANGE, round_to_te
 from opsdk.ops.qdense import qdense
 from opsdk.schedules import last_choices, rules_for
 
@@ -403,9 +403,8 @@ def _mutant(name: str, *, acc16: bool = False, zp_sign: int = -1) -> opsdk.OpDef
             f = v.astype("float32")
             if out_dtype == "float32":
                 return f * scale(j)
-            r = tirx.nearbyint(f * (scale(j) / tirx.const(out_scale, "float32")))
-            r = tirx.max(tirx.min(r, 2.0**30), -(2.0**30))
-            return clamp_te(r.astype("int32") + out_zero_point, out_dtype)
+            return round_to_te(f * (scale(j) / tirx.const(out_scale, "float32")),
+                               out_zero_point, out_dtype)
 
         return te.compute((m, n), body, name="qdense")
 
