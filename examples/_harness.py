@@ -3,7 +3,6 @@ aarch64, compare with torch eager, and time opsdk's pipeline against TVM's defau
 
 from __future__ import annotations
 
-import re
 import statistics
 from typing import Any
 
@@ -13,6 +12,7 @@ import tvm
 from tvm import relax
 
 import opsdk
+from opsdk._explain import asm_of, asm_vector_stats
 
 #: float32 tolerance against torch eager: |ours - torch| <= ATOL * max(1, max|torch|) + RTOL *
 #: |torch|. Both sides round in float32 but sum in different orders (matmul/conv reductions of
@@ -53,25 +53,13 @@ def _first(out: Any) -> np.ndarray:
     return out.numpy()
 
 
-def asm_of(ex: Any) -> str:
-    for m in [ex.mod, *getattr(ex.mod, "imports", [])]:
-        try:
-            src = m.inspect_source("asm")
-        except Exception:  # the VM bytecode module has no assembly
-            continue
-        if src:
-            return src
-    return ""
-
-
 def arm(mod: tvm.IRModule, args: tuple[torch.Tensor, ...], ref: np.ndarray) -> dict[str, Any]:
     """Cross-compile for aarch64 (NEON), count NEON vector instructions, and run under qemu
     when opsdk's emulated runner is set up."""
     ex = opsdk.compile(mod, "arm")
-    asm = asm_of(ex)
     result: dict[str, Any] = {
         "compiled": True,
-        "neon_instructions": len(re.findall(r"\bv\d+\.(?:4s|2d|8h|16b)\b", asm)),
+        "neon_instructions": asm_vector_stats(asm_of(ex), "aarch64")["neon"],
     }
     try:
         from opsdk.runners import arm_ready, runner_for

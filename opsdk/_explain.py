@@ -15,7 +15,7 @@ from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
 
-__all__ = ["Explanation", "asm_vector_stats", "build_single_op", "explain"]
+__all__ = ["Explanation", "asm_of", "asm_vector_stats", "build_single_op", "explain"]
 
 
 @dataclass
@@ -133,7 +133,7 @@ def explain(
     stats: dict[str, int] = {}
     if asm and tgt.kind.name == "llvm":
         ex = tvm.compile(lowered, target=tgt)
-        stats = asm_vector_stats(_asm_of(ex), target_arch(tgt))
+        stats = asm_vector_stats(asm_of(ex), target_arch(tgt))
     return Explanation(
         op=d.name,
         target=str(target) if isinstance(target, str) else str(tgt),
@@ -145,9 +145,9 @@ def explain(
     )
 
 
-def _asm_of(ex: Any) -> str:
-    mods = [ex.mod, *getattr(ex.mod, "imports", [])]
-    for m in mods:
+def asm_of(ex: Any) -> str:
+    """The assembly of a compiled executable's LLVM module ('' for other backends)."""
+    for m in [ex.mod, *getattr(ex.mod, "imports", [])]:
         try:
             src = m.inspect_source("asm")
         except Exception:  # modules without an LLVM backend (the VM bytecode module)

@@ -151,7 +151,7 @@ def bench_qdense(
     from tvm import relax
 
     import opsdk
-    from opsdk._explain import _asm_of
+    from opsdk._explain import asm_of
     from opsdk.ops.qdense import qdense
 
     threads = threads or os.cpu_count() or 1
@@ -177,7 +177,7 @@ def bench_qdense(
     finally:
         if registered_here:
             opsdk.unregister("qdense")
-    asm = _asm_of(ex)
+    asm = asm_of(ex)
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(a, dev) for a in (x, w, w_scale, bias)]

@@ -456,18 +456,23 @@ def _prod(exts: Sequence) -> tirx.PrimExpr:
     return p
 
 
+def _loops_by_kind(sch: s_tir.Schedule, block) -> tuple[list, list]:
+    """The loops below the row loop that bind the block's spatial and reduction iter vars."""
+    realize = _realize(sch, block)
+    spatial, red = [], []
+    for lp in sch.get_loops(block)[1:]:
+        var = sch.get(lp).loop_var
+        for iv, val in zip(realize.block.iter_vars, realize.iter_values):
+            if val.same_as(var):
+                (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+    return spatial, red
+
+
 def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int) -> None:
     """A reduction moved under the row loop whose remaining spatial axes are innermost in
     memory (softmax over a middle axis): put its reduction loops outside, vectorize the
     fused spatial loops inside them, and hoist the init."""
-    realize = _realize(sch, block)
-    blk = realize.block
-    spatial, red = [], []
-    for lp in sch.get_loops(block)[1:]:
-        var = sch.get(lp).loop_var
-        for iv, val in zip(blk.iter_vars, realize.iter_values):
-            if val.same_as(var):
-                (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+    spatial, red = _loops_by_kind(sch, block)
     spatial = [lp for lp in spatial if extent_of(sch, lp) != 1]
     if not spatial or not red:
         return
@@ -519,14 +524,7 @@ def schedule_channels_last_groups(
     for rv in reversed(producers):
         sch.compute_at(rv, row, preserve_unit_loops=True)
     for block in rfs:
-        realize = _realize(sch, block)
-        blk = realize.block
-        spatial, red = [], []
-        for lp in sch.get_loops(block)[1:]:
-            var = sch.get(lp).loop_var
-            for iv, val in zip(blk.iter_vars, realize.iter_values):
-                if val.same_as(var):
-                    (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+        spatial, red = _loops_by_kind(sch, block)
         chans = [lp for lp in spatial if extent_of(sch, lp) != 1]
         if len(chans) != 2 or len(red) != 2:
             return None

@@ -22,6 +22,7 @@ import tvm
 from tvm import tirx
 from tvm_ffi.structural import structural_walk
 
+from .._explain import asm_of
 from .._opdef import OpDef
 from ..schedules import GENERIC, rules_for
 from ..targets import target_arch
@@ -124,18 +125,6 @@ def _parallel_launch(asm: str, prim_name: str) -> bool:
         for name, body in asm_functions(asm).items()
         if _is_kernel(name, prim_name)
     )
-
-
-def asm_of(ex: Any) -> str:
-    """The assembly of a compiled executable's LLVM module ('' for other backends)."""
-    for m in [ex.mod, *getattr(ex.mod, "imports", [])]:
-        try:
-            src = m.inspect_source("asm")
-        except Exception:  # the VM bytecode module has no assembly
-            continue
-        if src:
-            return src
-    return ""
 
 
 def lint_prim_func(

@@ -21,7 +21,7 @@ import pytest
 import tvm
 
 import opsdk
-from opsdk._explain import _asm_of
+from opsdk._explain import asm_of
 from opsdk.ops.qdense import qdense
 from opsdk.runners import DeviceCrash, EmulatedRunner, arm_ready
 from opsdk.schedules import last_choices
@@ -65,7 +65,7 @@ def _build(cases: list, target: str) -> tuple[Any, set[str], str]:
     ex = tvm.compile(C.case_module(cases), target=opsdk.target(target))
     rules = {c.rule for c in last_choices()[before:] if c.op == "qdense"}
     TIMINGS[f"compile {target}"] = time.monotonic() - t0
-    return ex, rules, _asm_of(ex)
+    return ex, rules, asm_of(ex)
 
 
 def _runner(cpu: str) -> Iterator[EmulatedRunner]:

@@ -10,7 +10,7 @@ from tvm import relax, tirx
 
 import opsdk
 from opsdk._dtypes import eps, np_dtype
-from opsdk._explain import _asm_of, asm_vector_stats, build_single_op
+from opsdk._explain import asm_of, asm_vector_stats, build_single_op
 
 DEV = tvm.cpu()
 OPS = [d.name for d in opsdk.list_ops() if d.source == "builtin"]
@@ -119,7 +119,7 @@ def test_all_six_ops_in_one_function_x86():
 
 def test_all_six_ops_compile_for_arm_with_neon():
     ex = tvm.compile(_all_ops_module("float32"), target=opsdk.target("arm"))
-    stats = asm_vector_stats(_asm_of(ex), "aarch64")
+    stats = asm_vector_stats(asm_of(ex), "aarch64")
     assert stats["neon"] > 50, stats
 
 

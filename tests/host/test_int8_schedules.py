@@ -21,7 +21,7 @@ import tvm
 from tvm import relax, te, tirx
 
 import opsdk
-from opsdk._explain import _asm_of, build_single_op
+from opsdk._explain import asm_of, build_single_op
 from opsdk.ops._quant import QRANGE, round_to_te
 from opsdk.ops.qdense import qdense
 from opsdk.schedules import last_choices, rules_for
@@ -222,13 +222,13 @@ def _basic_blocks_with(asm: str, mnemonic: str) -> list[list[str]]:
 @needs_vnni
 def test_x86_asm_has_vpdpbusd_with_register_accumulators(x86_build) -> None:
     ex, _ = x86_build
-    asm = _asm_of(ex)
+    asm = asm_of(ex)
     count = len(re.findall(r"^\s*vpdpbusd\s", asm, flags=re.M))
     assert count >= len(KS) * 8, count  # every case, every tile
     # The 6 x 64 tile of a wide layer: 24 accumulators held in zmm registers across the K loop,
     # no store in the loop (a spilled tile stores after every vpdpbusd: 2.5x slower).
     wide, _ = _compile(case_module([_wide_case()]), "x86")
-    loops = _basic_blocks_with(_asm_of(wide), "vpdpbusd")
+    loops = _basic_blocks_with(asm_of(wide), "vpdpbusd")
     assert loops, "no vpdpbusd loop"
     hot = max(loops, key=lambda b: sum(ln.startswith("vpdpbusd") for ln in b))
     assert sum(ln.startswith("vpdpbusd") for ln in hot) >= 24
@@ -279,7 +279,7 @@ def test_insn_claim_lint_counts_the_instruction() -> None:
     # The same claim fails on a kernel without the instruction (plain NEON: smull, no sdot).
     mod = build_single_op("qdense", {"x": (8, 64), "w": (32, 64), "w_scale": (32,)}, "int8",
                           qdense.default_attrs())
-    asm = _asm_of(tvm.compile(mod, target=opsdk.target("arm")))
+    asm = asm_of(tvm.compile(mod, target=opsdk.target("arm")))
     assert re.search(r"\bsmull", asm)
     assert kernel_instruction_count(asm, "sdot", "opsdk_qdense") == 0
 
@@ -319,7 +319,7 @@ def test_aarch64_asm(cases, target, rule, present, absent) -> None:
     subset = [c for c in cases if c.name.endswith(("k100_n33", "k64_n16"))][:3]
     ex, rules = _compile(case_module(subset), target)
     assert set(rules) == {rule}
-    asm = _asm_of(ex)
+    asm = asm_of(ex)
     counts = {m: len(re.findall(rf"^\s*{m}\s+v\d+\.", asm, flags=re.M)) for m in present + absent}
     assert all(counts[m] > 0 for m in present), counts
     assert all(counts[m] == 0 for m in absent), counts
@@ -351,7 +351,7 @@ def test_explain_shows_rule_and_instruction(target, rule, instruction) -> None:
     attrs = qdense.default_attrs()
     shapes = qdense.example_shapes((tirx.Var("n", "int64"), *max(qdense.examples)[1:]), attrs)
     mod = build_single_op("qdense", shapes, "int8", attrs)
-    asm = _asm_of(tvm.compile(mod, target=opsdk.target(target)))
+    asm = asm_of(tvm.compile(mod, target=opsdk.target(target)))
     assert len(re.findall(rf"^\s*{instruction}\s", asm, flags=re.M)) > 0
     if target != "arm-dotprod":
         assert not re.search(r"^\s*[su]dot\s", asm, flags=re.M)
