@@ -85,15 +85,7 @@ def _fallback(imp: Any, node: fx.Node) -> relax.Expr:
     if name == "gelu.default":
         approximate = _arg(node, 1, "approximate", "none")
         return emit(relax.op.nn.gelu_tanh(x) if approximate == "tanh" else relax.op.nn.gelu(x))
-    # group norm
-    if name == "native_group_norm.default":
-        gamma, beta = _tensor(imp, node.args[1]), _tensor(imp, node.args[2])
-        groups, eps = node.args[6], node.args[7]
-    else:
-        groups = _arg(node, 1, "num_groups")
-        gamma = _tensor(imp, _arg(node, 2, "weight"))
-        beta = _tensor(imp, _arg(node, 3, "bias"))
-        eps = _arg(node, 4, "eps", 1e-5)
+    gamma, beta, groups, eps = _group_norm_args(imp, node)
     c = x.ty.shape[1]
     gamma = _ones([c], dtype, 1.0) if gamma is None else gamma
     beta = _ones([c], dtype, 0.0) if beta is None else beta
@@ -158,18 +150,20 @@ def _softmax(node: fx.Node, imp: Any) -> relax.Expr:
     return imp.block_builder.emit(_ops.softmax(x, axis=int(dim)))
 
 
-def _group_norm(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
+def _group_norm_args(imp: Any, node: fx.Node) -> tuple[Any, Any, Any, Any]:
+    """(gamma, beta, groups, eps) of either torch group-norm op; gamma/beta may be None."""
     if node.target.__name__ == "native_group_norm.default":
         # (input, weight, bias, N, C, HxW, group, eps)
-        gamma, beta = _tensor(imp, node.args[1]), _tensor(imp, node.args[2])
-        groups, eps = node.args[6], node.args[7]
-    else:
-        # (input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True)
-        groups = _arg(node, 1, "num_groups")
-        gamma = _tensor(imp, _arg(node, 2, "weight"))
-        beta = _tensor(imp, _arg(node, 3, "bias"))
-        eps = _arg(node, 4, "eps", 1e-5)
+        return (_tensor(imp, node.args[1]), _tensor(imp, node.args[2]), node.args[6],
+                node.args[7])
+    # (input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True)
+    return (_tensor(imp, _arg(node, 2, "weight")), _tensor(imp, _arg(node, 3, "bias")),
+            _arg(node, 1, "num_groups"), _arg(node, 4, "eps", 1e-5))
+
+
+def _group_norm(node: fx.Node, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    gamma, beta, groups, eps = _group_norm_args(imp, node)
     ty = x.ty
     static_c = ty.ndim == 4 and isinstance(ty.shape[1], tvm.tirx.IntImm)
     if not _opsdk_dtype(x) or not static_c:  # opsdk.group_norm: 4-D, static channels
