@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
@@ -384,6 +385,7 @@ def schedule_rows(
     rows = _row_axes(blocks, BlockInfo(out.rv, out.name, "S" * len(out_ext), out_ext))
     if rows == 0 or rows >= len(out_ext):
         return None
+    scratch = _elementwise_scratch(sch, blocks)
     lanes32 = vector_lanes(target, 32)
     # 1. Reductions, while each block still has its own loop nest.
     rfs: list[RFactor] = []
@@ -435,7 +437,80 @@ def schedule_rows(
     inner = _fuse(sch, inner_loops[-MAX_FUSE:]) if inner_loops else None
     if inner is not None:
         vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, out_rv)))
+    if scratch is not None:
+        return scratch_in_output(sch, *scratch)
     return sch
+
+
+def _elementwise_scratch(
+    sch: s_tir.Schedule, blocks: list[BlockInfo]
+) -> tuple[str, str] | None:
+    """Name of a producer buffer the output could hold instead (see :func:`scratch_in_output`):
+    same static shape and dtype as the output, read by the output block only at the element
+    it writes (softmax's ``exp``), written by one injective block. Returns the names of
+    that buffer and of the output buffer."""
+    out = sch.get(blocks[-1].rv)
+    ob = out.writes[0].source
+    if not all(isinstance(d, tirx.IntImm) for d in ob.shape):
+        return None
+    for b in blocks[:-1]:
+        blk = sch.get(b.rv)
+        buf = blk.writes[0].source
+        if b.is_reduction or buf.dtype != ob.dtype or len(buf.shape) != len(ob.shape):
+            continue
+        if not all(_same(a, c) for a, c in zip(buf.shape, ob.shape)):
+            continue
+        reads = [r for r in out.reads if r.source.same_as(buf)]
+        if len(reads) == 1 and _same_point(reads[0], out.writes[0]):
+            return buf.name, ob.name
+    return None
+
+
+def _same_point(a, b) -> bool:
+    """Both regions are the single element at the same indices."""
+    one = tirx.IntImm("int32", 1)
+    return len(a.region) == len(b.region) and all(
+        _same(ra.extent, one) and _same(rb.extent, one) and ra.min.same_as(rb.min)
+        for ra, rb in zip(a.region, b.region)
+    )
+
+
+def scratch_in_output(sch: s_tir.Schedule, scratch: str, out_name: str) -> s_tir.Schedule:
+    """Keep a row-sized scratch buffer in the output buffer itself (a scheduled rows func).
+
+    Scratch computed inside a parallel row loop is allocated per row, and TVM lowers a buffer
+    over 1 KB to a ``TVMBackendAllocWorkspace`` / ``Free`` call pair per row (measured: softmax
+    4096x768 float32 runs 20 % faster without them). When the output block reads the scratch
+    only at the element it writes, the scratch can live in the output: each element is
+    written, reduced over, then overwritten in place by the same row's output pass. s_tir has
+    no primitive that merges two buffers, so the root block declares the scratch as a
+    ``match_buffer`` of the whole output and ``LowerMatchBuffer`` rewrites every access.
+    """
+    func = sch.mod["main"]
+    root = func.body.block
+    bufs = [b for b in root.alloc_buffers if b.name == scratch]
+    outs = [p for p in func.params if p.name == out_name]
+    if len(bufs) != 1 or len(outs) != 1 or root.match_buffers:
+        return sch
+    whole = [tvm.ir.Range.from_min_extent(0, d) for d in outs[0].shape]
+    new_root = s_tir.SBlock(
+        root.iter_vars,
+        root.reads,
+        root.writes,
+        root.name_hint,
+        root.body,
+        root.init,
+        [b for b in root.alloc_buffers if not b.same_as(bufs[0])],
+        [s_tir.MatchBufferRegion(bufs[0], tirx.BufferRegion(outs[0], whole))],
+        root.annotations,
+    )
+    realize = func.body
+    func = func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    mod = s_tir.transform.LowerMatchBuffer()(tvm.IRModule({"main": func}))
+    try:
+        return s_tir.Schedule(mod["main"])
+    except Exception:  # e.g. loop_partition's block copies fail the re-check: keep sch
+        return sch
 
 
 def rv_name(sch: s_tir.Schedule, rv) -> str:

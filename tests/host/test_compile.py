@@ -156,3 +156,27 @@ def test_lower_ops_pass_and_pipeline():
     assert rules["gelu"] == "x86.elementwise" and rules["layer_norm"] == "x86.rows"
     ex = opsdk.compile(mod, "x86")
     assert ex is not None
+
+
+@pytest.mark.parametrize("target", ["x86", "arm"])
+def test_softmax_float32_keeps_exp_in_the_output_buffer(target):
+    # float32: the exp scratch lives in the output (no per-row workspace call); float16 keeps
+    # a float32 scratch, which cannot alias a float16 output.
+    def lowered(dtype):
+        mod = build_single_op("softmax", {"x": (64, 768)}, dtype, {"axis": -1})
+        return opsdk.transform.LowerOps(opsdk.target(target))(mod)
+
+    def scratch_allocs(mod):
+        f = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+        return [b.name for b in f.body.block.alloc_buffers if b.name == "exp"]
+
+    assert scratch_allocs(lowered("float32")) == []
+    assert scratch_allocs(lowered("float16")) == ["exp"]
+    f32 = lowered("float32")
+    assert "TVMBackendAllocWorkspace" not in asm_of(tvm.compile(f32, target=opsdk.target(target)))
+    if target == "x86":
+        ex = tvm.compile(f32, target=opsdk.target(target))
+        x = np.random.default_rng(3).uniform(-8, 8, size=(64, 768)).astype("float32")
+        out = relax.VirtualMachine(ex, DEV)["main"](tvm.runtime.tensor(x, DEV)).numpy()
+        ref = opsdk.get_op("softmax").run_reference({"x": x}, {"axis": -1})
+        assert np.all(np.abs(out - ref) <= _bound(ref, "float32", 768))
