@@ -84,6 +84,11 @@ def summary(rows: Sequence[dict[str, Any]], dtype: str = "float32") -> dict[str,
             for r in sel
             if r.get("pct_copy") is not None and r["pct_copy"] < 80
         ],
+        "below_8x_tvm": [
+            {"case": _label(r), "speedup_tvm": r["speedup_tvm"], "tvm_ceiling": r["tvm_ceiling"]}
+            for r in sel
+            if r.get("speedup_tvm") is not None and r["speedup_tvm"] < 8
+        ],
     }
 
 
@@ -251,6 +256,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
         )
         for item in s["below_80_pct_copy"]:
             print(f"  below 80 % of copy: {item['case']} {item['pct_copy']:.0f} % ({_why(item)})")
+        for item in s["below_8x_tvm"]:
+            ceil = item["tvm_ceiling"]
+            limit = f"; at the copy's speed it would be {ceil:.1f}x" if ceil else ""
+            print(f"  below 8x tvm: {item['case']} {item['speedup_tvm']:.1f}x{limit}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

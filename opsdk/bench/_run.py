@@ -407,14 +407,16 @@ def _run_case(
     if hot is not None:
         # The slice and a single row: their difference removes the fixed cost of a call
         # (VM dispatch, output allocation, waking the pool; ~4 us here).
-        for key, c in (("hot", hot), ("hot_one", _rows_of(hot, 1))):
+        axis = _slice_axis(case)
+        for key, c in (("hot", hot), ("hot_one", _rows_of(hot, 1, axis))):
             hot_ins = [tvm.runtime.tensor(a, dev) for a in _inputs(c, rng).values()]
             mod = _opsdk_module(c)
             vm = relax.VirtualMachine(tvm.compile(mod, target=tgt), dev)
             with tgt:
                 lowered = opsdk_lower(tgt)(mod)
             timers[key], _ = _kernel_timer(lowered, vm, hot_ins, tgt, dev)
-        row["hot_rows"] = hot.shape[0]
+        row["hot_rows"] = hot.shape[axis]
+        row["hot_axis"] = axis
     half = _copy_elems(nbytes, itemsize)
     if "copy_tvm" in cands:
         ex = _copy_kernel(half, case.dtype, tgt)
@@ -439,7 +441,7 @@ def _run_case(
     row["direct"] = direct  # candidates timed as one kernel on fixed buffers (else the VM)
     if "hot" in timers:  # per-row cost (slice minus one row) times the full row count
         one = timers.pop("hot_one").samples
-        scale = case.shape[0] / (row["hot_rows"] - 1)
+        scale = case.shape[row["hot_axis"]] / (row["hot_rows"] - 1)
         timers["hot"].samples = [max(h - float(np.median(one)), 0.0) * scale
                                  for h in timers["hot"].samples]
     for c in CANDIDATES:
@@ -454,18 +456,21 @@ def _run_case(
     # Ratios are medians of per-round ratios: the candidates of one round run within a few
     # hundred ms of each other, so a machine that slows down for a while (other tenants of
     # the host) changes both sides of a ratio alike.
-    ours = timers.get("opsdk")
 
-    def ratio(c: str | None) -> float | None:
+    def ratio(c: str | None, base: str = "opsdk") -> float | None:
         t = timers.get(c) if c else None
-        if t is None or ours is None:
+        b = timers.get(base)
+        if t is None or b is None:
             return None
-        return float(np.median([a / b for a, b in zip(t.samples, ours.samples) if b > 0]))
+        return float(np.median([x / y for x, y in zip(t.samples, b.samples) if y > 0]))
 
     pct = ratio(best_copy)
     row["pct_copy"] = 100.0 * pct if pct else None
     for c in ("tvm", "dlight", "torch"):
         row[f"speedup_{c}"] = ratio(c)
+    # The speedup over TVM of a kernel that ran at the copy's speed: the most a memory-bound
+    # op can reach without moving fewer bytes than the copy does.
+    row["tvm_ceiling"] = ratio("tvm", best_copy) if best_copy else None
     # Share of the kernel's time that remains with every byte in cache: near 100 % the op is
     # compute-bound at this size, and the copy's bandwidth is out of its reach.
     hot = ratio("hot")
@@ -473,16 +478,26 @@ def _run_case(
     return row
 
 
+def _slice_axis(case: Case) -> int:
+    spec = SPECS.get(case.op)
+    if spec is None or spec.slice_axis is None:
+        return 0
+    return spec.slice_axis(_attrs(case))
+
+
 def _hot_case(case: Case, nbytes: int) -> Case | None:
-    """The case cut down along its first axis to a cache-resident working set (a power of
-    two of rows), or None when even one slice is too large or the case is small already."""
-    rows = case.shape[0]
+    """The case cut down along its slice axis (the rows; see ``OpSpec.slice_axis``) to a
+    cache-resident working set (a power of two of rows), or None when even two rows are too
+    large or the case is small already."""
+    axis = _slice_axis(case)
+    rows = case.shape[axis]
     per_row = nbytes / rows
     fit = int(_HOT_BYTES // per_row)
     if fit < 2 or fit >= rows:
         return None
-    return _rows_of(case, 1 << (fit.bit_length() - 1))
+    return _rows_of(case, 1 << (fit.bit_length() - 1), axis)
 
 
-def _rows_of(case: Case, k: int) -> Case:
-    return Case(case.op, (k, *case.shape[1:]), case.dtype, case.layout, dict(case.attrs))
+def _rows_of(case: Case, k: int, axis: int = 0) -> Case:
+    shape = (*case.shape[:axis], k, *case.shape[axis + 1 :])
+    return Case(case.op, shape, case.dtype, case.layout, dict(case.attrs))
