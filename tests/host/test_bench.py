@@ -233,3 +233,18 @@ def test_bench_qdense_command_smoke(capsys):
     out = capsys.readouterr().out
     assert "x86.qdense_vnni" in out and "True" in out  # the VNNI rule ran and matched exactly
     assert main(["bench", "qdense", "--shapes", "32,64"]) == 2
+
+
+def test_bench_phases_script_times_both_passes():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_phases.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "512x256", "--rounds", "2"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout
+    ms = {ln.split()[0]: float(ln.split()[1]) for ln in out.splitlines()[1:5]}
+    assert set(ms) == {"reduce", "stream", "rms_norm", "copy"} and min(ms.values()) > 0
+    assert "rms_norm / (reduce + stream) = " in out and "copy / rms_norm = " in out
