@@ -351,6 +351,24 @@ def _row_axes(blocks: list[BlockInfo], out: BlockInfo) -> int:
     return rows
 
 
+def _indexed_rows(sch: s_tir.Schedule, blocks: list[BlockInfo]) -> int:
+    """Leading output axes by which the output block indexes the per-row results it reads
+    (mean, rstd, ...). Equal extents alone mistake a middle axis for a row axis: softmax over
+    axis 1 of 7x8x8x8 reads ``rsum[n, h, w]``, whose (n, h) match (n, c) by extent only."""
+    out = sch.get(blocks[-1].rv)
+    ivs = [iv.var for iv in out.iter_vars]
+    made = [sch.get(b.rv).writes[0].source for b in blocks[:-1]]
+    rows = len(ivs)
+    for r in out.reads:
+        if len(r.region) >= len(ivs) or not any(r.source.same_as(m) for m in made):
+            continue
+        k = 0
+        while k < len(r.region) and r.region[k].min.same_as(ivs[k]):
+            k += 1
+        rows = min(rows, k)
+    return rows
+
+
 def schedule_rows(
     func: tirx.PrimFunc,
     target: Target,
@@ -383,6 +401,8 @@ def schedule_rows(
         e = out_ext[axis]
         out_ext[axis : axis + 1] = [tirx.IntImm("int64", int(e.value) // factor), factor]
     rows = _row_axes(blocks, BlockInfo(out.rv, out.name, "S" * len(out_ext), out_ext))
+    if split_out is None:
+        rows = min(rows, _indexed_rows(sch, blocks))
     if rows == 0 or rows >= len(out_ext):
         return None
     scratch = _elementwise_scratch(sch, blocks)
