@@ -182,15 +182,18 @@ def test_softmax_float32_keeps_exp_in_the_output_buffer(target):
         assert np.all(np.abs(out - ref) <= _bound(ref, "float32", 768))
 
 
+@pytest.mark.parametrize("shape", [(7, 8, 8, 8), (8, 16, 5, 7)])
 @pytest.mark.parametrize("target", ["x86", "arm"])
-def test_softmax_middle_axis_with_equal_extents_keeps_the_rows_rule(target):
-    # C == H == W: equal extents must not make (n, c) look like row axes of rsum[n, h, w].
-    e = opsdk.explain("softmax", target, shape=(7, 8, 8, 8), attrs={"axis": 1}, asm=False)
+def test_softmax_middle_axis_keeps_the_rows_rule(target, shape):
+    # (7, 8, 8, 8): C == H == W, equal extents must not make (n, c) look like row axes of
+    # rsum[n, h, w]. (8, 16, 5, 7): the partitioned output tail makes the exp-in-output
+    # rewrite fail TVM's re-check; the rule keeps the scratch instead of failing.
+    e = opsdk.explain("softmax", target, shape=shape, attrs={"axis": 1}, asm=False)
     assert e.rule.endswith(".rows"), e.reasons
     if target == "x86":
-        mod = build_single_op("softmax", {"x": (7, 8, 8, 8)}, "float32", {"axis": 1})
+        mod = build_single_op("softmax", {"x": shape}, "float32", {"axis": 1})
         ex = tvm.compile(mod, target=opsdk.target(target))
-        x = np.random.default_rng(5).uniform(-8, 8, size=(7, 8, 8, 8)).astype("float32")
+        x = np.random.default_rng(5).uniform(-8, 8, size=shape).astype("float32")
         out = relax.VirtualMachine(ex, DEV)["main"](tvm.runtime.tensor(x, DEV)).numpy()
         ref = opsdk.get_op("softmax").run_reference({"x": x}, {"axis": 1})
-        assert np.all(np.abs(out - ref) <= _bound(ref, "float32", 8))
+        assert np.all(np.abs(out - ref) <= _bound(ref, "float32", shape[1]))
