@@ -40,6 +40,7 @@ __all__ = [
     "schedule_channels_last_groups",
     "schedule_elementwise",
     "schedule_rows",
+    "schedule_whole",
     "vector_lanes",
     "vectorize_loop",
 ]
@@ -462,9 +463,69 @@ def schedule_rows(
     return sch
 
 
-def _elementwise_scratch(
-    sch: s_tir.Schedule, blocks: list[BlockInfo]
-) -> tuple[str, str] | None:
+def schedule_whole(
+    func: tirx.PrimFunc, target: Target, *, accumulators: int = 4
+) -> s_tir.Schedule | None:
+    """Norms and softmax over the whole tensor (layer norm of a 2-D input over both axes):
+    every reduction yields one scalar, so there is no row axis to split across the cores.
+
+    Each reduction keeps up to ``lanes x accumulators`` vector partial sums combined by a
+    vector tree (:func:`rfactor_reduction`), with a width that divides its length (TVM 0.27's
+    rfactor fails on a predicated split of a scalar reduction; a length with no such width
+    keeps a scalar loop); producers and the output are vectorized with a partitioned tail; it
+    runs on one core. Static shapes only: with a symbolic length the partial sums would need a
+    predicated vector loop, which TVM scalarizes.
+    """
+    sch = s_tir.Schedule(func)
+    reds, others = [], []
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for rv in blocks:
+        blk = sch.get(rv)
+        ivs = list(blk.iter_vars)
+        if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in ivs):
+            return None
+        red = [iv for iv in ivs if iv.iter_type == tirx.IterVar.CommReduce]
+        if red:
+            # a scalar result: reduction vars only (one loop each), or unit spatial vars
+            if len(red) != len(ivs) or len(sch.get_loops(rv)) != len(red):
+                return None
+            reds.append((rv, [iv.dom.extent for iv in red]))
+        elif any(iv.iter_type != tirx.IterVar.DataPar for iv in ivs):
+            return None
+        else:
+            others.append(rv)
+    if not reds or not others or others[-1] is not blocks[-1]:  # the output: not a reduction
+        return None
+    for rv in others:
+        if not sch.get_loops(rv):  # a scalar block (mean, rstd): rfactor fails beside a
+            sch.add_unit_loop(rv)  # block realized without a loop (a TVM 0.27 check)
+    lanes32 = vector_lanes(target, 32)
+    for rv, exts in reds:
+        width = _dividing_width(int(_prod(exts).value), lanes32, accumulators)
+        if width is None:  # left a scalar loop: rfactor of a predicated split fails here
+            continue
+        info = rfactor_reduction(sch, rv, 0, width)
+        _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter, info)
+        for tree_rv, _, lane, red_i in info.tree:
+            _vectorize_partials(sch, tree_rv, lane, red_i)
+    for rv in others:
+        loops = [lp for lp in sch.get_loops(rv) if extent_of(sch, lp) != 1]
+        if loops:
+            inner = _fuse(sch, loops[-MAX_FUSE:])
+            vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, rv)))
+    return sch
+
+
+def _dividing_width(k: int, lanes: int, accumulators: int) -> int | None:
+    """The widest partial-sum width (``lanes x accumulators`` down to 4) that divides ``k``;
+    ``k`` itself when it fits one vector group."""
+    if k <= lanes * accumulators:
+        return k if k >= 4 else None
+    widths = [lanes * accumulators, lanes, lanes // 2, lanes // 4]
+    return next((w for w in widths if w >= 4 and k % w == 0), None)
+
+
+def _elementwise_scratch(sch: s_tir.Schedule, blocks: list[BlockInfo]) -> tuple[str, str] | None:
     """Name of a producer buffer the output could hold instead (see :func:`_scratch_in_output`):
     same static shape and dtype as the output, read by the output block only at the element
     it writes (softmax's ``exp``), written by one injective block. Returns the names of

@@ -197,3 +197,32 @@ def test_softmax_middle_axis_keeps_the_rows_rule(target, shape):
         out = relax.VirtualMachine(ex, DEV)["main"](tvm.runtime.tensor(x, DEV)).numpy()
         ref = opsdk.get_op("softmax").run_reference({"x": x}, {"axis": 1})
         assert np.all(np.abs(out - ref) <= _bound(ref, "float32", shape[1]))
+
+
+@pytest.mark.parametrize(
+    "op,shape,attrs",
+    [
+        ("layer_norm", (6, 8), {"begin_axis": -2}),
+        ("rms_norm", (33, 65), {"begin_axis": -2}),  # 2145: no dividing width, scalar sum
+        ("layer_norm", (37,), {"begin_axis": -1}),
+        ("softmax", (1000,), {"axis": -1}),
+    ],
+)
+@pytest.mark.parametrize("target", ["x86", "arm"])
+def test_whole_tensor_norms_get_the_vector_rule(target, op, shape, attrs):
+    # No row axis: the whole-tensor rule (one core, vector reductions), not the generic one.
+    e = opsdk.explain(op, target, shape=shape, attrs=attrs)
+    assert e.rule == ("x86.whole" if target == "x86" else "neon.whole"), e.reasons
+    vec = e.asm_stats["zmm"] + e.asm_stats["ymm"] if target == "x86" else e.asm_stats["neon"]
+    assert vec > 0, e.asm_stats
+    if target == "x86":
+        d = opsdk.get_op(op)
+        full = {**d.default_attrs(), **attrs}
+        shapes = d.example_shapes(shape, full)
+        ex = tvm.compile(build_single_op(op, shapes, "float32", full), target=opsdk.target(target))
+        ins = _inputs(d, shapes, "float32", np.random.default_rng(11))
+        out = relax.VirtualMachine(ex, DEV)["main"](
+            *[tvm.runtime.tensor(a, DEV) for a in ins.values()]
+        ).numpy()
+        ref = d.run_reference(ins, full)
+        assert np.all(np.abs(out - ref) <= _bound(ref, "float32", int(np.prod(shape))))

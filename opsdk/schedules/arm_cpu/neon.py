@@ -6,7 +6,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import schedule_elementwise, schedule_rows
+from .._common import schedule_elementwise, schedule_rows, schedule_whole
 from ..cpu.x86 import group_norm_schedule
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
@@ -52,3 +52,17 @@ def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Parallel rows, passes over a row kept in cache, 4 x 4-lane NEON partial sums reduced
     by a vector tree, NEON epilogue with a partitioned tail."""
     return schedule_rows(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    ["kind:norm", "kind:reduction"],
+    "arm_cpu",
+    name="neon.whole",
+    requires=_NEON,
+    priority=19,
+    claims=("vectorize",),
+)
+def _whole(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A norm or softmax over the whole tensor (no row axis, so one core): NEON partial
+    sums for the reductions, vectorized producers and output."""
+    return schedule_whole(func, target, accumulators=_ACCUMULATORS)

@@ -7,7 +7,12 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import schedule_channels_last_groups, schedule_elementwise, schedule_rows
+from .._common import (
+    schedule_channels_last_groups,
+    schedule_elementwise,
+    schedule_rows,
+    schedule_whole,
+)
 
 _X86 = ("kind:llvm", "arch:x86_64")  # the C backend cannot print vector code
 # Partial sums per reduction step: 2 x 16 lanes (AVX-512) = 128 bytes per iteration. Measured
@@ -55,6 +60,20 @@ def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Parallel rows, all passes over a row while it is in cache, vector partial sums
     (4 accumulators) reduced by a vector tree, vectorized epilogue with a partitioned tail."""
     return schedule_rows(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    ["kind:norm", "kind:reduction"],
+    "cpu",
+    name="x86.whole",
+    requires=_X86,
+    priority=9,
+    claims=("vectorize",),
+)
+def _whole(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A norm or softmax over the whole tensor (no row axis, so one core): AVX-512 partial
+    sums for the reductions, vectorized producers and output."""
+    return schedule_whole(func, target, accumulators=_ACCUMULATORS)
 
 
 def group_norm_schedule(
