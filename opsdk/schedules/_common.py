@@ -406,7 +406,7 @@ def schedule_rows(
         rows = min(rows, _indexed_rows(sch, blocks))
     if rows == 0 or rows >= len(out_ext):
         return None
-    scratch = _elementwise_scratch(sch, blocks)
+    scratch = _elementwise_scratch(sch, blocks, rows)
     lanes32 = vector_lanes(target, 32)
     # 1. Reductions, while each block still has its own loop nest.
     rfs: list[RFactor] = []
@@ -525,11 +525,15 @@ def _dividing_width(k: int, lanes: int, accumulators: int) -> int | None:
     return next((w for w in widths if w >= 4 and k % w == 0), None)
 
 
-def _elementwise_scratch(sch: s_tir.Schedule, blocks: list[BlockInfo]) -> tuple[str, str] | None:
+def _elementwise_scratch(
+    sch: s_tir.Schedule, blocks: list[BlockInfo], rows: int
+) -> tuple[str, str] | None:
     """Name of a producer buffer the output could hold instead (see :func:`_scratch_in_output`):
     same static shape and dtype as the output, read by the output block only at the element
-    it writes (softmax's ``exp``), written by one injective block. Returns the names of
-    that buffer and of the output buffer."""
+    it writes (softmax's ``exp``), written by one injective block, and read by the other
+    blocks only within their own row (no row reads another row's scratch, which would then
+    race with that row's output pass). Returns the names of that buffer and of the output
+    buffer."""
     out = sch.get(blocks[-1].rv)
     ob = out.writes[0].source
     if not all(isinstance(d, tirx.IntImm) for d in ob.shape):
@@ -542,9 +546,27 @@ def _elementwise_scratch(sch: s_tir.Schedule, blocks: list[BlockInfo]) -> tuple[
         if not all(_same(a, c) for a, c in zip(buf.shape, ob.shape)):
             continue
         reads = [r for r in out.reads if r.source.same_as(buf)]
-        if len(reads) == 1 and _same_point(reads[0], out.writes[0]):
+        if len(reads) != 1 or not _same_point(reads[0], out.writes[0]):
+            continue
+        if all(_reads_own_row(sch.get(o.rv), buf, rows) for o in blocks[:-1]):
             return buf.name, ob.name
     return None
+
+
+def _reads_own_row(blk: s_tir.SBlock, buf, rows: int) -> bool:
+    """Every read of ``buf`` by ``blk`` is at the block's own row (its first ``rows`` iter
+    vars, one index each)."""
+    ivs = [iv.var for iv in blk.iter_vars]
+    one = tirx.IntImm("int32", 1)
+    for r in blk.reads:
+        if not r.source.same_as(buf):
+            continue
+        if len(ivs) < rows or any(
+            not (rg.min.same_as(ivs[k]) and _same(rg.extent, one))
+            for k, rg in enumerate(r.region[:rows])
+        ):
+            return False
+    return True
 
 
 def _same_point(a, b) -> bool:

@@ -226,3 +226,31 @@ def test_whole_tensor_norms_get_the_vector_rule(target, op, shape, attrs):
         ).numpy()
         ref = d.run_reference(ins, full)
         assert np.all(np.abs(out - ref) <= _bound(ref, "float32", int(np.prod(shape))))
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_scratch_moves_into_the_output_only_when_rows_read_their_own_row(shift):
+    from tvm import te
+
+    from opsdk.schedules._common import schedule_rows
+
+    x = te.placeholder((8, 64), "float32", name="x")
+    e = te.compute((8, 64), lambda i, j: x[i, j] * 2.0, name="e")
+    k = te.reduce_axis((0, 64), name="k")
+    def row(i):
+        return (i + shift) % 8 if shift else i
+
+    s = te.compute((8,), lambda i: te.sum(e[row(i), k], axis=k), name="s")
+    y = te.compute((8, 64), lambda i, j: e[i, j] * s[i], name="y")
+    sch = schedule_rows(te.create_prim_func([x, y]), opsdk.target("x86"), accumulators=2)
+    f = sch.mod["main"]
+    allocs = [b.name for b in f.body.block.alloc_buffers]
+    # shift 1: row i sums row i+1's scratch, which that row's output pass overwrites in place
+    assert ("e" in allocs) == bool(shift)
+    ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
+    xv = np.random.default_rng(2).normal(size=(8, 64)).astype("float32")
+    out = tvm.runtime.empty((8, 64), "float32", DEV)
+    ex["main"](tvm.runtime.tensor(xv, DEV), out)
+    ev = xv.astype(np.float64) * 2
+    ref = ev * np.roll(ev, -shift, axis=0).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-4)
