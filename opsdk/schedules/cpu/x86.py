@@ -58,7 +58,8 @@ def _group_norm(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 )
 def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Parallel rows, all passes over a row while it is in cache, vector partial sums
-    (4 accumulators) reduced by a vector tree, vectorized epilogue with a partitioned tail."""
+    (2 full-width accumulators) reduced by a vector tree, vectorized epilogue with a
+    partitioned tail."""
     return schedule_rows(func, target, accumulators=_ACCUMULATORS)
 
 
