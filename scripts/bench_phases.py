@@ -33,10 +33,10 @@ import opsdk
 from opsdk._explain import build_single_op
 from opsdk.bench._run import _copy_kernel, _mod_step, _Timer
 from opsdk.schedules._common import (
-    _vectorize_partials,
     rfactor_reduction,
     vector_lanes,
     vectorize_loop,
+    vectorize_rfactor,
 )
 
 
@@ -54,9 +54,7 @@ def _reduce_kernel(rows: int, cols: int, tgt, lanes: int):
     sch.parallel(row)
     for rv in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
         sch.compute_at(rv, row, preserve_unit_loops=True)
-    _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter)
-    for rv, _, lane, red in info.tree:
-        _vectorize_partials(sch, rv, lane, red)
+    vectorize_rfactor(sch, info)
     return _build(sch, tgt)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "schedule_whole",
     "vector_lanes",
     "vectorize_loop",
+    "vectorize_rfactor",
 ]
 
 
@@ -286,6 +287,14 @@ def _vectorize_partials(
             sch.loop_partition(red_loop, [full])
 
 
+def vectorize_rfactor(sch: s_tir.Schedule, info: RFactor) -> None:
+    """Vectorize the partial-sum blocks of :func:`rfactor_reduction` where they now sit (the
+    rf block, with its partial last vector split off, and every block of the tree)."""
+    _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter, info)
+    for rv, _, lane, red in info.tree:
+        _vectorize_partials(sch, rv, lane, red)
+
+
 # ----------------------------------------------------------------------------- rules
 def _is_broadcast_free(sch: s_tir.Schedule, rv) -> bool:
     """True when every buffer the block reads has the output's rank (no broadcast operand)."""
@@ -439,9 +448,7 @@ def schedule_rows(
     for info in rfs:
         if not info.exact:
             _restore_predicate(sch, info)
-        _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter, info)
-        for rv, _, lane, red in info.tree:
-            _vectorize_partials(sch, rv, lane, red)
+        vectorize_rfactor(sch, info)
     # 4. Middle-axis reductions: reduction loops outside, the inner spatial axes vectorized.
     for name in middle:
         _vectorize_inner_spatial(sch, sch.get_sblock(name), lanes32)
@@ -504,10 +511,7 @@ def schedule_whole(
         width = _dividing_width(int(_prod(exts).value), lanes32, accumulators)
         if width is None:  # left a scalar loop: rfactor of a predicated split fails here
             continue
-        info = rfactor_reduction(sch, rv, 0, width)
-        _vectorize_partials(sch, info.rf, info.lane_iter, info.red_iter, info)
-        for tree_rv, _, lane, red_i in info.tree:
-            _vectorize_partials(sch, tree_rv, lane, red_i)
+        vectorize_rfactor(sch, rfactor_reduction(sch, rv, 0, width))
     for rv in others:
         loops = [lp for lp in sch.get_loops(rv) if extent_of(sch, lp) != 1]
         if loops:
@@ -553,28 +557,26 @@ def _elementwise_scratch(
     return None
 
 
+def _at(rg, index) -> bool:
+    """The range is the single index ``index`` (the same expression object)."""
+    return rg.min.same_as(index) and _same(rg.extent, tirx.IntImm("int32", 1))
+
+
 def _reads_own_row(blk: s_tir.SBlock, buf, rows: int) -> bool:
     """Every read of ``buf`` by ``blk`` is at the block's own row (its first ``rows`` iter
     vars, one index each)."""
     ivs = [iv.var for iv in blk.iter_vars]
-    one = tirx.IntImm("int32", 1)
-    for r in blk.reads:
-        if not r.source.same_as(buf):
-            continue
-        if len(ivs) < rows or any(
-            not (rg.min.same_as(ivs[k]) and _same(rg.extent, one))
-            for k, rg in enumerate(r.region[:rows])
-        ):
-            return False
-    return True
+    return all(
+        len(ivs) >= rows and all(_at(rg, ivs[k]) for k, rg in enumerate(r.region[:rows]))
+        for r in blk.reads
+        if r.source.same_as(buf)
+    )
 
 
 def _same_point(a, b) -> bool:
     """Both regions are the single element at the same indices."""
-    one = tirx.IntImm("int32", 1)
     return len(a.region) == len(b.region) and all(
-        _same(ra.extent, one) and _same(rb.extent, one) and ra.min.same_as(rb.min)
-        for ra, rb in zip(a.region, b.region)
+        _at(ra, rb.min) and _at(rb, rb.min) for ra, rb in zip(a.region, b.region)
     )
 
 
