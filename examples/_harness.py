@@ -20,9 +20,28 @@ from opsdk._explain import asm_of, asm_vector_stats
 ATOL, RTOL = 1e-4, 1e-4
 
 
-def import_model(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+def export(
+    model: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool = False
+) -> torch.export.ExportedProgram:
+    """torch.export, with dim 0 of every input symbolic when ``dynamic_batch``.
+
+    torch.export specializes a dim whose example size is 1, so a batch-1 example is traced
+    with a batch-2 copy of the input.
+    """
+    if not dynamic_batch:
+        return torch.export.export(model.eval(), args)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    traced = tuple(torch.cat([a, a]) if a.shape[0] == 1 else a for a in args)
+    return torch.export.export(
+        model.eval(), traced, dynamic_shapes=tuple({0: batch} for _ in args)
+    )
+
+
+def import_model(
+    model: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool = False
+) -> dict[str, Any]:
     """Export with torch.export, import with opsdk's converters, then fuse."""
-    ep = torch.export.export(model.eval(), args)
+    ep = export(model, args, dynamic_batch)
     imported = opsdk.frontend.from_torch(ep)
     fused = opsdk.transform.FuseIntoOps()(imported)
     return {"ep": ep, "imported": imported, "fused": fused}
@@ -166,6 +185,12 @@ def report(name: str, res: dict[str, Any]) -> None:
         f"(tolerance atol={ATOL:g}*max(1,|ref|max) + rtol={RTOL:g}*|ref|): "
         + ("OK" if x["ok"] else "FAIL")
     )
+    if "x86_other_batch" in res:
+        o = res["x86_other_batch"]
+        print(
+            f"same executable, batch {o['batch']}: max abs {o['max_abs']:.2e}, "
+            + ("OK" if o["ok"] else "FAIL")
+        )
     if "arm" in res:
         a = res["arm"]
         em = a["emulated"]
@@ -201,24 +226,35 @@ def run_example(
     arm_target: bool,
     do_bench: bool,
     repeats: int = 7,
+    dynamic_batch: bool = False,
 ) -> dict[str, Any]:
-    """Import, rewrite, compile, compare (and optionally cross-compile and time) one model."""
+    """Import, rewrite, compile, compare (and optionally cross-compile and time) one model.
+
+    With ``dynamic_batch`` the model is exported with a symbolic batch dim and the one x86
+    executable is also run on a batch of ``batch + 2`` (result ``x86_other_batch``).
+    """
     model = model.eval()
     with torch.no_grad():
         ref = _torch_first(model(*args))
-    stages = import_model(model, args)
+    stages = import_model(model, args, dynamic_batch)
     fused = stages["fused"]
     counts = opsdk.transform.op_counts(fused, "opsdk.")
     rewrites: dict[str, int] = {}
     for s in opsdk.transform.rewrite_sites(fused):
         rewrites[s.rule] = rewrites.get(s.rule, 0) + 1
-    _, out = run_x86(fused, args)
+    vm, out = run_x86(fused, args)
     res: dict[str, Any] = {
         "opsdk_ops": counts,
         "opsdk_op_count": sum(counts.values()),
         "rewrites": rewrites,
         "x86": compare(out, ref),
     }
+    if dynamic_batch:
+        more = tuple(torch.cat([a] + [a[:1]] * 2) for a in args)
+        with torch.no_grad():
+            ref_more = _torch_first(model(*more))
+        got = _first(vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in more]))
+        res["x86_other_batch"] = {"batch": int(more[0].shape[0]), **compare(got, ref_more)}
     if arm_target:
         res["arm"] = arm(fused, args, ref)
     if do_bench:

@@ -13,7 +13,7 @@ Examples
 
 from __future__ import annotations
 
-from . import drift, frontend, relax, transform
+from . import drift, frontend, model, relax, transform
 from ._domains import LogUniform, log_uniform
 from ._dtypes import FLOAT_DTYPES
 from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
@@ -42,6 +42,7 @@ __all__ = [
     "list_ops",
     "load_plugins",
     "log_uniform",
+    "model",
     "op",
     "pipeline",
     "register",

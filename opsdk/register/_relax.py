@@ -149,8 +149,12 @@ def _infer_type(name: str, call: relax.Call) -> relax.TensorType:
     return relax.TensorType(list(shape), dtype)
 
 
+#: TVM's fusion pattern kOpaque: FuseOps never merges such a kernel with its neighbours.
+_OPAQUE = 8
+
+
 def _legalize(name: str, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    from ..schedules import apply_schedule
+    from ..schedules import apply_schedule, scheduling_deferred
 
     d, args, attrs = decode_call(call)
     shapes, dtypes = _types(d, args)
@@ -169,6 +173,12 @@ def _legalize(name: str, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr
     )
     gv = out.args[0]
     func = bb.get()[gv]
+    if scheduling_deferred():
+        # The model pipeline schedules after fusion; only elementwise ops may fuse (into a
+        # producer's epilogue), the others keep their own kernel and rules.
+        if d.kind != "elementwise" and "op_pattern" not in (func.attrs or {}):
+            bb.update_func(gv, func.with_attr("op_pattern", _OPAQUE))
+        return out
     if "opsdk.rule" not in (func.attrs or {}):  # call_te may reuse an identical function
         target = tvm.target.Target.current(allow_none=True)
         scheduled = apply_schedule(d, func, target)

@@ -21,17 +21,24 @@ from tvm.target import Target
 
 from ..targets import target_features
 from ._common import vector_lanes, vectorize_loop
+from ._kernels import KERNEL_KINDS, Kernel, classify, kernel_for
 
 __all__ = [
     "BUILTIN_RULE_MODULES",
+    "KERNEL_KINDS",
     "Choice",
+    "Kernel",
     "Rule",
     "apply_schedule",
     "choose",
+    "classify",
+    "deferred_scheduling",
     "generic_only",
+    "kernel_for",
     "load_builtin_rules",
     "rule",
     "rules_for",
+    "scheduling_deferred",
     "vector_lanes",
     "vectorize_loop",
 ]
@@ -67,6 +74,8 @@ class Rule:
     doc: str = ""
 
     def matches_op(self, op) -> bool:
+        if "any" in self.kinds and isinstance(op, Kernel):  # fallbacks: model kernels only
+            return True
         return op.name in self.ops or op.kind in self.kinds
 
 
@@ -79,6 +88,7 @@ class Choice:
     rule: str
     claims: tuple[str, ...]
     reasons: list[str] = field(default_factory=list)
+    kind: str = ""  # the op's kind, or a model kernel's classified kind
     func: tirx.PrimFunc | None = None
     schedule: s_tir.Schedule | None = None  # the chosen rule's schedule (None: generic)
 
@@ -166,7 +176,7 @@ def rules_for(op) -> list[Rule]:
 def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
     """Pick and apply the highest-priority rule that fits ``target`` and accepts ``func``."""
     tname = "none" if target is None else str(target.kind.name) + str(list(target.keys))
-    ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func)
+    ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func, kind=op.kind)
     if target is None:
         ch.reasons.append("no target in scope: generic lowering")
         return ch
@@ -206,6 +216,27 @@ _LOG: list[Choice] = []
 
 
 _BYPASS = threading.local()
+_DEFER = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_scheduling() -> Iterator[None]:
+    """Within this block, opsdk ops legalize to their unscheduled compute, tagged ``opsdk.op``.
+
+    The model pipeline schedules them after fusion (:func:`opsdk.transform.ScheduleKernels`);
+    ops other than elementwise ones are marked opaque to fusion, so they stay whole.
+    """
+    prev = getattr(_DEFER, "on", False)
+    _DEFER.on = True
+    try:
+        yield
+    finally:
+        _DEFER.on = prev
+
+
+def scheduling_deferred() -> bool:
+    """Whether :func:`deferred_scheduling` is in effect on this thread."""
+    return getattr(_DEFER, "on", False)
 
 
 @contextlib.contextmanager
@@ -233,7 +264,8 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
     """Schedule ``func`` for ``target`` and tag it with the chosen rule (``opsdk.rule``)."""
     load_builtin_rules()
     if getattr(_BYPASS, "on", False):
-        ch = Choice(op=op.name, target=str(target), rule=GENERIC, claims=(), func=func)
+        ch = Choice(op=op.name, target=str(target), rule=GENERIC, claims=(), func=func,
+                    kind=op.kind)
         ch.reasons.append("generic_only() in effect: rules bypassed")
     else:
         ch = choose(op, func, target)

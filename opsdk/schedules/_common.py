@@ -21,6 +21,7 @@ The rules are written with ``s_tir.Schedule`` primitives; three facts of TVM 0.2
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ __all__ = [
     "rfactor_reduction",
     "schedule_channels_last_groups",
     "schedule_elementwise",
+    "schedule_fallback",
     "schedule_rows",
     "schedule_whole",
     "vector_lanes",
@@ -313,6 +315,8 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     blocks = analyze(sch)
     if not blocks or any(b.is_reduction for b in blocks):
         return None
+    if any(not sch.get_consumers(b.rv) for b in blocks[:-1]):
+        return None  # several outputs (split): the fallback rule's case
     for b in blocks[:-1]:
         sch.compute_inline(b.rv)
     last = blocks[-1].rv
@@ -727,3 +731,58 @@ def schedule_channels_last_groups(
     c = sch.get_loops(out_rv)[-1]
     vectorize_loop(sch, c, vector_lanes(target, _dtype_bits(sch, out_rv)))
     return sch
+
+
+#: A kernel below this many output elements runs on one core (waking the pool costs more).
+PARALLEL_MIN = 4096
+
+
+def schedule_fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Any plain loop nest (split's several outputs, concat, pad, gather-like reductions):
+    intermediate spatial blocks inlined where TVM allows it, then each remaining block on its
+    own: the leading spatial loops fused and split across the cores (when the block writes
+    at least :data:`PARALLEL_MIN` elements), the innermost spatial loop vectorized (a
+    reduction's reduction loops moved outside it, so the vector runs over outputs).
+
+    Returns None for functions that are not plain loop nests (opaque blocks, nested blocks).
+    """
+    sch = s_tir.Schedule(func)
+    blocks = analyze(sch)
+    if not blocks:
+        return None
+    for b in blocks[:-1]:
+        if b.is_reduction or not sch.get_consumers(b.rv):
+            continue
+        with contextlib.suppress(Exception):  # e.g. an output block, or a reduction consumer
+            sch.compute_inline(b.rv)
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        _fallback_block(sch, rv, target)
+    return sch
+
+
+def _fallback_block(sch: s_tir.Schedule, rv, target: Target) -> None:
+    spatial, red = _loops_by_kind(sch, rv)
+    if not spatial:
+        return
+    lanes = vector_lanes(target, _dtype_bits(sch, rv))
+    total = 1
+    for lp in spatial:
+        e = extent_of(sch, lp)
+        total = total * e if e is not None and total is not None else None
+    inner = spatial[-1]
+    outer = spatial[:-1]
+    if red:
+        sch.reorder(*outer, *red, inner)
+    ext = extent_of(sch, inner)
+    vec_ok = ext is not None and ext > 1 and (not red or ext <= lanes or ext % lanes == 0)
+    if vec_ok:
+        if red:
+            if ext > lanes:
+                _, inner = sch.split(inner, [None, lanes])
+            sch.vectorize(inner)
+        else:
+            vectorize_loop(sch, inner, lanes)
+    if outer and (total is None or total >= PARALLEL_MIN):
+        sch.parallel(_fuse(sch, outer))
+    if red:
+        sch.decompose_reduction(rv, red[0])

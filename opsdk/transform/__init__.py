@@ -1,6 +1,8 @@
 """Relax passes for models that use opsdk ops.
 
-- :func:`LowerOps` / :func:`pipeline`: legalize opsdk ops with the target's schedule rules;
+- :func:`pipeline`: the whole model compile (legalize, fold constants, fuse, schedule every
+  kernel with :func:`ScheduleKernels`, pack weights at compile time);
+- :func:`LowerOps`: legalize only the opsdk ops with the target's schedule rules;
 - :func:`ReplaceTVMOps`: TVM's ``R.nn.layer_norm``, ``rms_norm``, ``group_norm``, ``gelu``,
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
@@ -28,7 +30,7 @@ Examples
 from __future__ import annotations
 
 from ._fuse import FUSION_RULES, FuseIntoOps
-from ._lower import LowerOps, pipeline
+from ._lower import LowerOps, ScheduleKernels, pipeline, schedule_passes
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 
@@ -39,7 +41,9 @@ __all__ = [
     "LowerOps",
     "ReplaceTVMOps",
     "RewriteSite",
+    "ScheduleKernels",
     "op_counts",
     "pipeline",
     "rewrite_sites",
+    "schedule_passes",
 ]

@@ -1,14 +1,30 @@
-"""Relax passes and pipelines that lower opsdk ops with the target's schedule rules."""
+"""Relax passes and pipelines that lower a model with opsdk's schedule rules.
+
+``pipeline(target)`` is the whole CPU compile of a model:
+
+1. opsdk ops are legalized with their own compute, unscheduled, tagged ``opsdk.op``; all but
+   elementwise ones are marked opaque to fusion so their kernels stay whole;
+2. TVM's ops are legalized (``LegalizeOps``), the kernels annotated with their fusion pattern,
+   constants folded (weight transposes happen once, here);
+3. ``FuseOps`` / ``FuseTIR``: elementwise epilogues (bias, activation, residual add, scale)
+   join the matmul or conv that produces them;
+4. :func:`ScheduleKernels`: every PrimFunc gets a rule from the one driver: an opsdk op its
+   op's rules, any other kernel the rules for its classified kind (matmul, conv2d, pool,
+   reduction, elementwise);
+5. weight packing that a rule asked for (``meta_schedule.layout_rewrite_preproc`` blocks) is
+   split into its own function and folded into the constants;
+6. TVM's CPU dataflow lowering and VM finalization.
+"""
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.target import Target
 
 from ..targets import target as _resolve
 
-__all__ = ["LowerOps", "pipeline"]
+__all__ = ["LowerOps", "ScheduleKernels", "pipeline", "schedule_passes"]
 
 
 def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
@@ -38,8 +54,83 @@ def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
     return _pass
 
 
-def pipeline(target: str | dict | Target, base: str = "default") -> tvm.transform.Pass:
-    """TVM's Relax pipeline with opsdk lowering for ``target`` in front.
+def _LegalizeOpsDeferred(target: Target) -> tvm.transform.Pass:
+    """Legalize opsdk ops without scheduling them (ScheduleKernels does, after fusion)."""
+    from ..schedules import deferred_scheduling
+
+    @tvm.transform.module_pass(opt_level=0, name="opsdk.LegalizeOpsDeferred")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        others = [n for n in tvm.ir.Op.list_op_names() if not n.startswith("opsdk.")]
+        with target, deferred_scheduling():
+            return relax.transform.LegalizeOps(skip_ops=others)(mod)
+
+    return _pass
+
+
+def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
+    """Schedule every PrimFunc of a module that is not scheduled yet, with one driver.
+
+    A function tagged ``opsdk.op`` (an unfused opsdk kernel) gets its op's rules; any other
+    kernel (TVM's legalized ops, fused groups) gets the rules for its classified kind
+    (:func:`opsdk.schedules.classify`). The chosen rule is recorded on the function
+    (``opsdk.rule``) and in :func:`opsdk.schedules.last_choices`.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.transform.ScheduleKernels("x86").info.name
+    'opsdk.ScheduleKernels'
+    """
+    tgt = _resolve(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="opsdk.ScheduleKernels")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from ..register import get_op, is_registered
+        from ..schedules import apply_schedule, kernel_for
+
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            attrs = func.attrs or {}
+            if attrs.get("tir.is_scheduled", False) or "opsdk.rule" in attrs:
+                continue
+            name = attrs.get("opsdk.op")
+            op = get_op(str(name)) if name is not None and is_registered(str(name)) else None
+            with tgt:
+                updates[gv] = apply_schedule(op or kernel_for(gv.name_hint, func), func, tgt)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return _pass
+
+
+def schedule_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
+    """Steps 1-5 of :func:`pipeline`: legalize, fold, fuse, schedule every kernel, pack."""
+    tgt = _resolve(target)
+    return [
+        _LegalizeOpsDeferred(tgt),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+        relax.transform.AttachAttrLayoutFreeBuffers(),
+        ScheduleKernels(tgt),
+        relax.transform.SplitLayoutRewritePreproc(),
+        relax.transform.FoldConstant(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
+def pipeline(target: str | dict | Target, base: str = "opsdk") -> tvm.transform.Pass:
+    """The Relax pipeline compiling a model for ``target`` with every kernel scheduled.
+
+    ``base="opsdk"`` (the default) is the whole model pipeline described in this module;
+    any other name is a TVM pipeline (``relax.get_pipeline(base)``, e.g. ``"default"``) with
+    only the opsdk ops lowered by their rules in front, TVM's kernels left as TVM leaves them.
 
     Examples
     --------
@@ -47,4 +138,21 @@ def pipeline(target: str | dict | Target, base: str = "default") -> tvm.transfor
     >>> isinstance(opsdk.pipeline("x86"), tvm.transform.Pass)
     True
     """
-    return tvm.transform.Sequential([LowerOps(target), relax.get_pipeline(base)], name="opsdk")
+    tgt = _resolve(target)
+    if base != "opsdk":
+        return tvm.transform.Sequential(
+            [LowerOps(tgt), relax.get_pipeline(base)], name="opsdk"
+        )
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    @tvm.transform.module_pass(opt_level=0, name="opsdk")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with tgt:
+            seq = tvm.transform.Sequential(
+                schedule_passes(tgt)
+                + cpu.dataflow_lower_passes(tgt)
+                + cpu.finalize_passes(tgt)
+            )
+            return seq(mod)
+
+    return _pipeline

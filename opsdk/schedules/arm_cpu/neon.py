@@ -6,7 +6,9 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import schedule_elementwise, schedule_rows, schedule_whole
+from .._common import schedule_elementwise, schedule_fallback, schedule_rows, schedule_whole
+from .._conv import schedule_conv2d
+from .._gemm import schedule_matmul
 from ..cpu.x86 import group_norm_schedule
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
@@ -66,3 +68,46 @@ def _whole(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """A norm or softmax over the whole tensor (no row axis, so one core): NEON partial
     sums for the reductions, vectorized producers and output."""
     return schedule_whole(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    "kind:matmul",
+    "arm_cpu",
+    name="neon.matmul",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _matmul(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Dense / matmul / batch_matmul with its fused epilogue: MR x NR register tiles of
+    4-lane NEON vectors (24 of the 32 registers hold accumulators), B packed (constant weights
+    at compile time), parallel over tiles."""
+    return schedule_matmul(func, target, acc_regs=24, max_vecs=4)
+
+
+@rule(
+    "kind:any",
+    "arm_cpu",
+    name="neon.fallback",
+    requires=_NEON,
+    priority=11,
+)
+def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Any other plain loop nest: each block's outer loops across the cores (when it writes
+    enough elements), its innermost output loop vectorized."""
+    return schedule_fallback(func, target)
+
+
+@rule(
+    "kind:conv2d",
+    "arm_cpu",
+    name="neon.conv2d",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """conv2d NCHW / NHWC (1x1, 3x3, strided, grouped, depthwise) with its fused epilogue:
+    pixels x output-channel vector tiles (24 of the 32 NEON registers hold accumulators),
+    weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
+    return schedule_conv2d(func, target, acc_regs=24)

@@ -10,9 +10,12 @@ from .. import rule
 from .._common import (
     schedule_channels_last_groups,
     schedule_elementwise,
+    schedule_fallback,
     schedule_rows,
     schedule_whole,
 )
+from .._conv import schedule_conv2d
+from .._gemm import schedule_matmul
 
 _X86 = ("kind:llvm", "arch:x86_64")  # the C backend cannot print vector code
 # Partial sums per reduction step: 2 x 16 lanes (AVX-512) = 128 bytes per iteration. Measured
@@ -100,3 +103,46 @@ def group_norm_schedule(
     if red[0] * g == c_nchw and red[1:] == [int(ext[2].value), int(ext[3].value)]:
         return schedule_rows(func, target, accumulators=accumulators, split_out=(1, c_nchw // g))
     return None
+
+
+@rule(
+    "kind:matmul",
+    "cpu",
+    name="x86.matmul",
+    requires=_X86,
+    priority=10,
+    claims=("vectorize", "parallel"),
+)
+def _matmul(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Dense / matmul / batch_matmul with its fused epilogue: MR x NR register tiles (24 of
+    the 32 AVX-512 registers hold accumulators), B packed (constant weights at compile time),
+    parallel over tiles."""
+    return schedule_matmul(func, target, acc_regs=24)
+
+
+@rule(
+    "kind:any",
+    "cpu",
+    name="x86.fallback",
+    requires=_X86,
+    priority=1,
+)
+def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Any other plain loop nest: each block's outer loops across the cores (when it writes
+    enough elements), its innermost output loop vectorized."""
+    return schedule_fallback(func, target)
+
+
+@rule(
+    "kind:conv2d",
+    "cpu",
+    name="x86.conv2d",
+    requires=_X86,
+    priority=10,
+    claims=("vectorize", "parallel"),
+)
+def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """conv2d NCHW / NHWC (1x1, 3x3, strided, grouped, depthwise) with its fused epilogue:
+    pixels x output-channel vector tiles (24 of the 32 AVX-512 registers hold accumulators),
+    weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
+    return schedule_conv2d(func, target, acc_regs=24)

@@ -1,0 +1,393 @@
+"""Whole models: load one, compile it with every kernel scheduled, and report every kernel.
+
+``opsdk explain --model FILE`` and ``opsdk bench --model FILE`` are built on this module:
+
+- :func:`load_model` imports a model file (a Python file whose entry function returns
+  ``(torch module, example args)`` or an ``ExportedProgram``, or an ``.onnx`` file) both the
+  opsdk way (opsdk converters + :class:`~opsdk.transform.FuseIntoOps`) and TVM's plain way;
+- :func:`compile_model` runs :func:`opsdk.pipeline` and keeps the scheduled module, so every
+  kernel's rule can be read back;
+- :func:`report` lists every kernel of the compiled model: its kind, the rule that scheduled
+  it, structural facts of its loops (vectorized / parallel), the vector instructions in its
+  own assembly (compiled alone, so a parallel helper is counted with its kernel), and on the
+  host its share of the run time. Kernels left unscheduled, or serial scalar code over
+  :data:`SERIAL_LIMIT` output elements, are named.
+
+Examples
+--------
+>>> import numpy as np, opsdk
+>>> from tvm import relax
+>>> x = relax.Var("x", relax.TensorType((64, 32), "float32"))
+>>> w = relax.const(np.ones((32, 48), "float32"))
+>>> bb = relax.BlockBuilder()
+>>> with bb.function("main", [x]):
+...     with bb.dataflow():
+...         y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+...     _ = bb.emit_func_output(y)
+>>> r = opsdk.model.report(bb.get(), "x86", profile=False)
+>>> [(k.kind, k.rule) for k in r.kernels]
+[('matmul', 'x86.matmul')]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from .schedules import GENERIC
+from .targets import target as resolve_target
+from .targets import target_arch
+
+__all__ = [
+    "SERIAL_LIMIT",
+    "CompiledModel",
+    "KernelReport",
+    "LoadedModel",
+    "ModelReport",
+    "compile_model",
+    "load_model",
+    "report",
+]
+
+#: A kernel writing more output elements than this must not be serial scalar code.
+SERIAL_LIMIT = 4096
+
+
+# ---------------------------------------------------------------------------------- loading
+@dataclass
+class LoadedModel:
+    """A model imported for compiling and benchmarking.
+
+    ``opsdk_mod`` is opsdk's import (opsdk converters + FuseIntoOps), ``tvm_mod`` TVM's own
+    import of the same model (the baseline ``tvm.compile`` sees), ``inputs`` example inputs;
+    ``torch_module`` / ``onnx`` are there when the model came from torch (the ONNX bytes are
+    exported from it for onnxruntime) or from an ``.onnx`` file.
+    """
+
+    name: str
+    opsdk_mod: tvm.IRModule
+    tvm_mod: tvm.IRModule
+    inputs: list[np.ndarray]
+    torch_module: Any = None
+    torch_args: tuple = ()
+    onnx: bytes | None = None
+    onnx_error: str = ""
+
+
+def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+            torch.onnx.export(model, args, buf, dynamo=False, opset_version=17)
+    except Exception as e:  # an exporter gap must not stop the rest of the benchmark
+        return None, f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]
+    return buf.getvalue(), ""
+
+
+def load_model(
+    spec: str,
+    entry: str = "build_model",
+    entry_args: Mapping[str, Any] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    dynamic_batch: bool = False,
+) -> LoadedModel:
+    """Import the model ``spec`` the opsdk way and TVM's way.
+
+    Parameters
+    ----------
+    spec
+        An ``.onnx`` file, or a Python file / module whose ``entry`` function returns
+        ``(torch.nn.Module, example_args)`` or an ``ExportedProgram``.
+    entry_args
+        Keyword arguments for the entry function (e.g. ``{"channels": 32}``).
+    shapes
+        Input shapes of an ONNX model with symbolic dims.
+    dynamic_batch
+        Export torch models with dim 0 of every input symbolic.
+    """
+    from . import frontend
+    from .frontend._cli import _import_python, _random_inputs
+    from .transform import FuseIntoOps
+
+    rng = np.random.default_rng(seed)
+    shp = {k: list(v) for k, v in (shapes or {}).items()}
+    if str(spec).endswith(".onnx"):
+        import onnx
+
+        proto = onnx.load(str(spec))
+        opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
+        tvm_mod = frontend.from_onnx(proto, shape_dict=shp or None, ops=())
+        return LoadedModel(str(spec), opsdk_mod, tvm_mod,
+                           _random_inputs(tvm_mod["main"], shp, rng),
+                           onnx=proto.SerializeToString())
+    import torch
+
+    built = getattr(_import_python(str(spec)), entry)(**dict(entry_args or {}))
+    if isinstance(built, torch.export.ExportedProgram):
+        ep, model, args = built, built.module(), tuple(built.example_inputs[0])
+    elif isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
+        model, args = built[0].eval(), tuple(built[1])
+        ep = _export(model, args, dynamic_batch)
+    else:
+        raise TypeError(
+            f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "
+            "or an ExportedProgram"
+        )
+    opsdk_mod = FuseIntoOps()(frontend.from_torch(ep))
+    from tvm.relax.frontend.torch import from_exported_program
+
+    tvm_mod = from_exported_program(ep)
+    onnx_bytes, err = _torch_to_onnx(model, args)
+    inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
+    return LoadedModel(str(spec), opsdk_mod, tvm_mod, inputs, model, args, onnx_bytes, err)
+
+
+def _export(model: Any, args: tuple, dynamic_batch: bool) -> Any:
+    import torch
+
+    if not dynamic_batch:
+        return torch.export.export(model, args)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    # torch.export specializes a dim whose example size is 1: trace with batch >= 2.
+    traced = tuple(torch.cat([a, a]) if a.shape[0] == 1 else a for a in args)
+    return torch.export.export(model, traced, dynamic_shapes=tuple({0: batch} for _ in args))
+
+
+# -------------------------------------------------------------------------------- compiling
+@dataclass
+class CompiledModel:
+    """An executable and the scheduled IRModule it was built from (before VM lowering)."""
+
+    ex: Any
+    scheduled: tvm.IRModule
+    target: Any
+    seconds: float
+
+
+def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
+    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from .transform import schedule_passes
+
+    tgt = resolve_target(target)
+    t0 = time.perf_counter()
+    with tgt:
+        scheduled = tvm.transform.Sequential(schedule_passes(tgt))(mod)
+        lowered = tvm.transform.Sequential(
+            cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt)
+        )(scheduled)
+    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+    return CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0)
+
+
+# -------------------------------------------------------------------------------- reporting
+@dataclass
+class KernelReport:
+    """One kernel of a compiled model."""
+
+    name: str
+    kind: str
+    rule: str
+    calls: int = 0
+    out_elements: int | None = None
+    vectorized_loops: int = 0
+    parallel_loops: int = 0
+    vector_ops: dict[str, int] = field(default_factory=dict)
+    time_ms: float | None = None
+    share: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def scheduled(self) -> bool:
+        return self.rule != GENERIC
+
+
+@dataclass
+class ModelReport:
+    """Every kernel of a compiled model (the one story :func:`report` tells)."""
+
+    model: str
+    target: str
+    kernels: list[KernelReport]
+    compile_s: float = 0.0
+    kernel_ms: float | None = None  # the kernels' times summed (one run)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{k.name}: {p}" for k in self.kernels for p in k.problems]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["problems"] = self.problems
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def format(self) -> str:
+        w = max([6, *(len(k.name) for k in self.kernels)])
+        lines = [
+            f"model: {self.model}   target: {self.target}   kernels: {len(self.kernels)}   "
+            f"compile: {self.compile_s:.1f} s"
+            + (f"   kernel time: {self.kernel_ms:.3f} ms" if self.kernel_ms else ""),
+            f"{'kernel':<{w}}  {'kind':<11}  {'rule':<16}  {'vec':>3}  {'par':>3}  "
+            f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}",
+        ]
+        for k in self.kernels:
+            vec = ",".join(f"{a}={b}" for a, b in sorted(k.vector_ops.items())) or "-"
+            lines.append(
+                f"{k.name:<{w}}  {k.kind:<11}  {k.rule:<16}  {k.vectorized_loops:>3}  "
+                f"{k.parallel_loops:>3}  {vec:<16}  "
+                f"{k.out_elements if k.out_elements is not None else '?':>9}  "
+                + (f"{k.time_ms:>8.4f}  {100 * k.share:>5.1f}%" if k.time_ms is not None
+                   else f"{'-':>8}  {'-':>6}")
+            )
+        probs = self.problems
+        lines.append("problems: " + ("none" if not probs else ""))
+        lines += [f"  - {p}" for p in probs]
+        return "\n".join(lines)
+
+
+def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    return {
+        gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)
+    }
+
+
+def _static_elements(func: tirx.PrimFunc) -> int | None:
+    out = func.params[-1]
+    n = 1
+    for d in out.shape:
+        if not isinstance(d, tirx.IntImm):
+            return None
+        n *= int(d.value)
+    return n
+
+
+def _asm_vector_ops(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, int]:
+    """Vector arithmetic in the kernel's assembly, compiled alone (its parallel lambdas are
+    then its own)."""
+    from ._explain import asm_of
+    from .verify._lints import kernel_vector_ops
+
+    if tgt.kind.name != "llvm":
+        return {}
+    f = func.with_attr("global_symbol", name)
+    try:
+        ex = tvm.compile(tvm.IRModule({name: f}), target=tgt)
+    except Exception:
+        return {}
+    return kernel_vector_ops(asm_of(ex), target_arch(tgt), name)
+
+
+def report(
+    model: Any,
+    target: Any = "x86",
+    *,
+    inputs: Sequence[np.ndarray] | None = None,
+    profile: bool = True,
+    asm: bool = True,
+    name: str = "",
+) -> ModelReport:
+    """Compile ``model`` (an IRModule or :class:`LoadedModel`) and report every kernel.
+
+    With ``profile`` (host targets only) every kernel call of one run is timed on its own
+    arguments and its share of the summed kernel time reported.
+    """
+    from .schedules import classify
+    from .verify._lints import loop_kinds
+
+    if isinstance(model, LoadedModel):
+        mod, inputs, name = model.opsdk_mod, inputs or model.inputs, name or model.name
+    else:
+        mod = model
+    tgt = resolve_target(target)
+    cm = compile_model(mod, tgt)
+    rows = []
+    for kname, f in sorted(_kernels(cm.scheduled).items()):
+        attrs = f.attrs or {}
+        kinds = loop_kinds(f)
+        op = attrs.get("opsdk.op")
+        k = KernelReport(
+            name=kname,
+            kind=f"opsdk.{op}" if op is not None else classify(f),
+            rule=str(attrs.get("opsdk.rule", GENERIC)),
+            out_elements=_static_elements(f),
+            vectorized_loops=int(kinds.get("VECTORIZED", 0)),
+            parallel_loops=int(kinds.get("PARALLEL", 0)),
+        )
+        if asm:
+            k.vector_ops = _asm_vector_ops(kname, f, tgt)
+        rows.append(k)
+    rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds)
+    from .runners.local import host_arch
+
+    if profile and inputs is not None and target_arch(tgt) == host_arch():
+        _profile(cm.ex, list(inputs), rep)
+    for k in rows:
+        _judge(k, asm=asm)
+    return rep
+
+
+def _judge(k: KernelReport, *, asm: bool) -> None:
+    big = k.out_elements is None or k.out_elements > SERIAL_LIMIT
+    if not k.scheduled:
+        k.problems.append("unscheduled (generic lowering)")
+    if big and not k.vectorized_loops and not k.parallel_loops:
+        k.problems.append(f"serial scalar loops over {k.out_elements or 'a symbolic number of'} "
+                          "output elements")
+    elif big and asm and not sum(k.vector_ops.values()) and k.kind not in ("opaque",):
+        k.problems.append("no vector arithmetic in its assembly")
+
+
+def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 20) -> None:
+    """Time each kernel call of one VM run on the arguments it was called with."""
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    calls: list[tuple[str, Any, list]] = []
+
+    def instrument(func, sym, before, ret, *a):
+        if before and not str(sym).startswith("vm."):
+            calls.append((str(sym), func, list(a)))
+        return 0
+
+    vm.set_instrument(instrument)
+    vm["main"](*args)
+    by_name = {k.name: k for k in rep.kernels}
+    times: dict[str, float] = {}
+    for sym, func, a in calls:
+        for _ in range(2):
+            func(*a)
+        best = float("inf")
+        for _ in range(5):  # min of 5 batches: robust to a preempted batch
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                func(*a)
+            best = min(best, (time.perf_counter() - t0) / rounds)
+        times[sym] = times.get(sym, 0.0) + best * 1e3
+        k = by_name.get(sym)
+        if k is not None:
+            k.calls += 1
+            if k.out_elements is None and a:
+                k.out_elements = int(np.prod(a[-1].shape))
+    total = sum(times.values())
+    rep.kernel_ms = total
+    for name, t in times.items():
+        k = by_name.get(name)
+        if k is not None:
+            k.time_ms, k.share = t, (t / total if total else 0.0)

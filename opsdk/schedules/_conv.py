@@ -1,0 +1,335 @@
+"""2-D convolutions (NCHW / NHWC; 1x1, 3x3, strided, grouped, depthwise) with fused epilogues.
+
+TVM legalizes ``conv2d`` into a padding block and one multiply-accumulate block reading the
+padded input through a window (``oh * stride + kh * dilation``); FuseOps appends the
+epilogue (BN-folded bias, ReLU / ReLU6 / residual add). Two register-tiled schedules cover
+the layouts, both matched on that structure:
+
+- **channel vectors** (dense and grouped convs in both layouts, depthwise NHWC): the tile is
+  ``MR`` output pixels of a row x ``NR`` output channels in vectors, summed over (input
+  channel, kh, kw). The weights are packed ``[O / NR, ..., NR]`` (compile time for constant
+  weights, like the matmul rule), each input value is broadcast once per k step. The NCHW
+  write-back stores the tile transposed (pixels contiguous); its cost is one tile store per
+  ``K = C * KH * KW`` FMA steps.
+- **pixel vectors** (depthwise NCHW): the input channel is the output channel, so vectors run
+  along the output row; ``MR`` rows x ``NR`` pixels per tile, the weight broadcast.
+
+The padding block stays a separate pass over the input (parallel, vectorized): reading the
+padded copy keeps branches out of the inner loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
+
+from ._common import extent_of, vector_lanes, vectorize_loop
+from ._gemm import (
+    _is_multiply_accumulate,
+    _param_buffers,
+    float32_accumulator,
+    fuse,
+    layout_free,
+    tile_m,
+    tile_n,
+    tile_writeback,
+)
+
+__all__ = ["ConvInfo", "analyze_conv", "schedule_conv2d"]
+
+
+@dataclass
+class ConvInfo:
+    """Roles of a conv block's iter vars: ``N`` batch, ``O`` output channel, ``H``/``W``
+    output row/column, ``C`` input channel, ``KH``/``KW`` window, ``T`` / ``TR`` unit
+    extent (spatial / reduction)."""
+
+    main: s_tir.schedule.SBlockRV
+    roles: list[str]
+    x_read: int
+    w_read: int
+    depthwise: bool  # the input channel index uses the output channel (groups == channels)
+    channels_last: bool  # the output's innermost axis is O (NHWC)
+    x_pos: list[str]  # role of each index of the input access (windows as H / W)
+    w_pos: list[str]  # role of each index of the weight access
+
+
+def _vars(e) -> set:
+    return set(undefined_vars(e))
+
+
+def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
+    """Match a conv2d multiply-accumulate block, or None."""
+    blk = sch.get(block)
+    if len(blk.writes) != 1 or not _is_multiply_accumulate(blk):
+        return None
+    out = blk.writes[0].source
+    reads = [i for i, r in enumerate(blk.reads) if not r.source.same_as(out)]
+    if len(reads) != 2:
+        return None
+    spat = [iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    red = [iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+
+    def used(r) -> set:
+        return set().union(*(_vars(rg.min) for rg in r.region))
+
+    def windows(r, other) -> list[int]:
+        # A window index mixes an output pixel var (absent from the other operand, the
+        # weight) with a reduction var; depthwise `ff + rc` uses the weight's ff.
+        px = set(spat) - used(other)
+        return [d for d, rg in enumerate(r.region)
+                if _vars(rg.min) & px and _vars(rg.min) & set(red)]
+
+    r0, r1 = blk.reads[reads[0]], blk.reads[reads[1]]
+    wins = [windows(r0, r1), windows(r1, r0)]
+    if not wins[0] and wins[1]:
+        reads = reads[::-1]
+        wins = wins[::-1]
+    x_read, w_read = reads
+    xw = wins[0]
+    if len(xw) != 2 or wins[1]:
+        return None
+    xr, wr = blk.reads[x_read], blk.reads[w_read]
+    wvars = set().union(*(_vars(rg.min) for rg in wr.region))
+    ovars = set().union(*(_vars(rg.min) for rg in blk.writes[0].region))
+    hv = _vars(xr.region[xw[0]].min)
+    wv = _vars(xr.region[xw[1]].min)
+    roles = []
+    for iv in blk.iter_vars:
+        v = iv.var
+        ext = iv.dom.extent
+        unit = isinstance(ext, tirx.IntImm) and ext.value == 1
+        if iv.iter_type == tirx.IterVar.DataPar:
+            if v in hv:
+                roles.append("H")
+            elif v in wv:
+                roles.append("W")
+            elif v in wvars and v in ovars:
+                roles.append("O")
+            elif v in ovars and not unit:
+                roles.append("N")
+            else:
+                roles.append("T")
+        else:
+            if v in hv:
+                roles.append("KH")
+            elif v in wv:
+                roles.append("KW")
+            elif unit:
+                roles.append("TR")  # a unit reduction (depthwise: one input channel)
+            else:
+                roles.append("C")
+    if roles.count("O") != 1 or roles.count("H") != 1 or roles.count("W") != 1:
+        return None
+    ivars = [iv.var for iv in blk.iter_vars]
+    o_var = ivars[roles.index("O")]
+    depthwise = any(o_var in _vars(rg.min) for rg in xr.region)
+
+    def positions(r) -> list[str]:
+        pos = []
+        for d, rg in enumerate(r.region):
+            vs = _vars(rg.min)
+            if r is xr and d == xw[0]:
+                pos.append("H")
+            elif r is xr and d == xw[1]:
+                pos.append("W")
+            else:
+                hit = {ro for ro, v in zip(roles, ivars) if v in vs and ro not in ("T", "TR")}
+                if not hit:
+                    pos.append("T")  # a unit-extent iterator or a constant index
+                else:
+                    pos.append(hit.pop() if len(hit) == 1 else ("O" if o_var in vs else "?"))
+        return pos
+
+    x_pos, w_pos = positions(xr), positions(wr)
+    if "?" in w_pos or w_pos.count("O") != 1:
+        return None
+    out_pos = positions(blk.writes[0])
+    return ConvInfo(block, roles, x_read, w_read, depthwise, out_pos[-1] == "O", x_pos, w_pos)
+
+
+def schedule_conv2d(
+    func: tirx.PrimFunc,
+    target: Target,
+    *,
+    acc_regs: int,
+    max_vecs: int = 4,
+    mr_max: int = 12,
+) -> s_tir.Schedule | None:
+    """Register-tiled direct convolution of a fused conv2d PrimFunc, or None.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te, topi
+    >>> from opsdk.schedules._conv import schedule_conv2d
+    >>> x, w = te.placeholder((1, 8, 10, 10), name="x"), te.placeholder((16, 8, 3, 3), name="w")
+    >>> y = topi.nn.conv2d_nchw(x, w, 1, 1, 1)
+    >>> schedule_conv2d(te.create_prim_func([x, w, y]), opsdk.target("x86"), acc_regs=24) \\
+    ...     is not None
+    True
+    """
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reds = [b for b in blocks
+            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
+    if len(reds) != 1:
+        return None
+    main = reds[0]
+    info = analyze_conv(sch, main)
+    if info is None or not float32_accumulator(sch.get(main)):
+        return None
+    loops = sch.get_loops(main)
+    if len(loops) != len(info.roles):
+        return None
+    producers = blocks[: blocks.index(main)]
+    epi = tile_writeback(sch, main)
+    if epi is None:
+        return None
+    lanes_max = vector_lanes(target, 32)
+    for p in producers:  # the padding (and any other input prologue): its own vector pass
+        _schedule_prologue(sch, p, lanes_max)
+    by_role: dict[str, list] = {}
+    for lp, r in zip(loops, info.roles):
+        by_role.setdefault(r, []).append(lp)
+    if info.depthwise and not info.channels_last:
+        return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
+    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs,
+                            mr_max)
+
+
+def _schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    vectorize_loop(sch, loops[-1], lanes)
+    if len(loops) > 1:
+        sch.parallel(fuse(sch, loops[:-1]))
+
+
+def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
+    """Weights in ``[O / nr, <other axes in their order>, nr]``: one k step loads ``nr``
+    consecutive output channels. A constant weight is packed at compile time."""
+    blk = sch.get(info.main)
+    wbuf = blk.reads[info.w_read].source
+    pos = info.w_pos
+
+    def pack(*idx):
+        o = next(i for i, p in zip(idx, pos) if p == "O")
+        rest = [i for i, p in zip(idx, pos) if p != "O"]
+        return [o // nr, *rest, o % nr]
+
+    params = _param_buffers(func)
+    w_param = next((i for i, p in enumerate(params) if p.same_as(wbuf)), None)
+    wp = sch.cache_read(info.main, info.w_read, "global")
+    sch.transform_layout(info.main, ("read", info.w_read), pack)
+    if w_param is not None and w_param in layout_free(func):
+        sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
+    else:
+        _schedule_prologue(sch, wp, 4)
+
+
+def _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs, max_vecs, mr_max):
+    """(lanes, channel vectors, pixels) of a channel-vector tile: the most accumulators among
+    tiles whose pixel count divides the row, then the most pixels per tile (each weight
+    vector loaded from L2 serves every pixel of the tile; measured on 64->64 3x3 at 56x56:
+    8 pixels x 2 vectors 1.14 ms, 4 x 4 1.25 ms, 14 x 1 1.25 ms)."""
+    lanes, nv_max = tile_n(o_ext, lanes_max, max_vecs)
+    nvec = o_ext // lanes if o_ext % lanes == 0 else nv_max
+    best = None
+    for nv in range(1, max_vecs + 1):
+        if nvec % nv:
+            continue
+        top = max(1, min(mr_max, acc_regs // nv))
+        mr = tile_m(w_ext, top)
+        exact = w_ext is not None and w_ext % mr == 0
+        key = (exact, mr * nv, mr)
+        if best is None or key > best[0]:
+            best = (key, nv, mr)
+    if best is None:
+        return lanes, nv_max, tile_m(w_ext, max(1, min(mr_max, acc_regs // nv_max)))
+    return lanes, best[1], best[2]
+
+
+def _out_positions(sch, info: ConvInfo) -> list[str]:
+    blk = sch.get(info.main)
+    o_var = next(iv.var for iv, r in zip(blk.iter_vars, info.roles) if r == "O")
+    return ["O" if o_var in _vars(rg.min) else "-" for rg in blk.writes[0].region]
+
+
+def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs, mr_max):
+    (o,), (h,), (w,) = by_role["O"], by_role["H"], by_role["W"]
+    o_ext, w_ext = extent_of(sch, o), extent_of(sch, w)
+    if o_ext is None:
+        return None
+    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs, max_vecs, mr_max)
+    nr = lanes * nv
+    _pack_weights(sch, func, info, nr)
+    if not info.channels_last:
+        # The accumulator tile keeps channels innermost (contiguous vectors); only the
+        # write-back reads it transposed.
+        def channels_last(*idx):
+            return [*(i for i, p in zip(idx, out_pos) if p != "O"),
+                    next(i for i, p in zip(idx, out_pos) if p == "O")]
+
+        out_pos = _out_positions(sch, info)
+        sch.transform_layout(info.main, ("write", 0), channels_last)
+    oo, oi = sch.split(o, [None, nr])
+    ov, ol = sch.split(oi, [None, lanes])
+    wo, wi = sch.split(w, [None, mr])
+    # Reduction order follows the input's memory order (kw innermost in NCHW, c in NHWC).
+    red_roles = [r for r in info.x_pos if r in ("C", "H", "W")]
+    red = []
+    for r in red_roles:
+        key = {"C": "C", "H": "KH", "W": "KW"}[r]
+        red += by_role.get(key, [])
+    red += [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, []) if lp not in red]
+    batch = by_role.get("N", []) + by_role.get("T", [])
+    sch.reorder(*batch, oo, h, wo, *red, wi, ov, ol)
+    sch.reverse_compute_at(epi, wo)
+    el = sch.get_loops(epi)
+    inner = el[-1]
+    ie = extent_of(sch, inner)
+    if ie is not None and ie > lanes and ie % lanes == 0:
+        _, inner = sch.split(inner, [None, lanes])
+    sch.vectorize(inner)
+    sch.unroll(wi)
+    sch.unroll(ov)
+    sch.vectorize(ol)
+    sch.parallel(fuse(sch, [*batch, oo, h]))
+    if red:
+        sch.decompose_reduction(info.main, red[0])
+    return sch
+
+
+def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs):
+    (o,), (h,), (w,) = by_role["O"], by_role["H"], by_role["W"]
+    w_ext, h_ext = extent_of(sch, w), extent_of(sch, h)
+    if w_ext is None:
+        return None
+    lanes, nv = tile_n(w_ext, lanes_max, max_vecs)
+    nr = lanes * nv
+    mr = tile_m(h_ext, max(1, min(4, acc_regs // nv)))
+    wo, wi = sch.split(w, [None, nr])
+    wv, wl = sch.split(wi, [None, lanes])
+    ho, hi = sch.split(h, [None, mr])
+    red = [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, [])]
+    batch = by_role.get("N", []) + by_role.get("T", [])
+    sch.reorder(*batch, o, ho, wo, *red, hi, wv, wl)
+    sch.reverse_compute_at(epi, wo)
+    el = sch.get_loops(epi)
+    inner = el[-1]
+    ie = extent_of(sch, inner)
+    if ie is not None and ie > lanes and ie % lanes == 0:
+        _, inner = sch.split(inner, [None, lanes])
+    sch.vectorize(inner)
+    sch.unroll(hi)
+    sch.unroll(wv)
+    sch.vectorize(wl)
+    sch.parallel(fuse(sch, [*batch, o]))
+    if red:
+        sch.decompose_reduction(info.main, red[0])
+    return sch

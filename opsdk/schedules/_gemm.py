@@ -1,0 +1,374 @@
+"""Matmul kernels (dense, matmul, batch_matmul) with fused epilogues, for CPUs.
+
+A fused PrimFunc from TVM's legalization is matched on its loop and buffer structure, not on
+op names: exactly one reduction block ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (any index
+order, optional casts), injective producers (transposes, reshapes) that are inlined into it,
+and a chain of elementwise consumers (bias, activation, residual add, scale) that becomes the
+tile's write-back. The schedule is the classic register-blocked GEMM:
+
+- ``B`` is read from a packed layout ``[S, N / NR, K, NR]`` so one k step loads ``NR``
+  contiguous floats. A constant ``B`` (a weight: the PrimFunc's ``layout_free_buffers``) is
+  packed by a separate block annotated ``meta_schedule.layout_rewrite_preproc``, which
+  ``relax.transform.SplitLayoutRewritePreproc`` turns into its own function and FoldConstant
+  then evaluates at compile time; an activation ``B`` that is not contiguous along ``N``
+  (``Q @ K^T``) is packed on every call, an activation contiguous along ``N`` is read in place.
+- ``MR x NR`` accumulators stay in vector registers: the reduction block writes a ``local``
+  buffer the size of one tile (the ``k`` loop outside the unrolled ``MR`` rows and ``NR / lanes``
+  vectors), and the epilogue writes the tile out once, vectorized.
+- Tiles divide the extents where possible (``MR`` in ``[1, mr_max]``, ``NR`` a multiple of the
+  lanes that divides ``N``, narrower vectors for channel counts like 24); otherwise the last
+  tile carries a predicate (correct, slower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.target import Target
+from tvm.tirx.analysis import undefined_vars
+from tvm.tirx.stmt import BufferStore
+
+from ._common import extent_of, vector_lanes
+
+__all__ = [
+    "GemmInfo",
+    "analyze_gemm",
+    "float32_accumulator",
+    "fuse",
+    "inline_producers",
+    "layout_free",
+    "schedule_copy",
+    "schedule_matmul",
+    "tile_m",
+    "tile_n",
+    "tile_writeback",
+]
+
+
+@dataclass
+class GemmInfo:
+    """What :func:`analyze_gemm` found: the reduction block and the role of each iter var."""
+
+    main: s_tir.schedule.SBlockRV
+    kinds: list[str]  # one of S (batch), I (rows), J (columns), K (reduction) per iter var
+    a_read: int  # index of A in the block's reads
+    b_read: int  # index of B
+    b_pos: list[str]  # the role of each index of B's access (S / J / K)
+
+
+def _vars(expr: tirx.PrimExpr) -> set:
+    return set(undefined_vars(expr))
+
+
+def _point_axes(region) -> set | None:
+    """The variables a point access uses, or None when it reads a range (not a point)."""
+    out: set = set()
+    for r in region:
+        if not (isinstance(r.extent, tirx.IntImm) and r.extent.value == 1):
+            return None
+        out |= _vars(r.min)
+    return out
+
+
+def _is_multiply_accumulate(blk: s_tir.SBlock) -> bool:
+    """``C[...] = C[...] + a * b`` with ``a``/``b`` loads (possibly cast)."""
+    body = blk.body
+    if not isinstance(body, BufferStore):
+        return False
+    v = body.value
+    if not isinstance(v, tirx.Add):
+        return False
+    acc, prod = (v.a, v.b) if isinstance(v.a, TensorLoad) else (v.b, v.a)
+    if not (isinstance(acc, TensorLoad) and acc.source.same_as(body.buffer)):
+        return False
+    while isinstance(prod, tirx.Cast):
+        prod = prod.value
+    return isinstance(prod, tirx.Mul)
+
+
+def analyze_gemm(sch: s_tir.Schedule, block) -> GemmInfo | None:
+    """Match ``block`` against ``C[S, I, J] += A[S, I, K] * B[S, J, K]``.
+
+    Returns None for anything else (a conv reads a window ``oh + kh``, a reduction has one
+    operand). A GEMV (no ``I`` axis) matches with ``A`` the operand without ``J``.
+    """
+    blk = sch.get(block)
+    if len(blk.writes) != 1 or not _is_multiply_accumulate(blk):
+        return None
+    out = blk.writes[0].source
+    reads = [i for i, r in enumerate(blk.reads) if not r.source.same_as(out)]
+    if len(reads) != 2:
+        return None
+    w = _point_axes(blk.writes[0].region)
+    ra = _point_axes(blk.reads[reads[0]].region)
+    rb = _point_axes(blk.reads[reads[1]].region)
+    if w is None or ra is None or rb is None:
+        return None
+    # Every index of an operand must be a single iter var (a window `oh + kh` is a conv).
+    for r in (blk.reads[reads[0]], blk.reads[reads[1]]):
+        for rg in r.region:
+            if len(_vars(rg.min)) > 1:
+                return None
+    ivars = [iv.var for iv in blk.iter_vars]
+    kinds = []
+    for iv in blk.iter_vars:
+        v = iv.var
+        ext = iv.dom.extent
+        if iv.iter_type == tirx.IterVar.DataPar:
+            if v in ra and v in rb and v in w:
+                kinds.append("S")
+            elif v in ra and v in w:
+                kinds.append("I")
+            elif v in rb and v in w:
+                kinds.append("J")
+            elif v in w and isinstance(ext, tirx.IntImm) and ext.value == 1:
+                kinds.append("S")
+            else:
+                return None
+        elif iv.iter_type == tirx.IterVar.CommReduce:
+            if v in ra and v in rb and v not in w:
+                kinds.append("K")
+            else:
+                return None
+        else:
+            return None
+    if "K" not in kinds:
+        return None
+    a_read, b_read = reads
+    if "J" not in kinds:  # the roles of A and B are decided by which operand carries J
+        if "I" not in kinds:
+            return None
+        a_read, b_read = b_read, a_read
+        kinds = ["J" if k == "I" else k for k in kinds]
+    # A carries I (if any), B carries J.
+    jv = {v for v, k in zip(ivars, kinds) if k == "J"}
+    if not (jv & _point_axes(blk.reads[b_read].region)):
+        a_read, b_read = b_read, a_read
+    kv = {v for v, k in zip(ivars, kinds) if k == "K"}
+    b_pos = []
+    for rg in blk.reads[b_read].region:
+        vs = _vars(rg.min)
+        b_pos.append("J" if vs & jv else "K" if vs & kv else "S")
+    if b_pos.count("J") != 1 or b_pos.count("K") != 1:
+        return None
+    return GemmInfo(block, kinds, a_read, b_read, b_pos)
+
+
+def float32_accumulator(blk: s_tir.SBlock) -> bool:
+    """Whether the block accumulates in float32 (the register tiles are float32 vectors)."""
+    dt = blk.writes[0].source.dtype
+    return dt.bits == 32 and dt.type_code == 2 and dt.lanes == 1
+
+
+def inline_producers(sch: s_tir.Schedule, blocks, main) -> bool:
+    """Inline every block before ``main`` into its consumers; False if one refuses."""
+    for b in blocks:
+        if b == main:
+            return True
+        try:
+            sch.compute_inline(b)
+        except Exception:
+            return False
+    return True
+
+
+def tile_writeback(sch: s_tir.Schedule, main):
+    """Fold the consumer chain of ``main`` into its first block and give ``main`` a ``local``
+    output (one tile once the write-back is computed at the tile loop); returns the write-back
+    block, or None if an epilogue block cannot be inlined."""
+    chain = _consumer_chain(sch, main)
+    for c in reversed(chain[1:]):
+        try:
+            sch.reverse_compute_inline(c)
+        except Exception:
+            return None
+    if chain:
+        sch.set_scope(main, 0, "local")
+        return chain[0]
+    return sch.cache_write(main, 0, "local")
+
+
+def _reduction_blocks(sch: s_tir.Schedule, blocks) -> list:
+    return [
+        b for b in blocks
+        if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+    ]
+
+
+def _consumer_chain(sch: s_tir.Schedule, block) -> list:
+    chain, b = [], block
+    while True:
+        cs = sch.get_consumers(b)
+        if len(cs) != 1:
+            return chain
+        chain.append(cs[0])
+        b = cs[0]
+
+
+def fuse(sch: s_tir.Schedule, loops: list):
+    if not loops:
+        return None
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def tile_n(n: int | None, lanes: int, max_vecs: int) -> tuple[int, int]:
+    """(vector lanes, vectors per tile row) for N: the widest vectors that divide N."""
+    if n is None:
+        return lanes, 1
+    for ln in (lanes, lanes // 2, lanes // 4):
+        if ln >= 4 and n % ln == 0:
+            nvec = n // ln
+            for v in range(min(max_vecs, nvec), 0, -1):
+                if nvec % v == 0:
+                    return ln, v
+    if n <= lanes * max_vecs:
+        return n, 1  # one odd-sized vector (LLVM splits it into full and partial registers)
+    return lanes, max(1, min(max_vecs, n // lanes))  # the last tile is partial (padded)
+
+
+def tile_m(m: int | None, mr_max: int) -> int:
+    if m is None:
+        return mr_max
+    if m <= mr_max:
+        return m
+    best = max(r for r in range(1, mr_max + 1) if m % r == 0)
+    return best if best * 2 > mr_max else mr_max
+
+
+def layout_free(func: tirx.PrimFunc) -> set[int]:
+    attrs = func.attrs or {}
+    return {int(i) for i in attrs.get("layout_free_buffers", [])}
+
+
+def _param_buffers(func: tirx.PrimFunc) -> list:
+    return list(func.params)  # TVM 0.27: a PrimFunc's params are its buffers
+
+
+def schedule_matmul(
+    func: tirx.PrimFunc,
+    target: Target,
+    *,
+    acc_regs: int,
+    max_vecs: int = 4,
+    mr_max: int = 8,
+    pack_bytes: int = 1 << 20,
+) -> s_tir.Schedule | None:
+    """Register-blocked GEMM schedule of a fused matmul PrimFunc, or None if it is not one.
+
+    Parameters
+    ----------
+    acc_regs
+        Vector registers given to the accumulators (``MR * NR / lanes`` at most).
+    max_vecs
+        Most vectors per tile row (``NR / lanes``).
+    mr_max
+        Most rows per tile.
+    pack_bytes
+        An activation ``B`` contiguous along ``N`` is read in place when it is at most this
+        big (it stays in L2); larger ones are packed like transposed ones.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te
+    >>> from opsdk.schedules._gemm import schedule_matmul
+    >>> a, b = te.placeholder((64, 32), name="a"), te.placeholder((32, 48), name="b")
+    >>> k = te.reduce_axis((0, 32), name="k")
+    >>> c = te.compute((64, 48), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    >>> sch = schedule_matmul(te.create_prim_func([a, b, c]), opsdk.target("x86"), acc_regs=24)
+    >>> sch is not None
+    True
+    """
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    red = _reduction_blocks(sch, blocks)
+    if len(red) != 1:
+        return None
+    main = red[0]
+    # Producers (transposes, reshapes, broadcasts) read straight from their sources.
+    if not inline_producers(sch, blocks, main):
+        return None
+    info = analyze_gemm(sch, main)
+    if info is None:
+        return None
+    blk = sch.get(main)
+    loops = sch.get_loops(main)
+    if len(loops) != len(info.kinds) or not float32_accumulator(blk):
+        return None
+    epi = tile_writeback(sch, main)
+    if epi is None:
+        return None
+    groups = {k: [lp for lp, kk in zip(loops, info.kinds) if kk == k] for k in "SIJK"}
+    sch.reorder(*groups["S"], *groups["I"], *groups["J"], *groups["K"])
+    s = fuse(sch, groups["S"])
+    m = fuse(sch, groups["I"])
+    n = fuse(sch, groups["J"])
+    k = fuse(sch, groups["K"])
+    lanes_max = vector_lanes(target, 32)
+    n_ext = extent_of(sch, n)
+    m_ext = extent_of(sch, m) if m is not None else 1
+    lanes, nv = tile_n(n_ext, lanes_max, max_vecs)
+    nr = lanes * nv
+    mr = tile_m(m_ext, max(1, min(mr_max, acc_regs // nv)))
+    # B in a packed layout [S..., N / NR, K, NR].
+    bbuf = blk.reads[info.b_read].source
+    params = _param_buffers(func)
+    b_param = next((i for i, p in enumerate(params) if p.same_as(bbuf)), None)
+    b_const = b_param is not None and b_param in layout_free(func)
+    b_contig = info.b_pos[-1] == "J"
+    b_bytes = 4
+    for e in bbuf.shape:
+        b_bytes *= int(e.value) if isinstance(e, tirx.IntImm) else 1 << 16
+    if b_const or not b_contig or b_bytes > pack_bytes:
+        pos = info.b_pos
+
+        def pack(*idx):
+            batch = [i for i, p in zip(idx, pos) if p == "S"]
+            j = next(i for i, p in zip(idx, pos) if p == "J")
+            kk = next(i for i, p in zip(idx, pos) if p == "K")
+            return [*batch, j // nr, kk, j % nr]
+
+        bp = sch.cache_read(main, info.b_read, "global")
+        padded = n_ext is None or n_ext % nr != 0
+        sch.transform_layout(main, ("read", info.b_read), pack,
+                             pad_value=0.0 if padded else None)
+        if b_const:
+            sch.annotate(bp, "meta_schedule.layout_rewrite_preproc", True)
+        else:
+            schedule_copy(sch, bp, lanes_max)
+    # Tiles.
+    no, ni = sch.split(n, [None, nr])
+    nvl, nl = sch.split(ni, [None, lanes])
+    if m is not None:
+        mo, mi = sch.split(m, [None, mr])
+        a_first = b_bytes <= pack_bytes  # B stays in cache: stream A once
+        tile_outer, tile_inner = (mo, no) if a_first else (no, mo)
+        sch.reorder(tile_outer, tile_inner, k, mi, nvl, nl)
+        anchor = tile_inner
+        sch.unroll(mi)
+    else:
+        sch.reorder(no, k, nvl, nl)
+        tile_outer, anchor = no, no
+    sch.reverse_compute_at(epi, anchor)
+    el = sch.get_loops(epi)
+    inner = el[-1]
+    if extent_of(sch, inner) == nr and nr > lanes:
+        _, vec = sch.split(inner, [None, lanes])
+        sch.vectorize(vec)
+    else:
+        sch.vectorize(inner)
+    sch.unroll(nvl)
+    sch.vectorize(nl)
+    par = fuse(sch, [x for x in (s, tile_outer) if x is not None])
+    sch.parallel(par)
+    sch.decompose_reduction(main, k)
+    return sch
+
+
+def schedule_copy(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """A packing copy: outer loops fused in parallel (its inner loop is a gather)."""
+    loops = sch.get_loops(block)
+    if len(loops) > 1:
+        sch.parallel(fuse(sch, loops[:-1]))
