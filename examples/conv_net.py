@@ -24,6 +24,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _harness import run_example
 
+#: The benchmark size (``opsdk bench --examples``, this script's defaults).
+DEFAULT_ARGS = {"channels": 32, "size": 56, "batch": 1}
+
 
 def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
@@ -67,9 +70,9 @@ def build_model(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--channels", type=int, default=32)
-    p.add_argument("--size", type=int, default=56)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--channels", type=int, default=DEFAULT_ARGS["channels"])
+    p.add_argument("--size", type=int, default=DEFAULT_ARGS["size"])
+    p.add_argument("--batch", type=int, default=DEFAULT_ARGS["batch"])
     p.add_argument("--small", action="store_true", help="8 channels, 16x16, batch 2")
     p.add_argument("--no-arm", action="store_true", help="skip the aarch64 cross-compile")
     p.add_argument("--bench", action="store_true", help="time opsdk vs TVM's default pipeline")

@@ -24,6 +24,11 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _harness import run_example
 
+#: The benchmark size (``opsdk bench --examples``, this script's defaults).
+DEFAULT_ARGS = {"cin": 24, "cout": 32, "size": 56, "batch": 1}
+#: Exported with a symbolic batch dim (one executable for every batch size).
+DYNAMIC_BATCH = True
+
 
 class InvertedResidual(nn.Module):
     """MobileNetV2's block: expand (1x1), depthwise (3x3), project (1x1), residual if it fits."""
@@ -73,10 +78,10 @@ def build_model(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cin", type=int, default=24)
-    p.add_argument("--cout", type=int, default=32)
-    p.add_argument("--size", type=int, default=56)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--cin", type=int, default=DEFAULT_ARGS["cin"])
+    p.add_argument("--cout", type=int, default=DEFAULT_ARGS["cout"])
+    p.add_argument("--size", type=int, default=DEFAULT_ARGS["size"])
+    p.add_argument("--batch", type=int, default=DEFAULT_ARGS["batch"])
     p.add_argument("--small", action="store_true", help="16 -> 16 channels, 16x16, batch 2")
     p.add_argument("--no-arm", action="store_true", help="skip the aarch64 cross-compile")
     p.add_argument("--bench", action="store_true", help="time opsdk vs TVM's default pipeline")

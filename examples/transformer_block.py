@@ -26,6 +26,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _harness import run_example
 
+#: The benchmark size (``opsdk bench --examples``, this script's defaults).
+DEFAULT_ARGS = {"dim": 256, "heads": 4, "seq": 128, "batch": 1}
+
 
 class EncoderBlock(nn.Module):
     """Pre-norm transformer encoder block: multi-head self-attention and a GELU MLP."""
@@ -65,10 +68,10 @@ def build_model(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dim", type=int, default=DEFAULT_ARGS["dim"])
+    p.add_argument("--heads", type=int, default=DEFAULT_ARGS["heads"])
+    p.add_argument("--seq", type=int, default=DEFAULT_ARGS["seq"])
+    p.add_argument("--batch", type=int, default=DEFAULT_ARGS["batch"])
     p.add_argument("--small", action="store_true", help="dim 64, seq 16, batch 2")
     p.add_argument("--no-arm", action="store_true", help="skip the aarch64 cross-compile")
     p.add_argument("--bench", action="store_true", help="time opsdk vs TVM's default pipeline")

@@ -80,10 +80,58 @@ def _parse_attrs(items: Sequence[str] | None) -> dict:
     return out
 
 
+def _parse_model_args(items: Sequence[str] | None) -> dict | None:
+    if not items:
+        return None
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise UsageError(f"--model-arg expects NAME=VALUE, got {it!r}")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _cmd_explain_model(args: argparse.Namespace) -> int:
+    import opsdk
+    from opsdk.bench._model import _default_args, _dynamic_batch
+
+    try:
+        opsdk.target(args.target)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = args.model
+    if not spec.endswith(".onnx") and not pathlib.Path(spec).exists() and "/" in spec:
+        raise UsageError(f"model file {spec!r} does not exist")
+    entry_args = _parse_model_args(args.model_arg)
+    if entry_args is None:
+        entry_args = _default_args(spec)
+    try:
+        m = opsdk.model.load_model(spec, entry=args.entry, entry_args=entry_args,
+                                   dynamic_batch=_dynamic_batch(spec))
+    except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
+        raise UsageError(f"cannot load model {spec!r}: {e}") from None
+    rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
+                             asm=not args.no_asm)
+    print(rep.format())
+    if args.json:
+        pathlib.Path(args.json).write_text(rep.to_json())
+    return 1 if rep.problems and args.strict else 0
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     import opsdk
 
     _load_ops(args.module)
+    if args.model:
+        if args.op:
+            raise UsageError("give an op or --model, not both")
+        return _cmd_explain_model(args)
+    if not args.op:
+        raise UsageError("name an op (opsdk list shows them) or pass --model FILE")
     try:
         opsdk.get_op(args.op)
         opsdk.target(args.target)
@@ -155,8 +203,25 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=_cmd_list)
 
-    s = sub.add_parser("explain", help="which schedule rule lowers an op on a target, and why")
-    s.add_argument("op")
+    s = sub.add_parser(
+        "explain",
+        help="which schedule rule lowers an op (or every kernel of a --model) on a target, "
+        "and why",
+    )
+    s.add_argument("op", nargs="?", help="an op name (or use --model)")
+    s.add_argument(
+        "--model", metavar="FILE",
+        help="report every kernel of a compiled model: kind, rule, vector/parallel facts, "
+        "vector instructions, share of the run time (host)",
+    )
+    s.add_argument("--entry", default="build_model", help="the model file's entry function")
+    s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
+                   help="keyword argument of the entry function (default: DEFAULT_ARGS)")
+    s.add_argument("--json", metavar="PATH", help="with --model: also write the report as JSON")
+    s.add_argument("--no-profile", action="store_true",
+                   help="with --model: skip timing the kernels")
+    s.add_argument("--strict", action="store_true",
+                   help="with --model: exit 1 when a kernel is unscheduled or serial")
     s.add_argument(
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )

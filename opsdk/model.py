@@ -207,6 +207,7 @@ class KernelReport:
     vectorized_loops: int = 0
     parallel_loops: int = 0
     vector_ops: dict[str, int] = field(default_factory=dict)
+    vector_moves: int = 0
     time_ms: float | None = None
     share: float | None = None
     problems: list[str] = field(default_factory=list)
@@ -248,7 +249,9 @@ class ModelReport:
             f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}",
         ]
         for k in self.kernels:
-            vec = ",".join(f"{a}={b}" for a, b in sorted(k.vector_ops.items())) or "-"
+            vec = ",".join(f"{a}={b}" for a, b in sorted(k.vector_ops.items()))
+            if not vec:
+                vec = f"moves={k.vector_moves}" if k.vector_moves else "-"
             lines.append(
                 f"{k.name:<{w}}  {k.kind:<11}  {k.rule:<16}  {k.vectorized_loops:>3}  "
                 f"{k.parallel_loops:>3}  {vec:<16}  "
@@ -278,20 +281,21 @@ def _static_elements(func: tirx.PrimFunc) -> int | None:
     return n
 
 
-def _asm_vector_ops(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, int]:
-    """Vector arithmetic in the kernel's assembly, compiled alone (its parallel lambdas are
-    then its own)."""
+def _asm_vector_ops(name: str, func: tirx.PrimFunc, tgt: Any) -> tuple[dict[str, int], int]:
+    """Vector arithmetic (by register class) and full-width vector loads/stores in the
+    kernel's assembly, compiled alone (its parallel lambdas are then its own)."""
     from ._explain import asm_of
-    from .verify._lints import kernel_vector_ops
+    from .verify._lints import kernel_vector_moves, kernel_vector_ops
 
     if tgt.kind.name != "llvm":
-        return {}
+        return {}, 0
     f = func.with_attr("global_symbol", name)
     try:
         ex = tvm.compile(tvm.IRModule({name: f}), target=tgt)
     except Exception:
-        return {}
-    return kernel_vector_ops(asm_of(ex), target_arch(tgt), name)
+        return {}, 0
+    asm, arch = asm_of(ex), target_arch(tgt)
+    return kernel_vector_ops(asm, arch, name), kernel_vector_moves(asm, arch, name)
 
 
 def report(
@@ -331,7 +335,7 @@ def report(
             parallel_loops=int(kinds.get("PARALLEL", 0)),
         )
         if asm:
-            k.vector_ops = _asm_vector_ops(kname, f, tgt)
+            k.vector_ops, k.vector_moves = _asm_vector_ops(kname, f, tgt)
         rows.append(k)
     rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds)
     from .runners.local import host_arch
@@ -351,7 +355,8 @@ def _judge(k: KernelReport, *, asm: bool) -> None:
         k.problems.append(f"serial scalar loops over {k.out_elements or 'a symbolic number of'} "
                           "output elements")
     elif big and asm and not sum(k.vector_ops.values()) and k.kind not in ("opaque",):
-        k.problems.append("no vector arithmetic in its assembly")
+        if k.kind != "elementwise" or not k.vector_moves:  # a copy or transpose only moves
+            k.problems.append("no vector instructions in its assembly")
 
 
 def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 20) -> None:

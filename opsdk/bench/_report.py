@@ -202,6 +202,27 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="also load ops from this module (custom ops: compared with their unscheduled "
         "lowering and the copy roofline; pass --shapes)",
     )
+    parser.add_argument(
+        "--model", action="append", metavar="FILE",
+        help="benchmark a whole model end to end (opsdk vs TVM default, torch eager, "
+        "onnxruntime): a Python file whose ENTRY returns (torch module, example args), or an "
+        ".onnx file (repeatable)",
+    )
+    parser.add_argument(
+        "--examples", action="store_true",
+        help="benchmark the three example models at their default sizes",
+    )
+    parser.add_argument("--entry", default="build_model", help="model entry function")
+    parser.add_argument(
+        "--model-arg", action="append", metavar="NAME=VALUE",
+        help="keyword argument of the entry function (JSON value; default: the file's "
+        "DEFAULT_ARGS)",
+    )
+    parser.add_argument(
+        "--gemm", nargs="*", type=_shape, metavar="MxNxK",
+        help="fp32 GEMM x[M,K] @ w[K,N] vs torch.matmul in GFLOPS (no shapes: 1024x1024x1024 "
+        "and 128x3072x768)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
     parser.add_argument(
@@ -225,6 +246,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         except (ImportError, TypeError, ValueError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2
+    if getattr(args, "model", None) or getattr(args, "examples", False) or \
+            getattr(args, "gemm", None) is not None:
+        return _bench_models(args)
     if args.ops and "qdense" in args.ops:
         return _bench_qdense(args)
     for dt in args.dtypes:
@@ -298,4 +322,71 @@ def _bench_qdense(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2, default=list)
+    return 0
+
+
+def _bench_models(args: argparse.Namespace) -> int:
+    """``opsdk bench --model FILE`` / ``--examples`` / ``--gemm``."""
+    from ._model import (
+        EXAMPLES,
+        examples_dir,
+        format_gemm_table,
+        format_model_table,
+        run_gemm_bench,
+        run_model_bench,
+    )
+
+    out: dict[str, Any] = {}
+    models = list(args.model or [])
+    if args.examples:
+        missing = [e for e in EXAMPLES if not (examples_dir() / e).exists()]
+        if missing:
+            print(f"opsdk bench: error: --examples needs a source checkout ({examples_dir()} "
+                  f"lacks {', '.join(missing)})", file=sys.stderr)
+            return 2
+        models += [str(examples_dir() / e) for e in EXAMPLES]
+    entry_args = None
+    if args.model_arg:
+        entry_args = {}
+        for item in args.model_arg:
+            k, sep, v = item.partition("=")
+            if not sep:
+                print(f"opsdk bench: error: --model-arg expects NAME=VALUE, got {item!r}",
+                      file=sys.stderr)
+                return 2
+            try:
+                entry_args[k] = json.loads(v)
+            except json.JSONDecodeError:
+                entry_args[k] = v
+    for m in models:
+        if not m.endswith(".onnx") and not os.path.exists(m) and "/" in m:
+            print(f"opsdk bench: error: model file {m!r} does not exist", file=sys.stderr)
+            return 2
+    try:
+        if models:
+            rows = run_model_bench(
+                models, target=args.target, threads=args.threads, repeats=args.repeats,
+                budget_ms=max(args.budget_ms, 50.0), entry=args.entry, entry_args=entry_args,
+                progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True),
+            )
+            print(format_model_table(rows))
+            out["models"] = rows
+        if args.gemm is not None:
+            shapes = [tuple(s) for s in args.gemm] or [(1024, 1024, 1024), (128, 3072, 768)]
+            bad = [s for s in shapes if len(s) != 3]
+            if bad:
+                print(f"opsdk bench: error: --gemm shapes are MxNxK, got {bad[0]}",
+                      file=sys.stderr)
+                return 2
+            grows = run_gemm_bench(shapes, target=args.target, threads=args.threads,
+                                   repeats=args.repeats, budget_ms=max(args.budget_ms, 50.0))
+            print(format_gemm_table(grows))
+            out["gemm"] = grows
+    except (KeyError, ValueError, TypeError, ImportError, AttributeError,
+            FileNotFoundError) as e:
+        print(f"opsdk bench: error: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
     return 0

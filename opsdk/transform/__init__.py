@@ -30,12 +30,14 @@ Examples
 from __future__ import annotations
 
 from ._fuse import FUSION_RULES, FuseIntoOps
+from ._layout import ChannelsLast
 from ._lower import LowerOps, ScheduleKernels, pipeline, schedule_passes
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 
 __all__ = [
     "FUSION_RULES",
+    "ChannelsLast",
     "REPLACEABLE_OPS",
     "FuseIntoOps",
     "LowerOps",

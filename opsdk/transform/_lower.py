@@ -2,6 +2,8 @@
 
 ``pipeline(target)`` is the whole CPU compile of a model:
 
+0. convolutions run channels-last (:func:`ChannelsLast`): NHWC inside, one transpose where
+   a conv chain starts and one where it ends;
 1. opsdk ops are legalized with their own compute, unscheduled, tagged ``opsdk.op``; all but
    elementwise ones are marked opaque to fusion so their kernels stay whole;
 2. TVM's ops are legalized (``LegalizeOps``), the kernels annotated with their fusion pattern,
@@ -106,10 +108,15 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
     return _pass
 
 
-def schedule_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
-    """Steps 1-5 of :func:`pipeline`: legalize, fold, fuse, schedule every kernel, pack."""
+def schedule_passes(
+    target: str | dict | Target, *, channels_last: bool = True
+) -> list[tvm.transform.Pass]:
+    """Steps 0-5 of :func:`pipeline`: layout, legalize, fold, fuse, schedule every kernel,
+    pack weights."""
+    from ._layout import ChannelsLast
+
     tgt = _resolve(target)
-    return [
+    return [ChannelsLast()] * channels_last + [
         _LegalizeOpsDeferred(tgt),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
@@ -125,12 +132,15 @@ def schedule_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
     ]
 
 
-def pipeline(target: str | dict | Target, base: str = "opsdk") -> tvm.transform.Pass:
+def pipeline(
+    target: str | dict | Target, base: str = "opsdk", *, channels_last: bool = True
+) -> tvm.transform.Pass:
     """The Relax pipeline compiling a model for ``target`` with every kernel scheduled.
 
     ``base="opsdk"`` (the default) is the whole model pipeline described in this module;
     any other name is a TVM pipeline (``relax.get_pipeline(base)``, e.g. ``"default"``) with
     only the opsdk ops lowered by their rules in front, TVM's kernels left as TVM leaves them.
+    ``channels_last=False`` keeps convolutions in the model's own layout.
 
     Examples
     --------
@@ -149,7 +159,7 @@ def pipeline(target: str | dict | Target, base: str = "opsdk") -> tvm.transform.
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with tgt:
             seq = tvm.transform.Sequential(
-                schedule_passes(tgt)
+                schedule_passes(tgt, channels_last=channels_last)
                 + cpu.dataflow_lower_passes(tgt)
                 + cpu.finalize_passes(tgt)
             )

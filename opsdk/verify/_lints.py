@@ -28,7 +28,13 @@ from ..schedules import GENERIC, rules_for
 from ..targets import target_arch
 from ._report import LintResult
 
-__all__ = ["asm_functions", "kernel_vector_ops", "lint_prim_func", "loop_kinds"]
+__all__ = [
+    "asm_functions",
+    "kernel_vector_moves",
+    "kernel_vector_ops",
+    "lint_prim_func",
+    "loop_kinds",
+]
 
 _X86_NONARITH = re.compile(
     r"^v(mov|broadcast|pbroadcast|perm|shuf|unpck|punpck|insert|extract|zeroupper|zeroall|"
@@ -83,6 +89,31 @@ def asm_functions(asm: str) -> dict[str, str]:
 
 def _is_kernel(fn: str, prim_name: str) -> bool:
     return prim_name in fn or "parallel_lambda" in fn
+
+
+_X86_VMOVE = re.compile(r"^vmov(u|a)p[sd]$|^vmovdq[au]\d*$")
+_A64_VMOVE = re.compile(r"^(ld1|st1|ldr|str|ldp|stp)$")
+
+
+def kernel_vector_moves(asm: str, arch: str, prim_name: str) -> int:
+    """Packed vector loads and stores in the kernel's own functions (``[xyz]mm`` moves on
+    x86, ``q``/``v`` register loads and stores on aarch64): what a vectorized copy or
+    transpose, which does no arithmetic, is made of."""
+    n = 0
+    for name, body in asm_functions(asm).items():
+        if not _is_kernel(name, prim_name):
+            continue
+        for line in body.splitlines():
+            parts = line.strip().split(None, 1)
+            if len(parts) != 2:
+                continue
+            mnem, ops = parts
+            if arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops:
+                n += 1
+            elif arch == "aarch64" and _A64_VMOVE.match(mnem) and (
+                    re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops)):
+                n += 1
+    return n
 
 
 def kernel_vector_ops(asm: str, arch: str, prim_name: str) -> dict[str, int]:

@@ -1,0 +1,103 @@
+"""``ChannelsLast``: run a model's convolutions in NHWC inside, whatever layout it came in.
+
+torch and ONNX models are NCHW. On a CPU the conv kernels vectorize best over channels:
+in NHWC the channel axis is contiguous in the input, the weights and the output, so a tile of
+output channels is loaded, accumulated and stored in whole vectors, and a depthwise conv
+reads its input in vectors too. (In NCHW the output tile must be stored transposed and a
+strided depthwise conv gathers.) TVM's ``ConvertLayout`` rewrites every ``conv2d`` to NHWC /
+HWIO and carries the layout through the elementwise ops, pools and reductions that follow,
+so a chain of convs pays one transpose where it enters and one where it leaves.
+
+``relax.clip`` (ReLU6) stops ``ConvertLayout`` (its layout inference refuses the bound
+arguments), so constant clips are first spelled ``minimum(maximum(x, lo), hi)``: the same
+values, and elementwise ops it carries the layout through.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+__all__ = ["ChannelsLast"]
+
+#: conv2d layouts ``ChannelsLast`` asks ConvertLayout for: data / weight.
+LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+
+
+def _bound(e: relax.Expr) -> float | None:
+    """A clip bound's value: an immediate (``FloatImm`` / ``IntImm``) or a one-element
+    constant; None when it is computed."""
+    if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+        return float(e.value)
+    v = getattr(e, "value", None)  # a PrimValue wrapping an immediate
+    if isinstance(v, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+        return float(v.value)
+    if isinstance(e, relax.Constant) and e.data.numpy().size == 1:
+        return float(e.data.numpy().reshape(()))
+    return None
+
+
+@relax.expr_functor.mutator
+class _ClipAsMinMax(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
+            return call
+        ty = call.args[0].ty
+        if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith(("float", "bf")):
+            return call
+        lo, hi = _bound(call.args[1]), _bound(call.args[2])
+        if lo is None or hi is None:
+            return call
+        dt = str(ty.dtype)
+        x = relax.op.maximum(call.args[0], relax.const(lo, dt))
+        return relax.op.minimum(self.builder_.normalize(x), relax.const(hi, dt))
+
+
+def ChannelsLast() -> tvm.transform.Pass:
+    """Convolutions in NHWC / HWIO, the layout carried through what follows them.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((1, 8, 16, 16), "float32"))
+    >>> w = relax.const(np.ones((8, 8, 3, 3), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+    ...         y = bb.emit_output(relax.op.clip(y, 0.0, 6.0))
+    ...     _ = bb.emit_func_output(y)
+    >>> mod = opsdk.transform.ChannelsLast()(bb.get())
+    >>> opsdk.transform.op_counts(mod)["relax.permute_dims"]  # in, weight, out
+    3
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="opsdk.ChannelsLast")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if not _has_conv2d(mod):
+            return mod
+        updates = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                updates[gv] = _ClipAsMinMax().visit_expr(func)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return relax.transform.ConvertLayout(LAYOUTS)(mod)
+
+    return _pass
+
+
+def _has_conv2d(mod: tvm.IRModule) -> bool:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and \
+                e.op.name == "relax.nn.conv2d":
+            found.append(e)
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return bool(found)
