@@ -809,15 +809,27 @@ def _fallback_block(sch: s_tir.Schedule, rv, target: Target) -> None:
     if red:
         sch.reorder(*outer, *red, inner)
     ext = extent_of(sch, inner)
-    vec_ok = ext is not None and ext > 1 and (not red or ext <= lanes or ext % lanes == 0)
-    if vec_ok:
-        if red:
-            if ext > lanes:
-                _, inner = sch.split(inner, [None, lanes])
-            sch.vectorize(inner)
-        else:
-            vectorize_loop(sch, inner, lanes)
     if outer and (total is None or total >= PARALLEL_MIN):
         sch.parallel(_fuse(sch, outer))
-    if red:
+    if ext is None or ext <= 1:
+        if red:
+            sch.decompose_reduction(rv, red[0])
+        return
+    if not red:
+        vectorize_loop(sch, inner, lanes)
+        return
+    # A reduction: the output loop, innermost below the reduction loops, in full vectors.
+    # A tail is partitioned off: each part is then a block of its own, alone under its loop,
+    # and keeps its init inside (it runs on the first reduction step; decompose_reduction
+    # needs a loop above the reduction loops, which the partition's scope hides).
+    if ext % lanes == 0 or ext < lanes:
+        if ext > lanes:
+            _, inner = sch.split(inner, [None, lanes])
+        sch.vectorize(inner)
         sch.decompose_reduction(rv, red[0])
+        return
+    for part in sch.loop_partition(inner, [ext - ext % lanes]):
+        n = extent_of(sch, part)
+        if n is not None and n > lanes:
+            _, part = sch.split(part, [None, lanes])
+        sch.vectorize(part)

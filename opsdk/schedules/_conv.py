@@ -36,6 +36,7 @@ from ._gemm import (
     tile_m,
     tile_n,
     tile_writeback,
+    vectorize_writeback,
 )
 
 __all__ = ["ConvInfo", "analyze_conv", "schedule_conv2d"]
@@ -237,7 +238,12 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
     params = _param_buffers(func)
     w_param = next((i for i, p in enumerate(params) if p.same_as(wbuf)), None)
     wp = sch.cache_read(info.main, info.w_read, "global")
-    sch.transform_layout(info.main, ("read", info.w_read), pack)
+    o_ext = wbuf.shape[pos.index("O")]
+    exact = isinstance(o_ext, tirx.IntImm) and o_ext.value % nr == 0
+    # A partial last channel tile reads zeros from the padded weights (its outputs are
+    # masked off in the write-back).
+    sch.transform_layout(info.main, ("read", info.w_read), pack,
+                         pad_value=None if exact else 0.0)
     if w_param is not None and w_param in layout_free(func):
         sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
     else:
@@ -303,12 +309,7 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vec
     batch = by_role.get("N", []) + by_role.get("T", [])
     sch.reorder(*batch, oo, h, wo, *red, wi, ov, ol)
     sch.reverse_compute_at(epi, wo)
-    el = sch.get_loops(epi)
-    inner = el[-1]
-    ie = extent_of(sch, inner)
-    if ie is not None and ie > lanes and ie % lanes == 0:
-        _, inner = sch.split(inner, [None, lanes])
-    sch.vectorize(inner)
+    vectorize_writeback(sch, epi, lanes)
     sch.unroll(wi)
     sch.unroll(ov)
     sch.vectorize(ol)
@@ -333,12 +334,7 @@ def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
     batch = by_role.get("N", []) + by_role.get("T", [])
     sch.reorder(*batch, o, ho, wo, *red, hi, wv, wl)
     sch.reverse_compute_at(epi, wo)
-    el = sch.get_loops(epi)
-    inner = el[-1]
-    ie = extent_of(sch, inner)
-    if ie is not None and ie > lanes and ie % lanes == 0:
-        _, inner = sch.split(inner, [None, lanes])
-    sch.vectorize(inner)
+    vectorize_writeback(sch, epi, lanes)
     sch.unroll(hi)
     sch.unroll(wv)
     sch.vectorize(wl)

@@ -44,6 +44,7 @@ __all__ = [
     "tile_m",
     "tile_n",
     "tile_writeback",
+    "vectorize_writeback",
 ]
 
 
@@ -190,6 +191,19 @@ def tile_writeback(sch: s_tir.Schedule, main):
     return sch.cache_write(main, 0, "local")
 
 
+def vectorize_writeback(sch: s_tir.Schedule, epi, lanes: int) -> None:
+    """Vectorize the write-back's innermost loop over the tile (in ``lanes``-wide vectors
+    when it is several); a loop whose extent is not static (a symbolic tile edge) or is one
+    stays as it is."""
+    inner = sch.get_loops(epi)[-1]
+    ext = extent_of(sch, inner)
+    if ext is None or ext <= 1:
+        return
+    if ext > lanes and ext % lanes == 0:
+        _, inner = sch.split(inner, [None, lanes])
+    sch.vectorize(inner)
+
+
 def _reduction_blocks(sch: s_tir.Schedule, blocks) -> list:
     return [
         b for b in blocks
@@ -301,10 +315,15 @@ def schedule_matmul(
     if epi is None:
         return None
     groups = {k: [lp for lp, kk in zip(loops, info.kinds) if kk == k] for k in "SIJK"}
-    sch.reorder(*groups["S"], *groups["I"], *groups["J"], *groups["K"])
-    s = fuse(sch, groups["S"])
-    m = fuse(sch, groups["I"])
-    n = fuse(sch, groups["J"])
+    # Only the innermost I and J axes are tiled; outer ones (a (batch, seq) activation's
+    # batch) become outer loops like S. A tile of a fused (batch * seq) axis would straddle
+    # two batch rows, and the write-back, which indexes the unfused output, would cover the
+    # bounding box of both: rows no tile of this block computed (caught by verify).
+    outer = groups["S"] + groups["I"][:-1] + groups["J"][:-1]
+    sch.reorder(*outer, *groups["I"][-1:], *groups["J"][-1:], *groups["K"])
+    s = fuse(sch, outer)
+    m = groups["I"][-1] if groups["I"] else None
+    n = groups["J"][-1]
     k = fuse(sch, groups["K"])
     lanes_max = vector_lanes(target, 32)
     n_ext = extent_of(sch, n)
@@ -352,13 +371,7 @@ def schedule_matmul(
         sch.reorder(no, k, nvl, nl)
         tile_outer, anchor = no, no
     sch.reverse_compute_at(epi, anchor)
-    el = sch.get_loops(epi)
-    inner = el[-1]
-    if extent_of(sch, inner) == nr and nr > lanes:
-        _, vec = sch.split(inner, [None, lanes])
-        sch.vectorize(vec)
-    else:
-        sch.vectorize(inner)
+    vectorize_writeback(sch, epi, lanes)
     sch.unroll(nvl)
     sch.vectorize(nl)
     par = fuse(sch, [x for x in (s, tile_outer) if x is not None])

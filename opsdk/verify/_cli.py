@@ -48,6 +48,10 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="device key (with --tracker)")
     parser.add_argument("--module", action="append", metavar="MODULE",
                         help="also load ops from this module (OPS = [...])")
+    parser.add_argument("--kernels", action="store_true",
+                        help="verify the schedule rules of the kernels TVM's own ops lower to "
+                        "(matmul, conv2d, pool: the kernel families of opsdk.kernels) instead "
+                        "of the ops")
     parser.add_argument("--no-lints", action="store_true", help="skip the schedule-claim lints")
     parser.add_argument("--no-db", action="store_true",
                         help="do not read or write the example database")
@@ -87,6 +91,12 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
         tname = target_spec(args.target).name
     except ValueError as e:
         raise _Usage(str(e)) from None
+    if getattr(args, "kernels", False):
+        from ..kernels import KERNEL_OPS, register_kernels
+
+        register_kernels()
+        if not args.ops:
+            args.ops = [d.name for d in KERNEL_OPS]
     defs = []
     for name in args.ops:
         try:

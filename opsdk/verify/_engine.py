@@ -904,7 +904,9 @@ def verify(
     prof = _resolve_profile(profile)
     tname = _target_name(target)
     temporary: list[OpDef] = []  # ops registered for this run only
-    defs = [_as_def(o, temporary) for o in ops] if ops else registered_ops()
+    # By default every registered op, not the kernel families (``--kernels`` names them).
+    defs = ([_as_def(o, temporary) for o in ops] if ops else
+            [d for d in registered_ops() if not d.module.startswith("opsdk.kernels")])
     report = VerifyReport(target=tname, profile=prof.name, seed=seed)
     t0 = time.perf_counter()
     own = runner is None

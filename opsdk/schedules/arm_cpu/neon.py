@@ -111,3 +111,17 @@ def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     pixels x output-channel vector tiles (24 of the 32 NEON registers hold accumulators),
     weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
     return schedule_conv2d(func, target, acc_regs=24)
+
+
+@rule(
+    "kind:pool",
+    "arm_cpu",
+    name="neon.pool",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize",),
+)
+def _pool(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Max / average pooling: the padding read in place, window loops outside the innermost
+    output axis (channels in NHWC), which is vectorized; rows across the cores."""
+    return schedule_fallback(func, target)
