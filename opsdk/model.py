@@ -354,9 +354,9 @@ def _judge(k: KernelReport, *, asm: bool) -> None:
     if big and not k.vectorized_loops and not k.parallel_loops:
         k.problems.append(f"serial scalar loops over {k.out_elements or 'a symbolic number of'} "
                           "output elements")
-    elif big and asm and not sum(k.vector_ops.values()) and k.kind not in ("opaque",):
-        if k.kind != "elementwise" or not k.vector_moves:  # a copy or transpose only moves
-            k.problems.append("no vector instructions in its assembly")
+    elif (big and asm and not sum(k.vector_ops.values()) and k.kind != "opaque"
+          and (k.kind != "elementwise" or not k.vector_moves)):  # a copy only moves data
+        k.problems.append("no vector instructions in its assembly")
 
 
 def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 20) -> None:

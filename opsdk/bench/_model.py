@@ -239,7 +239,8 @@ def run_model_bench(
                 outs["onnxruntime"] = sess.run(None, feed)[0]
                 timers["onnxruntime"] = _Timed(lambda s=sess, f=feed: s.run(None, f), peer=True)
             except ImportError:
-                row["errors"]["onnxruntime"] = "onnxruntime is not installed (pip install opsdk[bench])"
+                row["errors"]["onnxruntime"] = (
+                    "onnxruntime is not installed (pip install opsdk[bench])")
             except Exception as e:
                 row["errors"]["onnxruntime"] = f"{type(e).__name__}: {e}".split("\n")[0]
         base = ref if ref is not None else outs.get("onnxruntime")

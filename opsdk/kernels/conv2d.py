@@ -33,7 +33,7 @@ def _oihw(w: np.ndarray, layout: str) -> np.ndarray:
 
 def _conv_np(x, w, stride, padding, groups):
     """float64 direct convolution, NCHW x OIHW -> NCHW."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
     oh = (h + 2 * padding - kh) // stride + 1

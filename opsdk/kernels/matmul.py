@@ -86,10 +86,9 @@ def tvm_matmul(
 ) -> te.Tensor:
     """``act(x @ w + bias + residual)``: relax's matmul compute plus a fused epilogue."""
     k_ext = x.shape[-1]
-    if layout == "nk":  # the weight transpose as its own block (a fused permute_dims)
-        wk = te.compute((k_ext, n), lambda kk, j: w[j, kk], name="T_transpose")
-    else:
-        wk = w
+    # "nk": the weight transpose as its own block (a fused permute_dims)
+    wk = (te.compute((k_ext, n), lambda kk, j: w[j, kk], name="T_transpose")
+          if layout == "nk" else w)
     nb = len(x.shape) - 2
     k = te.reduce_axis((0, k_ext), name="k")
 

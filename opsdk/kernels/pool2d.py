@@ -23,7 +23,7 @@ def _windows(x, kernel, stride, padding, fill):
     """(N, C, OH, OW, k*k) windows of an NCHW float64 array, padding filled with ``fill``."""
     xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)),
                 constant_values=fill)
-    n, c, h, w = x.shape
+    h, w = x.shape[2], x.shape[3]
     oh = (h + 2 * padding - kernel) // stride + 1
     ow = (w + 2 * padding - kernel) // stride + 1
     taps = [xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]

@@ -37,8 +37,8 @@ from ._rewrite import RewriteSite, op_counts, rewrite_sites
 
 __all__ = [
     "FUSION_RULES",
-    "ChannelsLast",
     "REPLACEABLE_OPS",
+    "ChannelsLast",
     "FuseIntoOps",
     "LowerOps",
     "ReplaceTVMOps",

@@ -39,7 +39,7 @@ def _bound(e: relax.Expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _ClipAsMinMax(relax.PyExprMutator):
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
             return call

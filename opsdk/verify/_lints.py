@@ -108,10 +108,10 @@ def kernel_vector_moves(asm: str, arch: str, prim_name: str) -> int:
             if len(parts) != 2:
                 continue
             mnem, ops = parts
-            if arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops:
-                n += 1
-            elif arch == "aarch64" and _A64_VMOVE.match(mnem) and (
-                    re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops)):
+            x86 = arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops
+            a64 = arch == "aarch64" and _A64_VMOVE.match(mnem) and (
+                re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops))
+            if x86 or a64:
                 n += 1
     return n
 

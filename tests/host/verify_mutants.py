@@ -335,6 +335,96 @@ def mut_bias_gelu_wrong_axis(
 
 
 #: What each mutant gets wrong (for the test table).
+# ------------------------------------------------------------------------- kernel families
+# The rules for the kernels TVM's own ops lower to (x86.matmul, x86.conv2d) with one bug
+# each, registered for a copy of the kernel family (same compute, reference and error model).
+from opsdk.kernels import tvm_conv2d, tvm_matmul  # noqa: E402
+from opsdk.schedules._conv import schedule_conv2d  # noqa: E402
+from opsdk.schedules._gemm import schedule_matmul  # noqa: E402
+
+
+def _family_copy(base: opsdk.OpDef, name: str) -> opsdk.OpDef:
+    d = _like(base, free_dims=base.free_dims, name=name)(base.compute)
+    from opsdk.verify import error_model
+    from opsdk.verify._tolerance import _MODELS
+
+    error_model(name)(_MODELS[base.name])
+    return d
+
+
+def _shorten(func: tirx.PrimFunc, pick, new_extent) -> tirx.PrimFunc:
+    """Replace the extent of the first loop ``pick(node)`` selects by ``new_extent(extent)``."""
+    done = []
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if done or not pick(node):
+            return mut.default_mutate(node)
+        done.append(node)
+        return tirx.For(node.loop_var, node.min, new_extent(node.extent), node.kind,
+                        mut.mutate(node.body), node.thread_binding, node.annotations)
+
+    return structural_mutate(func, [(tirx.For, cut)])
+
+
+def _writeback_loops(func: tirx.PrimFunc) -> list:
+    """The loops of the tile write-back: the last top-level nest's innermost loops."""
+    from tvm_ffi.structural import structural_walk
+
+    loops: list = []
+    structural_walk(func, [(tirx.For, lambda n: loops.append(n))])
+    return loops
+
+
+mut_matmul_drop_tail = _family_copy(tvm_matmul, "mut_matmul_drop_tail")
+mut_matmul_tile_edge = _family_copy(tvm_matmul, "mut_matmul_tile_edge")
+mut_conv_tile_edge = _family_copy(tvm_conv2d, "mut_conv_tile_edge")
+
+
+@opsdk.rule("mut_matmul_drop_tail", "cpu", name="mut.matmul_drop_tail", priority=1000,
+            claims=("vectorize",))
+def _matmul_drop_tail(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.matmul with 6-row tiles whose row-tile loop forgets the partial last tile."""
+    sch = schedule_matmul(func, target, acc_regs=24, mr_max=6)
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    # The row axis is the output's second to last (te.compute names it i<rank - 2>); its
+    # tile loop is i<rank - 2>_0 after the split. One tile fewer: the last (partial) tile.
+    m_name = f"i{len(func.params[0].shape) - 2}_0"
+    return s_tir.Schedule(_shorten(f, lambda n: str(n.loop_var.name) == m_name,
+                                   lambda e: e - 1))
+
+
+@opsdk.rule("mut_matmul_tile_edge", "cpu", name="mut.matmul_tile_edge", priority=1000,
+            claims=("vectorize",))
+def _matmul_tile_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.matmul whose write-back covers one column fewer than its tile (a wrong edge)."""
+    sch = schedule_matmul(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    last = _writeback_loops(f)[-1]
+    return s_tir.Schedule(_shorten(f, lambda n: n.same_as(last),
+                                   lambda e: tirx.max(e - 1, 1)))
+
+
+@opsdk.rule("mut_conv_tile_edge", "cpu", name="mut.conv_tile_edge", priority=1000,
+            claims=("vectorize",))
+def _conv_tile_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.conv2d whose write-back skips the last pixel row of each tile (a wrong edge)."""
+    sch = schedule_conv2d(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    loops = _writeback_loops(f)
+    serial = [lp for lp in loops[-3:] if lp.kind == tirx.ForKind.SERIAL
+              and isinstance(lp.extent, tirx.IntImm) and int(lp.extent.value) > 1]
+    if not serial:
+        return sch
+    return s_tir.Schedule(_shorten(f, lambda n: n.same_as(serial[0]),
+                                   lambda e: e - 1))
+
+
 BUGS = {
     "mut_ln_eps_outside": "epsilon added outside the sqrt",
     "mut_ln_unbiased": "unbiased variance (divides by n - 1)",
@@ -349,6 +439,9 @@ BUGS = {
     "mut_gelu_bf16_trunc": "bfloat16 output truncated instead of rounded",
     "mut_gelu_last_tile": "schedule skips the last tile of rows",
     "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
+    "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
+    "mut_matmul_tile_edge": "matmul rule writes one column fewer per tile",
+    "mut_conv_tile_edge": "conv2d rule writes one pixel row fewer per tile",
 }
 
 OPS = [
@@ -365,4 +458,7 @@ OPS = [
     mut_gelu_bf16_trunc,
     mut_gelu_last_tile,
     mut_bias_gelu_wrong_axis,
+    mut_matmul_drop_tail,
+    mut_matmul_tile_edge,
+    mut_conv_tile_edge,
 ]
