@@ -1,9 +1,9 @@
 """Shared steps of the examples: import a torch model through opsdk, compile for x86 and
-aarch64, compare with torch eager, and time opsdk's pipeline against TVM's default one."""
+aarch64, compare with torch eager, and time opsdk against TVM's default pipeline, torch eager
+and onnxruntime."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import numpy as np
@@ -94,78 +94,25 @@ def arm(mod: tvm.IRModule, args: tuple[torch.Tensor, ...], ref: np.ndarray) -> d
     return result
 
 
-def _timed(vms: dict[str, Any], inputs: list[Any], repeats: int, number: int) -> dict[str, float]:
-    """Median ms per call of each VM's main, timed interleaved (one round = every VM once)."""
-    dev = tvm.cpu()
-    timers = {k: vm.time_evaluator("main", dev, number=number, repeat=1) for k, vm in vms.items()}
-    for t in timers.values():  # warm up (first-touch allocations, caches)
-        t(*inputs)
-    samples: dict[str, list[float]] = {k: [] for k in vms}
-    for _ in range(repeats):
-        for k, t in timers.items():
-            samples[k].append(t(*inputs).mean * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
 def bench(
-    ep: torch.export.ExportedProgram,
-    fused: tvm.IRModule,
+    stages: dict[str, Any],
+    model: torch.nn.Module,
     args: tuple[torch.Tensor, ...],
     repeats: int = 7,
-    number: int = 1,
-    model: torch.nn.Module | None = None,
-) -> dict[str, float]:
-    """End-to-end latency: opsdk (opsdk import + FuseIntoOps + opsdk.compile) vs TVM's default
-    (TVM's importer + tvm.compile), same x86 target, timed interleaved; medians in ms.
-
-    Also times the rewritten sites alone (``opsdk.drift.site_modules`` of TVM's import and
-    its opsdk rewrite): how much of the model opsdk changes, and by how much.
-    """
+) -> dict[str, Any]:
+    """End-to-end latency, interleaved in one process with the same threads: opsdk (opsdk
+    import + FuseIntoOps + opsdk.compile) vs TVM's default pipeline (TVM's import +
+    tvm.compile), torch eager and onnxruntime (``opsdk.bench.run_model_bench``)."""
     from tvm.relax.frontend.torch import from_exported_program
 
-    dev = tvm.cpu()
-    tgt = opsdk.target("x86")
-    vms = {
-        "opsdk": relax.VirtualMachine(opsdk.compile(fused, tgt), dev),
-        "tvm_default": relax.VirtualMachine(
-            tvm.compile(from_exported_program(ep), target=tgt), dev
-        ),
-    }
-    med = _timed(vms, [tvm.runtime.tensor(a.numpy(), dev) for a in args], repeats, number)
+    from opsdk.bench import run_model_bench
+    from opsdk.model import LoadedModel, _torch_to_onnx
 
-    plain = opsdk.frontend.from_torch(ep, ops=())
-    rewritten = opsdk.transform.FuseIntoOps()(opsdk.transform.ReplaceTVMOps()(plain))
-    unfused, sites_fused, _ = opsdk.drift.site_modules(plain, rewritten)
-    rng = np.random.default_rng(0)
-    site_inputs = [
-        tvm.runtime.tensor(
-            rng.normal(size=[int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)), dev
-        )
-        for p in unfused["main"].params
-    ]
-    site_vms = {
-        "opsdk": relax.VirtualMachine(opsdk.compile(sites_fused, tgt), dev),
-        "tvm_default": relax.VirtualMachine(tvm.compile(unfused, target=tgt), dev),
-    }
-    site_med = _timed(site_vms, site_inputs, repeats, max(number, 10))
-    eager_model = model if model is not None else ep.module()
-    with torch.no_grad():
-        eager_model(*args)  # warm up
-        eager = []
-        for _ in range(repeats):
-            t0 = _now()
-            for _ in range(number):
-                eager_model(*args)
-            eager.append((_now() - t0) * 1e3 / number)
-    return {
-        "opsdk_ms": med["opsdk"],
-        "tvm_default_ms": med["tvm_default"],
-        "speedup": med["tvm_default"] / med["opsdk"],
-        "torch_eager_ms": statistics.median(eager),
-        "sites_opsdk_ms": site_med["opsdk"],
-        "sites_tvm_default_ms": site_med["tvm_default"],
-        "sites_speedup": site_med["tvm_default"] / site_med["opsdk"],
-    }
+    onnx, err = _torch_to_onnx(model, args)
+    m = LoadedModel("model", stages["fused"], from_exported_program(stages["ep"]),
+                    [a.numpy() for a in args], model, args, onnx, err)
+    (row,) = run_model_bench([m], repeats=repeats)
+    return row
 
 
 def _now() -> float:
@@ -204,18 +151,9 @@ def report(name: str, res: dict[str, Any]) -> None:
             f"emulated run: {em_s}"
         )
     if "bench" in res:
-        b = res["bench"]
-        print(
-            f"end to end (x86, median, interleaved): opsdk {b['opsdk_ms']:.3f} ms, "
-            f"TVM default {b['tvm_default_ms']:.3f} ms -> {b['speedup']:.2f}x "
-            f"(torch eager {b['torch_eager_ms']:.3f} ms)"
-        )
-        print(
-            f"  the rewritten sites alone: opsdk {b['sites_opsdk_ms']:.3f} ms, TVM default "
-            f"{b['sites_tvm_default_ms']:.3f} ms -> {b['sites_speedup']:.1f}x "
-            f"({100 * b['sites_tvm_default_ms'] / b['tvm_default_ms']:.1f}% of TVM default's "
-            "end-to-end time)"
-        )
+        from opsdk.bench import format_model_table
+
+        print(format_model_table([{**res["bench"], "model": name}]))
 
 
 def run_example(
@@ -258,7 +196,7 @@ def run_example(
     if arm_target:
         res["arm"] = arm(fused, args, ref)
     if do_bench:
-        res["bench"] = bench(stages["ep"], fused, args, repeats=repeats, model=model)
+        res["bench"] = bench(stages, model, args, repeats=repeats)
     report(name, res)
     return res
 

@@ -241,11 +241,13 @@ class ModelReport:
 
     def format(self) -> str:
         w = max([6, *(len(k.name) for k in self.kernels)])
+        wk = max([4, *(len(k.kind) for k in self.kernels)])
+        wr = max([4, *(len(k.rule) for k in self.kernels)])
         lines = [
             f"model: {self.model}   target: {self.target}   kernels: {len(self.kernels)}   "
             f"compile: {self.compile_s:.1f} s"
             + (f"   kernel time: {self.kernel_ms:.3f} ms" if self.kernel_ms else ""),
-            f"{'kernel':<{w}}  {'kind':<11}  {'rule':<16}  {'vec':>3}  {'par':>3}  "
+            f"{'kernel':<{w}}  {'kind':<{wk}}  {'rule':<{wr}}  {'vec':>3}  {'par':>3}  "
             f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}",
         ]
         for k in self.kernels:
@@ -253,7 +255,7 @@ class ModelReport:
             if not vec:
                 vec = f"moves={k.vector_moves}" if k.vector_moves else "-"
             lines.append(
-                f"{k.name:<{w}}  {k.kind:<11}  {k.rule:<16}  {k.vectorized_loops:>3}  "
+                f"{k.name:<{w}}  {k.kind:<{wk}}  {k.rule:<{wr}}  {k.vectorized_loops:>3}  "
                 f"{k.parallel_loops:>3}  {vec:<16}  "
                 f"{k.out_elements if k.out_elements is not None else '?':>9}  "
                 + (f"{k.time_ms:>8.4f}  {100 * k.share:>5.1f}%" if k.time_ms is not None
@@ -328,7 +330,7 @@ def report(
         op = attrs.get("opsdk.op")
         k = KernelReport(
             name=kname,
-            kind=f"opsdk.{op}" if op is not None else classify(f),
+            kind=f"opsdk.{op}" if op is not None else str(attrs.get("opsdk.kind", classify(f))),
             rule=str(attrs.get("opsdk.rule", GENERIC)),
             out_elements=_static_elements(f),
             vectorized_loops=int(kinds.get("VECTORIZED", 0)),

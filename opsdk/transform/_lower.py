@@ -100,7 +100,12 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
             name = attrs.get("opsdk.op")
             op = get_op(str(name)) if name is not None and is_registered(str(name)) else None
             with tgt:
-                updates[gv] = apply_schedule(op or kernel_for(gv.name_hint, func), func, tgt)
+                if op is not None:
+                    updates[gv] = apply_schedule(op, func, tgt)
+                else:
+                    kernel = kernel_for(gv.name_hint, func)
+                    updates[gv] = apply_schedule(kernel, func, tgt).with_attr(
+                        "opsdk.kind", kernel.kind)
         for gv, func in updates.items():
             mod[gv] = func
         return mod

@@ -1,0 +1,189 @@
+"""The model pipeline: constants folded and weights packed at compile time, epilogues fused
+into their matmul / conv, every kernel of the examples scheduled by a rule (x86 and arm), the
+model report and the model / GEMM benchmarks (fields only, never timed assertions)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import opsdk
+from opsdk.model import LoadedModel, compile_model, load_model, report
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+_SMALL = {  # build_model()'s own defaults are the small sizes
+    "transformer_block": {}, "conv_net": {}, "mobilenet_block": {},
+}
+
+
+def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _dense_relu(n, k, m, rng):
+    w = rng.standard_normal((k, m)).astype("float32")
+    b = rng.standard_normal((m,)).astype("float32")
+    x = relax.Var("x", relax.TensorType((n, k), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w.T.copy()))))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(b))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _run(ex, *arrays):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+def test_epilogue_fused_and_weight_packed_at_compile_time():
+    rng = np.random.default_rng(0)
+    n = tirx.Var("n", "int64")
+    mod, w, b = _dense_relu(n, 48, 40, rng)
+    cm = compile_model(mod, "x86")
+    ks = _kernels(cm.scheduled)
+    # One kernel: the transpose folded, bias + ReLU fused, the packing evaluated.
+    assert len(ks) == 1, list(ks)
+    (name, f), = ks.items()
+    assert "add" in name and "relu" in name
+    assert f.attrs["opsdk.rule"] == "x86.matmul" and f.attrs["opsdk.kind"] == "matmul"
+    assert not [k for k in ks if "weight_prepack" in k]  # folded into a packed constant
+    for rows in (1, 7, 33):
+        x = rng.standard_normal((rows, 48)).astype("float32")
+        got = _run(cm.ex, x)
+        want = np.maximum(x.astype(np.float64) @ w + b, 0)
+        bound = 50 * 2.0**-24 * (np.abs(x) @ np.abs(w) + np.abs(b))
+        assert np.all(np.abs(got - want) <= bound)
+
+
+def test_opsdk_ops_keep_their_kernels_and_elementwise_ones_fuse():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((32, 64)).astype("float32")
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    gv = rng.standard_normal(32).astype("float32")
+    g = relax.const(gv)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(opsdk.relax.layer_norm(x, g))
+            y = bb.emit(relax.op.matmul(y, relax.const(w)))
+            y = bb.emit_output(opsdk.relax.gelu(y))
+        bb.emit_func_output(y)
+    cm = compile_model(bb.get(), "x86")
+    rules = {k: str(f.attrs["opsdk.rule"]) for k, f in _kernels(cm.scheduled).items()}
+    ln = [k for k in rules if k.startswith("opsdk_layer_norm")]
+    assert len(ln) == 1 and rules[ln[0]] == "x86.rows", rules
+    fused = [k for k in rules if "matmul" in k and "gelu" in k]
+    assert fused and rules[fused[0]] == "x86.matmul", rules
+    xv = rng.standard_normal((16, 32)).astype("float32")
+    ln = opsdk.get_op("layer_norm").reference(xv.astype(np.float64), gv.astype(np.float64),
+                                              begin_axis=1)
+    want = opsdk.get_op("gelu").reference(ln @ w)
+    np.testing.assert_allclose(_run(cm.ex, xv), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", ["x86", "arm"])
+@pytest.mark.parametrize("name", list(_SMALL))
+def test_every_kernel_of_the_examples_is_scheduled(name, target):
+    m = load_model(str(EXAMPLES / f"{name}.py"), entry_args=_SMALL[name],
+                   dynamic_batch=name == "mobilenet_block")
+    rep = report(m, target, profile=False)
+    assert rep.kernels
+    assert not rep.problems, rep.format()
+    for k in rep.kernels:
+        assert k.rule != "generic", k
+        if k.kind in ("matmul", "conv2d"):  # the heavy kernels: register-tiled SIMD
+            assert k.vectorized_loops and k.parallel_loops, k
+            wide = ("neon",) if target == "arm" else ("zmm", "ymm")  # 8 channels: ymm
+            assert sum(k.vector_ops.get(w, 0) for w in wide) > 0, k
+
+
+def test_model_report_profile_and_json(tmp_path):
+    m = load_model(str(EXAMPLES / "conv_net.py"))
+    rep = report(m, "x86")
+    timed = [k for k in rep.kernels if k.time_ms is not None]
+    assert timed and rep.kernel_ms and rep.kernel_ms > 0
+    assert sum(k.share for k in timed) == pytest.approx(1.0, abs=1e-6)
+    data = json.loads(rep.to_json())
+    assert {k["name"] for k in data["kernels"]} == {k.name for k in rep.kernels}
+    assert data["problems"] == []
+    text = rep.format()
+    for k in rep.kernels:
+        assert k.name in text
+    assert "problems: none" in text
+
+
+def test_model_bench_fields():
+    from opsdk.bench import run_model_bench
+
+    m = load_model(str(EXAMPLES / "transformer_block.py"))
+    cands = ["opsdk", "tvm_default", "torch"]
+    try:
+        import onnxruntime  # noqa: F401
+
+        cands.append("onnxruntime")
+    except ImportError:
+        pass
+    (row,) = run_model_bench([m], repeats=1, budget_ms=1, candidates=cands)
+    for c in cands:
+        assert row[f"{c}_ms"] > 0, row
+        assert row[f"check_{c}"]["ok"], row
+    for c in cands[1:]:
+        assert row[f"speedup_{c}"] > 0
+    assert row["rules"] and "generic" not in row["rules"]
+
+
+def test_gemm_bench_fields():
+    from opsdk.bench import format_gemm_table, run_gemm_bench
+
+    (row,) = run_gemm_bench([(40, 48, 24)], repeats=1, budget_ms=1)
+    assert row["rule"] == "x86.matmul" and row["within_bound"]
+    assert row["opsdk_gflops"] > 0 and row["torch_gflops"] > 0 and row["pct_torch"] > 0
+    assert "40x48x24" in format_gemm_table([row])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opsdk", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_explain_model_cli(tmp_path):
+    out = tmp_path / "report.json"
+    r = _cli("explain", "--model", str(EXAMPLES / "mobilenet_block.py"), "--model-arg",
+             "size=16", "--model-arg", "cin=16", "--model-arg", "cout=16",
+             "--no-profile", "--json", str(out), "--strict")
+    assert r.returncode == 0, r.stderr
+    assert "x86.conv2d" in r.stdout and "problems: none" in r.stdout
+    assert json.loads(out.read_text())["kernels"]
+    bad = _cli("explain", "--model", "no/such/model.py")
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_bench_gemm_cli():
+    r = _cli("bench", "--gemm", "32x48x16", "--repeats", "1", "--budget-ms", "1")
+    assert r.returncode == 0, r.stderr
+    assert "32x48x16" in r.stdout and "x86.matmul" in r.stdout
+    bad = _cli("bench", "--gemm", "32x48")
+    assert bad.returncode == 2 and "MxNxK" in bad.stderr
+
+
+def test_loaded_model_from_an_irmodule_benchmarks_without_peers():
+    from opsdk.bench import run_model_bench
+
+    rng = np.random.default_rng(2)
+    mod, _, _ = _dense_relu(8, 16, 24, rng)
+    m = LoadedModel("dense", mod, mod, [rng.standard_normal((8, 16)).astype("float32")])
+    (row,) = run_model_bench([m], repeats=1, budget_ms=1,
+                             candidates=["opsdk", "tvm_default", "onnxruntime"])
+    assert row["opsdk_ms"] > 0 and row["speedup_tvm_default"] > 0
+    assert row["torch_ms"] is None and "onnxruntime" in row["errors"]
