@@ -8,7 +8,7 @@ from typing import Any
 
 from tvm import relax
 
-__all__ = ["DEFAULT_CASES", "SPECS", "Case", "OpSpec"]
+__all__ = ["DEFAULT_CASES", "SPECS", "Case", "OpSpec", "onnx_model"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,17 @@ class OpSpec:
     ``relax_fn(inputs, attrs)`` builds the Relax expression from Relax vars (in the opsdk
     input order); ``torch_fn(tensors, attrs)`` returns a zero-argument callable.
     ``slice_axis(attrs)`` is the axis the bench's cache-resident ``hot`` slice cuts (the op's
-    time must grow linearly along it); None means axis 0, the rows.
+    time must grow linearly along it); None means axis 0, the rows. ``onnx_fn`` gives the
+    onnxruntime equivalent (its fused CPU kernel: LayerNormalization, SimplifiedLayer-
+    Normalization, Gelu / FastGelu, BiasGelu, Softmax, GroupNormalization).
     """
 
     relax_fn: Callable[[list, dict], relax.Expr]
     torch_fn: Callable[[list, dict], Callable[[], Any]]
     slice_axis: Callable[[dict], int] | None = None
+    #: ``onnx_fn(shapes, attrs)`` -> (node, opset imports) of the op in onnxruntime's own
+    #: kernels, or None where it has none on CPU (see :func:`onnx_model`).
+    onnx_fn: Callable[[list, dict], Any] | None = None
 
 
 def _ln_relax(v: list, a: dict) -> relax.Expr:
@@ -120,17 +125,85 @@ def _gn_torch(t: list, a: dict) -> Callable[[], Any]:
     return lambda: F.group_norm(x, a["num_groups"], g, b, a["epsilon"])
 
 
-#: TVM-Relax and torch equivalents of the built-in ops.
+_MS = "com.microsoft"  # onnxruntime's contrib ops (its fused CPU kernels)
+
+
+def _ln_onnx(shapes: list, a: dict) -> Any:
+    from onnx import helper
+
+    node = helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"],
+                            axis=a["begin_axis"], epsilon=a["epsilon"])
+    return node, [("", 17)]
+
+
+def _rms_onnx(shapes: list, a: dict) -> Any:
+    from onnx import helper
+
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"],
+                            axis=a["begin_axis"], epsilon=a["epsilon"])
+    return node, [("", 17)]
+
+
+def _gelu_onnx(shapes: list, a: dict) -> Any:
+    from onnx import helper
+
+    ins = ["x"] if len(shapes) == 1 else ["x", "bias"]
+    op = "FastGelu" if a["approximate"] == "tanh" else ("Gelu" if len(ins) == 1 else "BiasGelu")
+    return helper.make_node(op, ins, ["y"], domain=_MS), [("", 17), (_MS, 1)]
+
+
+def _softmax_onnx(shapes: list, a: dict) -> Any:
+    from onnx import helper
+
+    return helper.make_node("Softmax", ["x"], ["y"], axis=a["axis"]), [("", 13)]
+
+
+def _gn_onnx(shapes: list, a: dict) -> Any:
+    from onnx import helper
+
+    if a["layout"] != "NCHW":
+        return None  # onnxruntime's CPU GroupNormalization is NCHW only
+    node = helper.make_node("GroupNormalization", ["x", "gamma", "beta"], ["y"],
+                            num_groups=a["num_groups"], epsilon=a["epsilon"])
+    return node, [("", 21)]
+
+
+#: TVM-Relax, torch and onnxruntime equivalents of the built-in ops.
 SPECS: dict[str, OpSpec] = {
-    "layer_norm": OpSpec(_ln_relax, _ln_torch),
-    "rms_norm": OpSpec(_rms_relax, _rms_torch),
-    "gelu": OpSpec(_gelu_relax, _gelu_torch),
-    "bias_gelu": OpSpec(_gelu_relax, _gelu_torch),
-    "softmax": OpSpec(_softmax_relax, _softmax_torch),
+    "layer_norm": OpSpec(_ln_relax, _ln_torch, onnx_fn=_ln_onnx),
+    "rms_norm": OpSpec(_rms_relax, _rms_torch, onnx_fn=_rms_onnx),
+    "gelu": OpSpec(_gelu_relax, _gelu_torch, onnx_fn=_gelu_onnx),
+    "bias_gelu": OpSpec(_gelu_relax, _gelu_torch, onnx_fn=_gelu_onnx),
+    "softmax": OpSpec(_softmax_relax, _softmax_torch, onnx_fn=_softmax_onnx),
     # One sample of the benchmark shape is larger than the hot slice's budget: cut H instead
     # (every (sample, group) statistic then covers fewer pixels; the work per pixel is equal).
-    "group_norm": OpSpec(_gn_relax, _gn_torch, lambda a: 2 if a["layout"] == "NCHW" else 1),
+    "group_norm": OpSpec(_gn_relax, _gn_torch, lambda a: 2 if a["layout"] == "NCHW" else 1,
+                         onnx_fn=_gn_onnx),
 }
+
+
+def onnx_model(op: str, arrays: list, attrs: dict) -> bytes | None:
+    """A one-node ONNX model of ``op`` over inputs shaped like ``arrays`` (float32/float16),
+    or None where onnxruntime has no CPU kernel for it."""
+    from onnx import TensorProto, helper
+
+    spec = SPECS.get(op)
+    if spec is None or spec.onnx_fn is None:
+        return None
+    made = spec.onnx_fn([a.shape for a in arrays], attrs)
+    if made is None:
+        return None
+    node, opsets = made
+    tp = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}.get(str(arrays[0].dtype))
+    if tp is None:
+        return None
+    inputs = [helper.make_tensor_value_info(n, tp, list(a.shape))
+              for n, a in zip(node.input, arrays)]
+    output = helper.make_tensor_value_info("y", tp, None)
+    graph = helper.make_graph([node], op, inputs, [output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = 9
+    return model.SerializeToString()
 
 _ROWS = ((4096, 768), (16384, 1024))  # L3-resident / DRAM-sized transformer activations
 _GN = {"num_groups": 32}

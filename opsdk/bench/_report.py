@@ -28,8 +28,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """
     head = (
         f"{'case':<36} {'rule':<15} {'opsdk':>8} {'GB/s':>6} {'%copy':>6} "
-        f"{'tvm':>8} {'dlight':>8} {'torch':>8} {'copy':>7} {'np.copy':>7} "
-        f"{'x tvm':>7} {'x dl':>7} {'x torch':>7} {'hot%':>5}"
+        f"{'tvm':>8} {'dlight':>8} {'torch':>8} {'ort':>8} {'copy':>7} {'np.copy':>7} "
+        f"{'x tvm':>7} {'x dl':>7} {'x torch':>7} {'x ort':>6} {'hot%':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -39,16 +39,20 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{case:<36} {r.get('rule', '-'):<15} {_f(r.get('opsdk_ms'), '8.3f')} "
             f"{_f(r.get('opsdk_gbps'), '6.1f')} {_f(r.get('pct_copy'), '6.0f')} "
             f"{_f(r.get('tvm_ms'), '8.3f')} {_f(dl, '8.3f')} {_f(r.get('torch_ms'), '8.3f')} "
+            f"{_f(r.get('onnxruntime_ms'), '8.3f')} "
             f"{_f(r.get('copy_tvm_ms'), '7.3f')} {_f(r.get('copy_numpy_ms'), '7.3f')} "
             f"{_f(r.get('speedup_tvm'), '7.1f')} "
             f"{_f(r.get('speedup_dlight') if dl else None, '7.1f')} "
-            f"{_f(r.get('speedup_torch'), '7.2f')} {_f(r.get('pct_hot'), '5.0f')}"
+            f"{_f(r.get('speedup_torch'), '7.2f')} {_f(r.get('speedup_onnxruntime'), '6.2f')} "
+            f"{_f(r.get('pct_hot'), '5.0f')}"
         )
     lines.append(
         "times: median ms over interleaved repeats; GB/s = (inputs + output bytes) / time; "
         "%copy = the faster copy's time / opsdk's time (copy = TVM parallel copy, np.copy = "
         "numpy, same bytes); x = speedup of opsdk; %copy, x and hot% are medians of per-round "
-        "ratios; dlight '-' = no dlight rule applied; "
+        "ratios; dlight '-' = no dlight rule applied; ort = onnxruntime's fused CPU kernel "
+        "(LayerNormalization, SimplifiedLayerNormalization, Gelu/FastGelu, BiasGelu, Softmax, "
+        "GroupNormalization; '-' where it has none: NHWC group norm, bfloat16); "
         "hot% = time of the same kernel on a cache-resident slice of the rows (scaled to all "
         "rows) / its time here: near 100 the op is compute-bound at this size"
     )
@@ -77,6 +81,12 @@ def summary(rows: Sequence[dict[str, Any]], dtype: str = "float32") -> dict[str,
             (r["speedup_tvm"] for r in sel if r.get("speedup_tvm")), default=None
         ),
         "geomean_speedup_torch": _geomean([r.get("speedup_torch") for r in sel]),
+        "geomean_speedup_onnxruntime": _geomean([r.get("speedup_onnxruntime") for r in sel]),
+        "below_1x_onnxruntime": [
+            {"case": _label(r), "speedup_onnxruntime": r["speedup_onnxruntime"]}
+            for r in sel
+            if r.get("speedup_onnxruntime") is not None and r["speedup_onnxruntime"] < 1.0
+        ],
         "min_pct_copy": min((r["pct_copy"] for r in sel if r.get("pct_copy")), default=None),
         "geomean_pct_copy": _geomean([r.get("pct_copy") for r in sel]),
         "below_80_pct_copy": [
@@ -275,11 +285,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
         s = summary(rows, dt)
         print(
             f"{dt}: min x tvm {_f(s['min_speedup_tvm'], '.1f')}, geomean x torch "
-            f"{_f(s['geomean_speedup_torch'], '.2f')}, % of copy min "
+            f"{_f(s['geomean_speedup_torch'], '.2f')}, geomean x ort "
+            f"{_f(s['geomean_speedup_onnxruntime'], '.2f')}, % of copy min "
             f"{_f(s['min_pct_copy'], '.0f')} / geomean {_f(s['geomean_pct_copy'], '.0f')}"
         )
         for item in s["below_80_pct_copy"]:
             print(f"  below 80 % of copy: {item['case']} {item['pct_copy']:.0f} % ({_why(item)})")
+        for item in s["below_1x_onnxruntime"]:
+            print(f"  below 1.0x onnxruntime: {item['case']} {item['speedup_onnxruntime']:.2f}x")
         for item in s["below_8x_tvm"]:
             ceil = item["tvm_ceiling"]
             limit = f"; at the copy's speed it would be {ceil:.1f}x" if ceil else ""

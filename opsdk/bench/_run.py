@@ -19,14 +19,14 @@ from ..schedules._common import vector_lanes
 from ..targets import target as resolve_target
 from ..targets import target_arch
 from ..transform import LowerOps as opsdk_lower
-from ._cases import DEFAULT_CASES, SPECS, Case
+from ._cases import DEFAULT_CASES, SPECS, Case, onnx_model
 
 __all__ = ["CANDIDATES", "expand_cases", "run_bench"]
 
 #: Candidates in table order. ``copy_tvm``/``copy_numpy`` move the same bytes (the roofline);
 #: ``hot`` is the opsdk kernel on a cache-resident slice of the rows, scaled to the full size:
 #: its compute time without the memory traffic.
-CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "copy_tvm", "copy_numpy", "hot")
+CANDIDATES = ("opsdk", "tvm", "dlight", "torch", "onnxruntime", "copy_tvm", "copy_numpy", "hot")
 #: Working set (inputs + output) of the ``hot`` slice: within the two cores' L2 caches
 #: (1 MiB each on Zen 4), large enough that a call lasts tens of microseconds.
 _HOT_BYTES = 3 << 19
@@ -37,8 +37,9 @@ _SETTLE_S = 0.005
 # 600 us right after torch). So torch is followed by a longer pause and by the one
 # single-threaded candidate (numpy's copy), and the short TVM kernels run first.
 _TORCH_SETTLE_S = 0.05
-_RUN_ORDER = ("opsdk", "copy_tvm", "hot", "hot_one", "tvm", "dlight", "torch", "copy_numpy")
-_SPIN_COUNT = 1000
+_RUN_ORDER = ("opsdk", "copy_tvm", "hot", "hot_one", "tvm", "dlight", "torch", "copy_numpy",
+              "onnxruntime")
+_PEERS = ("torch", "onnxruntime")  # their workers spin after a run: a longer pause follows
 
 
 def expand_cases(
@@ -278,6 +279,37 @@ def _torch_callable(case: Case, ins: dict[str, np.ndarray]) -> Callable[[], Any]
     return fn
 
 
+def _ort_callable(case: Case, ins: dict[str, np.ndarray], row: dict) -> Callable[[], Any] | None:
+    """onnxruntime's CPU kernel of the op on the same inputs, through an IO binding (inputs
+    and output bound once, like the TVM kernels' fixed buffers); None where it has none."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    arrays = list(ins.values())
+    model = onnx_model(case.op, arrays, _attrs(case))
+    if model is None:
+        return None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(os.environ.get("TVM_NUM_THREADS", "0") or 0)
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # an op or dtype this onnxruntime has no kernel for
+        row["onnxruntime_error"] = f"{type(e).__name__}: {e}".split("\n")[0][:200]
+        return None
+    binding = sess.io_binding()
+    for name, a in zip((i.name for i in sess.get_inputs()), arrays):
+        binding.bind_cpu_input(name, a)
+    binding.bind_output("y")
+    sess.run_with_iobinding(binding)
+    out = binding.copy_outputs_to_cpu()[0].astype(np.float64)
+    row["onnxruntime_max_err"] = float(np.max(np.abs(
+        out - get_op(case.op).run_reference(ins, _attrs(case)))))
+    return lambda: sess.run_with_iobinding(binding)
+
+
 def run_bench(
     ops: Sequence[str] | None = None,
     *,
@@ -324,11 +356,11 @@ def run_bench(
     # TVM 0.27 sizes its thread pool to half the logical CPUs on x86 (1 of 2 here) unless
     # TVM_NUM_THREADS is set before the pool starts: give TVM the same threads as torch.
     os.environ.setdefault("TVM_NUM_THREADS", str(ncores))
-    # After a parallel call TVM's workers spin (sched_yield) for 300000 rounds, which is
-    # longer than the pause between candidates: torch's OpenMP threads then share the cores
-    # with spinning TVM workers (measured: torch group_norm 0.2 ms alone, 7.3 ms in the bench).
-    # A short spin still covers the back-to-back calls of one timed batch.
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(_SPIN_COUNT))
+    # TVM's idle workers keep their default spin (sched_yield rounds, which give way to the
+    # next candidate's threads). A short spin (1000 rounds, what this bench set on an AMD
+    # Zen 4 host) makes every parallel call wake sleeping workers, which on this Xeon VM
+    # costs more than the kernel: softmax 4096x768 0.90 ms with the default, 3.2 ms with 1000.
+    # Each timed batch follows an untimed warm-up batch instead (see the round loop).
     try:
         import torch
 
@@ -403,6 +435,10 @@ def _run_case(
         fn = _torch_callable(case, ins)
         if fn is not None:
             timers["torch"] = _Timer(_py_step(fn))
+    if "onnxruntime" in cands and case.op in SPECS:
+        made = _ort_callable(case, ins, row)
+        if made is not None:
+            timers["onnxruntime"] = _Timer(_py_step(made))
     hot = _hot_case(case, nbytes) if "hot" in cands and "opsdk" in cands else None
     if hot is not None:
         # The slice and a single row: their difference removes the fixed cost of a call
@@ -435,8 +471,9 @@ def _run_case(
             # TVM's and torch's (OpenMP) thread pools spin for a while after a parallel call;
             # a pause lets the previous candidate's workers go idle before timing.
             time.sleep(_SETTLE_S)
+            timers[c].step(max(1, timers[c].number // 4))  # wake workers and vCPUs, untimed
             timers[c].samples.append(timers[c].step(timers[c].number))
-            if c == "torch":
+            if c in _PEERS:
                 time.sleep(_TORCH_SETTLE_S)
     row["direct"] = direct  # candidates timed as one kernel on fixed buffers (else the VM)
     if "hot" in timers:  # per-row cost (slice minus one row) times the full row count
@@ -466,7 +503,7 @@ def _run_case(
 
     pct = ratio(best_copy)
     row["pct_copy"] = 100.0 * pct if pct else None
-    for c in ("tvm", "dlight", "torch"):
+    for c in ("tvm", "dlight", "torch", "onnxruntime"):
         row[f"speedup_{c}"] = ratio(c)
     # The speedup over TVM of a kernel that ran at the copy's speed: the most a memory-bound
     # op can reach without moving fewer bytes than the copy does.

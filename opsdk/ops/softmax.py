@@ -40,7 +40,7 @@ def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     # scale it by one reciprocal per row (a division per element would be the slowest op).
     e = te.compute(
         x.shape,
-        lambda *i: exp_f32(acc(x(*i)) - mx(*i[:axis], *i[axis + 1 :])),
+        lambda *i: exp_f32(acc(x(*i)) - mx(*i[:axis], *i[axis + 1 :]), nonpositive=True),
         name="exp",
     )
     rs = te.reduce_axis((0, x.shape[axis]), name="rs")
