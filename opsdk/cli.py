@@ -96,6 +96,11 @@ def _parse_model_args(items: Sequence[str] | None) -> dict | None:
 
 
 def _cmd_explain_model(args: argparse.Namespace) -> int:
+    import os
+
+    # TVM sizes its pool to half the logical CPUs on x86 unless told: time the kernels on
+    # every core, as the model bench does (an explicit TVM_NUM_THREADS wins).
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     import opsdk
     from opsdk.bench._model import _default_args, _dynamic_batch
 

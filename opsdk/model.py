@@ -226,6 +226,7 @@ class ModelReport:
     kernels: list[KernelReport]
     compile_s: float = 0.0
     kernel_ms: float | None = None  # the kernels' times summed (one run)
+    threads: int | None = None  # TVM's thread pool size when the kernels were timed
 
     @property
     def problems(self) -> list[str]:
@@ -246,7 +247,8 @@ class ModelReport:
         lines = [
             f"model: {self.model}   target: {self.target}   kernels: {len(self.kernels)}   "
             f"compile: {self.compile_s:.1f} s"
-            + (f"   kernel time: {self.kernel_ms:.3f} ms" if self.kernel_ms else ""),
+            + (f"   kernel time: {self.kernel_ms:.3f} ms on {self.threads} threads"
+               if self.kernel_ms else ""),
             f"{'kernel':<{w}}  {'kind':<{wk}}  {'rule':<{wr}}  {'vec':>3}  {'par':>3}  "
             f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}",
         ]
@@ -394,6 +396,7 @@ def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 
                 k.out_elements = int(np.prod(a[-1].shape))
     total = sum(times.values())
     rep.kernel_ms = total
+    rep.threads = int(tvm.get_global_func("runtime.NumThreads")())
     for name, t in times.items():
         k = by_name.get(name)
         if k is not None:

@@ -8,6 +8,10 @@ strided depthwise conv gathers.) TVM's ``ConvertLayout`` rewrites every ``conv2d
 HWIO and carries the layout through the elementwise ops, pools and reductions that follow,
 so a chain of convs pays one transpose where it enters and one where it leaves.
 
+An opsdk op stops it too (ConvertLayout knows TVM's ops only): a group norm between convs
+would sit between two transposes, so ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes
+``group_norm_nhwc(x)`` (opsdk's group norm has an NHWC kernel).
+
 ``relax.clip`` (ReLU6) stops ``ConvertLayout`` (its layout inference refuses the bound
 arguments), so constant clips are first spelled ``minimum(maximum(x, lo), hi)``: the same
 values, and elementwise ops it carries the layout through.
@@ -54,6 +58,45 @@ class _ClipAsMinMax(relax.PyExprMutator):
         return relax.op.minimum(self.builder_.normalize(x), relax.const(hi, dt))
 
 
+_TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+def _axes(call) -> list[int] | None:
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+            and call.op.name == "relax.permute_dims"):
+        return None
+    axes = call.attrs.axes
+    return None if axes is None else [int(a) for a in axes]
+
+
+@relax.expr_functor.mutator
+class _GroupNormChannelsLast(relax.PyExprMutator):
+    """``to_nhwc(group_norm_nchw(to_nchw(x)))`` -> ``group_norm_nhwc(x)``: ConvertLayout
+    leaves the transposes around an opsdk op (it knows TVM's ops only); opsdk's group norm
+    has an NHWC kernel of its own."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+        call = super().visit_call_(call)
+        if _axes(call) != _TO_NHWC or not isinstance(call.args[0], relax.Var):
+            return call
+        gn = self.lookup_binding(call.args[0])
+        if not (isinstance(gn, relax.Call) and isinstance(gn.op, tvm.ir.Op)
+                and gn.op.name == "opsdk.group_norm"):
+            return call
+        from ..register import decode_call
+
+        _, ins, attrs = decode_call(gn)
+        if attrs.get("layout", "NCHW") != "NCHW" or not isinstance(ins["x"], relax.Var):
+            return call
+        inner = self.lookup_binding(ins["x"])
+        if _axes(inner) != _TO_NCHW:
+            return call
+        from .. import relax as ops
+
+        extra = {k: v for k, v in ins.items() if k != "x"}
+        return ops.group_norm(inner.args[0], **extra, **{**attrs, "layout": "NHWC"})
+
+
 def ChannelsLast() -> tvm.transform.Pass:
     """Convolutions in NHWC / HWIO, the layout carried through what follows them.
 
@@ -84,7 +127,11 @@ def ChannelsLast() -> tvm.transform.Pass:
                 updates[gv] = _ClipAsMinMax().visit_expr(func)
         for gv, func in updates.items():
             mod[gv] = func
-        return relax.transform.ConvertLayout(LAYOUTS)(mod)
+        mod = relax.transform.ConvertLayout(LAYOUTS)(mod)
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = _GroupNormChannelsLast().visit_expr(func)
+        return relax.transform.DeadCodeElimination()(mod)
 
     return _pass
 
