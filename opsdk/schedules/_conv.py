@@ -158,7 +158,6 @@ def schedule_conv2d(
     *,
     acc_regs: int,
     max_vecs: int = 4,
-    mr_max: int = 12,
 ) -> s_tir.Schedule | None:
     """Register-tiled direct convolution of a fused conv2d PrimFunc, or None.
 
@@ -210,8 +209,7 @@ def schedule_conv2d(
         by_role.setdefault(r, []).append(lp)
     if info.depthwise and not info.channels_last:
         return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
-    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs,
-                            mr_max)
+    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs)
 
 
 def _schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
@@ -250,27 +248,33 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
         _schedule_prologue(sch, wp, 4)
 
 
-def _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs, max_vecs, mr_max):
-    """(lanes, channel vectors, pixels) of a channel-vector tile: the most accumulators among
-    tiles whose pixel count divides the row, then the most pixels per tile (each weight
-    vector loaded from L2 serves every pixel of the tile; measured on 64->64 3x3 at 56x56,
-    NCHW: 8 pixels x 2 vectors 1.14 ms, 4 x 4 1.25 ms, 14 x 1 1.25 ms; NHWC, one core:
-    8 x 2 1.40 ms, 14 x 2 1.36 ms, 4 x 4 1.42 ms, 28 x 1 1.47 ms)."""
-    lanes, nv_max = tile_n(o_ext, lanes_max, max_vecs)
-    nvec = o_ext // lanes if o_ext % lanes == 0 else nv_max
-    best = None
-    for nv in range(1, max_vecs + 1):
-        if nvec % nv:
-            continue
-        top = max(1, min(mr_max, acc_regs // nv))
-        mr = tile_m(w_ext, top)
-        exact = w_ext is not None and w_ext % mr == 0
-        key = (exact, mr * nv, mr)
-        if best is None or key > best[0]:
-            best = (key, nv, mr)
-    if best is None:
-        return lanes, nv_max, tile_m(w_ext, max(1, min(mr_max, acc_regs // nv_max)))
-    return lanes, best[1], best[2]
+def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise):
+    """(lanes, channel vectors, pixels) of a channel-vector tile.
+
+    Every output channel in one tile where they fit (at most :data:`_MAX_CHANNEL_VECTORS`
+    vectors): a tile then writes whole output pixels, contiguous in NHWC, and broadcasts
+    each input value once. Then as many pixels as the registers allow: ``MR x NV``
+    accumulators plus the ``NV`` weight vectors reused across the pixels, within ``regs``;
+    a depthwise tile, whose every FMA needs its own input vector, keeps at most 12
+    accumulators. Measured (NHWC, 56x56 unless noted, 2 threads, time relative to the old
+    8-pixel x 3-vector tile): 24 -> 144 1x1: 2 x 9 0.55; depthwise 144 s2: 1 x 9 0.49,
+    2 x 9 0.56; 32 -> 192 1x1 at 28x28: 1 x 12 0.66, 2 x 12 (36 registers, spills) 2.1;
+    64 -> 64 3x3: 4 x 4 0.90, 2 x 4 1.25.
+    """
+    lanes, nv = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
+    nvec = -(-o_ext // lanes)
+    if nvec > _MAX_CHANNEL_VECTORS:  # wide layers: the largest divisor that fits
+        nv = max(v for v in range(1, _MAX_CHANNEL_VECTORS + 1) if nvec % v == 0)
+    else:
+        nv = nvec
+    budget = (12 if depthwise else regs - nv)
+    top = max(1, budget // nv)
+    mr = tile_m(w_ext, top)
+    return lanes, nv, mr
+
+
+#: Most output-channel vectors in one channel-vector tile (12 x 16 = 192 channels).
+_MAX_CHANNEL_VECTORS = 12
 
 
 def _out_positions(sch, info: ConvInfo) -> list[str]:
@@ -279,12 +283,14 @@ def _out_positions(sch, info: ConvInfo) -> list[str]:
     return ["O" if o_var in _vars(rg.min) else "-" for rg in blk.writes[0].region]
 
 
-def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs, mr_max):
+def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
     (o,), (h,), (w,) = by_role["O"], by_role["H"], by_role["W"]
     o_ext, w_ext = extent_of(sch, o), extent_of(sch, w)
     if o_ext is None:
         return None
-    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs, max_vecs, mr_max)
+    # The weight vectors reused across the tile's pixels take registers too: 24 accumulators
+    # + their vectors fit the 32 registers.
+    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + 4, info.depthwise)
     nr = lanes * nv
     _pack_weights(sch, func, info, nr)
     if not info.channels_last:

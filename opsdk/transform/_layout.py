@@ -75,7 +75,7 @@ class _GroupNormChannelsLast(relax.PyExprMutator):
     leaves the transposes around an opsdk op (it knows TVM's ops only); opsdk's group norm
     has an NHWC kernel of its own."""
 
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if _axes(call) != _TO_NHWC or not isinstance(call.args[0], relax.Var):
             return call
