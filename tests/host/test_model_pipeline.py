@@ -43,7 +43,10 @@ def _dense_relu(n, k, m, rng):
 
 def _run(ex, *arrays):
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    while not isinstance(out, tvm.runtime.Tensor):  # a tuple of outputs: the first
+        out = out[0]
+    return out.numpy()
 
 
 def test_epilogue_fused_and_weight_packed_at_compile_time():
@@ -187,3 +190,25 @@ def test_loaded_model_from_an_irmodule_benchmarks_without_peers():
                              candidates=["opsdk", "tvm_default", "onnxruntime"])
     assert row["opsdk_ms"] > 0 and row["speedup_tvm_default"] > 0
     assert row["torch_ms"] is None and "onnxruntime" in row["errors"]
+
+
+def test_avx2_target_gets_the_same_rules_with_256_bit_vectors():
+    """The x86 rules take their vector width from the target: an AVX2-only CPU (haswell)
+    gets 8-lane tiles, and the code runs on this host (which has AVX2) and matches torch."""
+    host = opsdk.targets.target_features(opsdk.target("x86"))
+    if "avx2" not in host:
+        pytest.skip("host without AVX2")
+    avx2 = {"kind": "llvm", "mcpu": "haswell"}
+    m = load_model(str(EXAMPLES / "mobilenet_block.py"), dynamic_batch=True)
+    rep = report(m, avx2, profile=False)
+    assert not rep.problems, rep.format()
+    heavy = [k for k in rep.kernels if k.kind in ("conv2d", "matmul")]
+    assert heavy and all(k.vector_ops.get("ymm", 0) and not k.vector_ops.get("zmm")
+                         for k in heavy), rep.format()
+    import torch
+
+    cm = compile_model(m.opsdk_mod, avx2)
+    got = _run(cm.ex, *m.inputs)
+    with torch.no_grad():
+        want = m.torch_module(*m.torch_args).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
