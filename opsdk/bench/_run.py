@@ -145,16 +145,9 @@ def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
 
 def _fuse(mod: tvm.IRModule, tgt) -> tvm.IRModule:
     """TVM's default legalization and fusion (what ``tvm.compile`` runs before codegen)."""
-    seq = tvm.transform.Sequential(
-        [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            relax.transform.DeadCodeElimination(),
-        ]
-    )
+    from ..transform._lower import fusion_passes
+
+    seq = tvm.transform.Sequential(fusion_passes())
     with tgt:
         return seq(mod)
 

@@ -38,6 +38,17 @@ def epilogue_np(y: np.ndarray, bias, residual, activation: str, bias_shape) -> n
     return y
 
 
+def epilogue_abs(m, bias_shape) -> np.ndarray | float:
+    """``|bias| + |residual|`` of an error model's inputs (0 where absent): the magnitudes
+    the epilogue's adds round."""
+    extra = 0.0
+    if m.inputs.get("bias") is not None:
+        extra = extra + np.abs(m.inputs["bias"]).reshape(bias_shape)
+    if m.inputs.get("residual") is not None:
+        extra = extra + np.abs(m.inputs["residual"])
+    return extra
+
+
 def static_int(d) -> int | None:
     """A dim's value when it is static (a Python int or a TIR IntImm), else None."""
     if isinstance(d, int):

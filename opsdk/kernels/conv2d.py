@@ -18,7 +18,7 @@ from tvm import te, topi
 
 from .._opdef import Tensor, op
 from ..verify._tolerance import error_model
-from ._epilogue import Activation, epilogue_np, epilogue_te, gamma, static_int
+from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma, static_int
 
 __all__ = ["tvm_conv2d"]
 
@@ -115,13 +115,8 @@ def _error(m) -> np.ndarray:
     s = np.abs(_reference(np.abs(x), np.abs(w), layout=a["layout"], channels=a["channels"],
                           kernel=a["kernel"], stride=a["stride"], padding=a["padding"]))
     k = int(np.prod(w.shape)) // w.shape[0 if a["layout"].startswith("NCHW") else -1]
-    extra = 0.0
     bshape = (1, -1, 1, 1) if a["layout"].startswith("NCHW") else (1, 1, 1, -1)
-    if m.inputs.get("bias") is not None:
-        extra = extra + np.abs(m.inputs["bias"]).reshape(bshape)
-    if m.inputs.get("residual") is not None:
-        extra = extra + np.abs(m.inputs["residual"])
-    return gamma(k + 2, m.u) * (s + extra)
+    return gamma(k + 2, m.u) * (s + epilogue_abs(m, bshape))
 
 
 @op(

@@ -20,7 +20,7 @@ from tvm import te
 
 from .._opdef import Tensor, op
 from ..verify._tolerance import error_model
-from ._epilogue import Activation, epilogue_np, epilogue_te, gamma
+from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma
 
 __all__ = ["tvm_matmul"]
 
@@ -51,13 +51,7 @@ def _error(m) -> np.ndarray:
     a = m.attrs
     x, w = m.inputs["x"], m.inputs["w"]
     s = np.matmul(np.abs(x), np.abs(_weight(w, a["layout"])))
-    k = x.shape[-1]
-    extra = 0.0
-    if m.inputs.get("bias") is not None:
-        extra = extra + np.abs(m.inputs["bias"])
-    if m.inputs.get("residual") is not None:
-        extra = extra + np.abs(m.inputs["residual"])
-    return gamma(k + 2, m.u) * (s + extra)
+    return gamma(x.shape[-1] + 2, m.u) * (s + epilogue_abs(m, (-1,)))
 
 
 @op(

@@ -220,18 +220,24 @@ _DEFER = threading.local()
 
 
 @contextlib.contextmanager
+def _switched_on(flag: threading.local) -> Iterator[None]:
+    prev = getattr(flag, "on", False)
+    flag.on = True
+    try:
+        yield
+    finally:
+        flag.on = prev
+
+
+@contextlib.contextmanager
 def deferred_scheduling() -> Iterator[None]:
     """Within this block, opsdk ops legalize to their unscheduled compute, tagged ``opsdk.op``.
 
     The model pipeline schedules them after fusion (:func:`opsdk.transform.ScheduleKernels`);
     ops other than elementwise ones are marked opaque to fusion, so they stay whole.
     """
-    prev = getattr(_DEFER, "on", False)
-    _DEFER.on = True
-    try:
+    with _switched_on(_DEFER):
         yield
-    finally:
-        _DEFER.on = prev
 
 
 def scheduling_deferred() -> bool:
@@ -252,12 +258,8 @@ def generic_only() -> Iterator[None]:
     >>> with generic_only():
     ...     pass
     """
-    prev = getattr(_BYPASS, "on", False)
-    _BYPASS.on = True
-    try:
+    with _switched_on(_BYPASS):
         yield
-    finally:
-        _BYPASS.on = prev
 
 
 def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimFunc:

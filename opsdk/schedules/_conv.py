@@ -28,11 +28,11 @@ from tvm.tirx.analysis import undefined_vars
 
 from ._common import extent_of, vector_lanes, vectorize_loop
 from ._gemm import (
-    _is_multiply_accumulate,
     _param_buffers,
     float32_accumulator,
     fuse,
     layout_free,
+    mac_operands,
     tile_m,
     tile_n,
     tile_writeback,
@@ -65,11 +65,8 @@ def _vars(e) -> set:
 def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
     """Match a conv2d multiply-accumulate block, or None."""
     blk = sch.get(block)
-    if len(blk.writes) != 1 or not _is_multiply_accumulate(blk):
-        return None
-    out = blk.writes[0].source
-    reads = [i for i, r in enumerate(blk.reads) if not r.source.same_as(out)]
-    if len(reads) != 2:
+    reads = mac_operands(blk)
+    if reads is None:
         return None
     spat = [iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     red = [iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
@@ -248,6 +245,22 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
         _schedule_prologue(sch, wp, 4)
 
 
+def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=None):
+    """The register tile's loop nest: ``outer``, the ``tile`` loop, the reduction, then the
+    unrolled ``rows`` and ``vecs`` around the ``vec`` lanes; the write-back at the tile, the
+    ``parallel`` loops (default: ``outer``) across the cores, the init hoisted."""
+    sch.reorder(*outer, tile, *red, rows, vecs, vec)
+    sch.reverse_compute_at(epi, tile)
+    vectorize_writeback(sch, epi, lanes)
+    sch.unroll(rows)
+    sch.unroll(vecs)
+    sch.vectorize(vec)
+    sch.parallel(fuse(sch, parallel if parallel is not None else outer))
+    if red:
+        sch.decompose_reduction(info.main, red[0])
+    return sch
+
+
 def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
@@ -313,16 +326,8 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
         red += by_role.get(key, [])
     red += [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, []) if lp not in red]
     batch = by_role.get("N", []) + by_role.get("T", [])
-    sch.reorder(*batch, oo, h, wo, *red, wi, ov, ol)
-    sch.reverse_compute_at(epi, wo)
-    vectorize_writeback(sch, epi, lanes)
-    sch.unroll(wi)
-    sch.unroll(ov)
-    sch.vectorize(ol)
-    sch.parallel(fuse(sch, [*batch, oo, h]))
-    if red:
-        sch.decompose_reduction(info.main, red[0])
-    return sch
+    return _tile(sch, info, epi, lanes, outer=[*batch, oo, h], tile=wo, red=red,
+                 rows=wi, vecs=ov, vec=ol)
 
 
 def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs):
@@ -338,13 +343,5 @@ def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
     ho, hi = sch.split(h, [None, mr])
     red = [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, [])]
     batch = by_role.get("N", []) + by_role.get("T", [])
-    sch.reorder(*batch, o, ho, wo, *red, hi, wv, wl)
-    sch.reverse_compute_at(epi, wo)
-    vectorize_writeback(sch, epi, lanes)
-    sch.unroll(hi)
-    sch.unroll(wv)
-    sch.vectorize(wl)
-    sch.parallel(fuse(sch, [*batch, o]))
-    if red:
-        sch.decompose_reduction(info.main, red[0])
-    return sch
+    return _tile(sch, info, epi, lanes, outer=[*batch, o, ho], tile=wo, red=red,
+                 rows=hi, vecs=wv, vec=wl, parallel=[*batch, o])

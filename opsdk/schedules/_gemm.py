@@ -39,6 +39,7 @@ __all__ = [
     "fuse",
     "inline_producers",
     "layout_free",
+    "mac_operands",
     "schedule_copy",
     "schedule_matmul",
     "tile_m",
@@ -89,6 +90,16 @@ def _is_multiply_accumulate(blk: s_tir.SBlock) -> bool:
     return isinstance(prod, tirx.Mul)
 
 
+def mac_operands(blk: s_tir.SBlock) -> list[int] | None:
+    """Indices (into ``blk.reads``) of the two operands of a multiply-accumulate block
+    ``C += a * b``, or None when the block is not one."""
+    if len(blk.writes) != 1 or not _is_multiply_accumulate(blk):
+        return None
+    out = blk.writes[0].source
+    reads = [i for i, r in enumerate(blk.reads) if not r.source.same_as(out)]
+    return reads if len(reads) == 2 else None
+
+
 def analyze_gemm(sch: s_tir.Schedule, block) -> GemmInfo | None:
     """Match ``block`` against ``C[S, I, J] += A[S, I, K] * B[S, J, K]``.
 
@@ -96,11 +107,8 @@ def analyze_gemm(sch: s_tir.Schedule, block) -> GemmInfo | None:
     operand). A GEMV (no ``I`` axis) matches with ``A`` the operand without ``J``.
     """
     blk = sch.get(block)
-    if len(blk.writes) != 1 or not _is_multiply_accumulate(blk):
-        return None
-    out = blk.writes[0].source
-    reads = [i for i, r in enumerate(blk.reads) if not r.source.same_as(out)]
-    if len(reads) != 2:
+    reads = mac_operands(blk)
+    if reads is None:
         return None
     w = _point_axes(blk.writes[0].region)
     ra = _point_axes(blk.reads[reads[0]].region)

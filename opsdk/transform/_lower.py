@@ -26,7 +26,7 @@ from tvm.target import Target
 
 from ..targets import target as _resolve
 
-__all__ = ["LowerOps", "ScheduleKernels", "pipeline", "schedule_passes"]
+__all__ = ["LowerOps", "ScheduleKernels", "fusion_passes", "pipeline", "schedule_passes"]
 
 
 def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
@@ -113,6 +113,19 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
     return _pass
 
 
+def fusion_passes() -> list[tvm.transform.Pass]:
+    """TVM's legalization, constant folding and fusion (what its CPU pipelines run before
+    codegen, and steps 2-3 of :func:`pipeline` after the opsdk ops)."""
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
 def schedule_passes(
     target: str | dict | Target, *, channels_last: bool = True
 ) -> list[tvm.transform.Pass]:
@@ -123,12 +136,7 @@ def schedule_passes(
     tgt = _resolve(target)
     return [ChannelsLast()] * channels_last + [
         _LegalizeOpsDeferred(tgt),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        relax.transform.DeadCodeElimination(),
+        *fusion_passes(),
         relax.transform.AttachAttrLayoutFreeBuffers(),
         ScheduleKernels(tgt),
         relax.transform.SplitLayoutRewritePreproc(),
