@@ -261,7 +261,7 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
     return sch
 
 
-def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise):
+def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
     Every output channel in one tile where they fit (at most :data:`_MAX_CHANNEL_VECTORS`
@@ -269,10 +269,13 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise):
     each input value once. Then as many pixels as the registers allow: ``MR x NV``
     accumulators plus the ``NV`` weight vectors reused across the pixels, within ``regs``;
     a depthwise tile, whose every FMA needs its own input vector, keeps at most 12
-    accumulators. Measured (NHWC, 56x56 unless noted, 2 threads, time relative to the old
-    8-pixel x 3-vector tile): 24 -> 144 1x1: 2 x 9 0.55; depthwise 144 s2: 1 x 9 0.49,
-    2 x 9 0.56; 32 -> 192 1x1 at 28x28: 1 x 12 0.66, 2 x 12 (36 registers, spills) 2.1;
-    64 -> 64 3x3: 4 x 4 0.90, 2 x 4 1.25.
+    accumulators. The pixel count divides the row where it can; with a long reduction
+    (``long_k``: at least 256 products per output, a 3x3 conv over 32+ channels) the largest
+    count is used with a tail tile instead (64 -> 64 3x3: 6 x 4 0.95x the time of 4 x 4).
+    Measured (NHWC, 56x56 unless noted, 2 threads, time relative to the old 8-pixel x
+    3-vector tile): 24 -> 144 1x1: 2 x 9 0.55; depthwise 144 s2: 1 x 9 0.49, 2 x 9 0.56;
+    32 -> 192 1x1 at 28x28: 1 x 12 0.66, 2 x 12 (36 registers, spills) 2.1; 64 -> 64 3x3:
+    4 x 4 0.90, 2 x 4 1.25.
     """
     lanes, nv = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
     nvec = -(-o_ext // lanes)
@@ -283,6 +286,8 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise):
     budget = (12 if depthwise else regs - nv)
     top = max(1, budget // nv)
     mr = tile_m(w_ext, top)
+    if long_k and w_ext is not None and not depthwise and mr < top <= w_ext:
+        mr = top  # a long reduction amortizes the tail tile: every register in use
     return lanes, nv, mr
 
 
@@ -303,7 +308,12 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
         return None
     # The weight vectors reused across the tile's pixels take registers too: 24 accumulators
     # + their vectors fit the 32 registers.
-    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + 4, info.depthwise)
+    k_len = 1
+    for r in ("C", "KH", "KW"):
+        for lp in by_role.get(r, []):
+            k_len *= extent_of(sch, lp) or 1
+    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + 4, info.depthwise,
+                                        long_k=k_len >= 256)
     nr = lanes * nv
     _pack_weights(sch, func, info, nr)
     if not info.channels_last:
