@@ -20,28 +20,11 @@ from opsdk._explain import asm_of, asm_vector_stats
 ATOL, RTOL = 1e-4, 1e-4
 
 
-def export(
-    model: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool = False
-) -> torch.export.ExportedProgram:
-    """torch.export, with dim 0 of every input symbolic when ``dynamic_batch``.
-
-    torch.export specializes a dim whose example size is 1, so a batch-1 example is traced
-    with a batch-2 copy of the input.
-    """
-    if not dynamic_batch:
-        return torch.export.export(model.eval(), args)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    traced = tuple(torch.cat([a, a]) if a.shape[0] == 1 else a for a in args)
-    return torch.export.export(
-        model.eval(), traced, dynamic_shapes=tuple({0: batch} for _ in args)
-    )
-
-
 def import_model(
     model: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool = False
 ) -> dict[str, Any]:
     """Export with torch.export, import with opsdk's converters, then fuse."""
-    ep = export(model, args, dynamic_batch)
+    ep = opsdk.model.export_torch(model.eval(), args, dynamic_batch)
     imported = opsdk.frontend.from_torch(ep)
     fused = opsdk.transform.FuseIntoOps()(imported)
     return {"ep": ep, "imported": imported, "fused": fused}
@@ -103,14 +86,10 @@ def bench(
     """End-to-end latency, interleaved in one process with the same threads: opsdk (opsdk
     import + FuseIntoOps + opsdk.compile) vs TVM's default pipeline (TVM's import +
     tvm.compile), torch eager and onnxruntime (``opsdk.bench.run_model_bench``)."""
-    from tvm.relax.frontend.torch import from_exported_program
-
     from opsdk.bench import run_model_bench
-    from opsdk.model import LoadedModel, _torch_to_onnx
+    from opsdk.model import LoadedModel
 
-    onnx, err = _torch_to_onnx(model, args)
-    m = LoadedModel("model", stages["fused"], from_exported_program(stages["ep"]),
-                    [a.numpy() for a in args], model, args, onnx, err)
+    m = LoadedModel.from_torch("model", model, args, exported=stages["ep"])
     (row,) = run_model_bench([m], repeats=repeats)
     return row
 

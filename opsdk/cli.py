@@ -80,21 +80,6 @@ def _parse_attrs(items: Sequence[str] | None) -> dict:
     return out
 
 
-def _parse_model_args(items: Sequence[str] | None) -> dict | None:
-    if not items:
-        return None
-    out = {}
-    for it in items:
-        k, sep, v = it.partition("=")
-        if not sep:
-            raise UsageError(f"--model-arg expects NAME=VALUE, got {it!r}")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
 def _cmd_explain_model(args: argparse.Namespace) -> int:
     import os
 
@@ -102,7 +87,6 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     # every core, as the model bench does (an explicit TVM_NUM_THREADS wins).
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     import opsdk
-    from opsdk.bench._model import _default_args, _dynamic_batch
 
     try:
         opsdk.target(args.target)
@@ -111,12 +95,12 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     spec = args.model
     if not spec.endswith(".onnx") and not pathlib.Path(spec).exists() and "/" in spec:
         raise UsageError(f"model file {spec!r} does not exist")
-    entry_args = _parse_model_args(args.model_arg)
-    if entry_args is None:
-        entry_args = _default_args(spec)
     try:
-        m = opsdk.model.load_model(spec, entry=args.entry, entry_args=entry_args,
-                                   dynamic_batch=_dynamic_batch(spec))
+        entry_args = opsdk.model.parse_entry_args(args.model_arg)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        m = opsdk.model.load_model(spec, entry=args.entry, entry_args=entry_args)
     except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
         raise UsageError(f"cannot load model {spec!r}: {e}") from None
     rep = opsdk.model.report(m, args.target, profile=not args.no_profile,

@@ -53,7 +53,9 @@ __all__ = [
     "LoadedModel",
     "ModelReport",
     "compile_model",
+    "export_torch",
     "load_model",
+    "parse_entry_args",
     "report",
 ]
 
@@ -82,6 +84,31 @@ class LoadedModel:
     onnx_error: str = ""
 
 
+    @classmethod
+    def from_torch(
+        cls,
+        name: str,
+        model: Any,
+        args: tuple,
+        *,
+        exported: Any = None,
+        dynamic_batch: bool = False,
+    ) -> LoadedModel:
+        """Both imports of a torch module (``exported``: its ExportedProgram, when made
+        already), its example inputs, and its ONNX export for onnxruntime."""
+        import torch
+        from tvm.relax.frontend.torch import from_exported_program
+
+        from . import frontend
+        from .transform import FuseIntoOps
+
+        ep = exported if exported is not None else export_torch(model, args, dynamic_batch)
+        onnx_bytes, err = _torch_to_onnx(model, args)
+        inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
+        return cls(name, FuseIntoOps()(frontend.from_torch(ep)), from_exported_program(ep),
+                   inputs, model, tuple(args), onnx_bytes, err)
+
+
 def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     import io
 
@@ -96,13 +123,37 @@ def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     return buf.getvalue(), ""
 
 
+def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
+    """``["NAME=VALUE", ...]`` (JSON values, else strings) as keyword arguments of a model
+    file's entry function; None for no items (then the file's ``DEFAULT_ARGS`` apply).
+
+    Examples
+    --------
+    >>> from opsdk.model import parse_entry_args
+    >>> parse_entry_args(["size=16", "name=tiny"])
+    {'size': 16, 'name': 'tiny'}
+    """
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ValueError(f"--model-arg expects NAME=VALUE, got {item!r}")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
 def load_model(
     spec: str,
     entry: str = "build_model",
     entry_args: Mapping[str, Any] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
-    dynamic_batch: bool = False,
+    dynamic_batch: bool | None = None,
 ) -> LoadedModel:
     """Import the model ``spec`` the opsdk way and TVM's way.
 
@@ -112,15 +163,16 @@ def load_model(
         An ``.onnx`` file, or a Python file / module whose ``entry`` function returns
         ``(torch.nn.Module, example_args)`` or an ``ExportedProgram``.
     entry_args
-        Keyword arguments for the entry function (e.g. ``{"channels": 32}``).
+        Keyword arguments for the entry function (e.g. ``{"channels": 32}``); None: the
+        file's ``DEFAULT_ARGS`` dict (its benchmark size) if it has one.
     shapes
         Input shapes of an ONNX model with symbolic dims.
     dynamic_batch
-        Export torch models with dim 0 of every input symbolic.
+        Export torch models with dim 0 of every input symbolic; None: the file's
+        ``DYNAMIC_BATCH`` (default False).
     """
     from . import frontend
     from .frontend._cli import _import_python, _random_inputs
-    from .transform import FuseIntoOps
 
     rng = np.random.default_rng(seed)
     shp = {k: list(v) for k, v in (shapes or {}).items()}
@@ -135,33 +187,35 @@ def load_model(
                            onnx=proto.SerializeToString())
     import torch
 
-    built = getattr(_import_python(str(spec)), entry)(**dict(entry_args or {}))
+    module = _import_python(str(spec))
+    if entry_args is None:
+        entry_args = getattr(module, "DEFAULT_ARGS", None) or {}
+    if dynamic_batch is None:
+        dynamic_batch = bool(getattr(module, "DYNAMIC_BATCH", False))
+    built = getattr(module, entry)(**dict(entry_args))
     if isinstance(built, torch.export.ExportedProgram):
-        ep, model, args = built, built.module(), tuple(built.example_inputs[0])
-    elif isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
-        model, args = built[0].eval(), tuple(built[1])
-        ep = _export(model, args, dynamic_batch)
-    else:
-        raise TypeError(
-            f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "
-            "or an ExportedProgram"
-        )
-    opsdk_mod = FuseIntoOps()(frontend.from_torch(ep))
-    from tvm.relax.frontend.torch import from_exported_program
-
-    tvm_mod = from_exported_program(ep)
-    onnx_bytes, err = _torch_to_onnx(model, args)
-    inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
-    return LoadedModel(str(spec), opsdk_mod, tvm_mod, inputs, model, args, onnx_bytes, err)
+        return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
+                                      exported=built)
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
+        return LoadedModel.from_torch(str(spec), built[0].eval(), tuple(built[1]),
+                                      dynamic_batch=dynamic_batch)
+    raise TypeError(
+        f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "
+        "or an ExportedProgram"
+    )
 
 
-def _export(model: Any, args: tuple, dynamic_batch: bool) -> Any:
+def export_torch(model: Any, args: tuple, dynamic_batch: bool = False) -> Any:
+    """``torch.export.export``, with dim 0 of every input symbolic when ``dynamic_batch``.
+
+    torch.export specializes a dim whose example size is 1, so a batch-1 example is traced
+    with a batch-2 copy of the input.
+    """
     import torch
 
     if not dynamic_batch:
         return torch.export.export(model, args)
     batch = torch.export.Dim("batch", min=1, max=1024)
-    # torch.export specializes a dim whose example size is 1: trace with batch >= 2.
     traced = tuple(torch.cat([a, a]) if a.shape[0] == 1 else a for a in args)
     return torch.export.export(model, traced, dynamic_shapes=tuple({0: batch} for _ in args))
 
@@ -179,17 +233,13 @@ class CompiledModel:
 
 def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
     """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module."""
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
-
-    from .transform import schedule_passes
+    from .transform._lower import lowering_passes, schedule_passes
 
     tgt = resolve_target(target)
     t0 = time.perf_counter()
     with tgt:
         scheduled = tvm.transform.Sequential(schedule_passes(tgt))(mod)
-        lowered = tvm.transform.Sequential(
-            cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt)
-        )(scheduled)
+        lowered = tvm.transform.Sequential(lowering_passes(tgt))(scheduled)
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
     return CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0)
 

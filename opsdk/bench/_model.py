@@ -18,11 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from ._run import _py_step, _Timer, _vm_step
+
 __all__ = [
     "EXAMPLES",
     "MODEL_CANDIDATES",
     "format_gemm_table",
     "format_model_table",
+    "ort_session",
     "run_gemm_bench",
     "run_model_bench",
 ]
@@ -32,6 +35,7 @@ EXAMPLES = ("transformer_block.py", "conv_net.py", "mobilenet_block.py")
 #: Model candidates in table order.
 MODEL_CANDIDATES = ("opsdk", "tvm_default", "torch", "onnxruntime")
 _PEER_SETTLE_S = 0.05  # torch's OpenMP and onnxruntime's workers spin after a run
+_PEERS = ("torch", "onnxruntime")
 
 
 def setup_threads(threads: int | None) -> int:
@@ -54,30 +58,7 @@ def setup_threads(threads: int | None) -> int:
     return n
 
 
-class _Timed:
-    """A candidate: ``fn()`` runs it once; ``step(k)`` returns seconds per call over k calls."""
-
-    def __init__(self, fn: Callable[[], Any], step: Callable[[int], float] | None = None,
-                 peer: bool = False) -> None:
-        self.fn = fn
-        self.step = step or self._py_step
-        self.peer = peer
-        self.number = 1
-        self.samples: list[float] = []
-
-    def _py_step(self, k: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(k):
-            self.fn()
-        return (time.perf_counter() - t0) / k
-
-    def calibrate(self, budget_s: float) -> None:
-        self.step(1)
-        per = max(min(self.step(1), self.step(1)), 1e-7)
-        self.number = max(1, min(10_000, int(budget_s / per)))
-
-
-def _vm_timed(ex: Any, inputs: Sequence[np.ndarray]) -> tuple[_Timed, np.ndarray]:
+def _vm_timed(ex: Any, inputs: Sequence[np.ndarray]) -> tuple[_Timer, np.ndarray]:
     import tvm
     from tvm import relax
 
@@ -85,14 +66,7 @@ def _vm_timed(ex: Any, inputs: Sequence[np.ndarray]) -> tuple[_Timed, np.ndarray
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     out = _first(vm["main"](*args))
-    cache: dict[int, Any] = {}
-
-    def step(k: int) -> float:
-        if k not in cache:  # the C++ timer loop: no Python overhead per call
-            cache[k] = vm.time_evaluator("main", dev, number=k, repeat=1)
-        return float(cache[k](*args).mean)
-
-    return _Timed(lambda: vm["main"](*args), step), out
+    return _Timer(_vm_step(vm, args, dev)), out
 
 
 def _first(out: Any) -> np.ndarray:
@@ -103,7 +77,9 @@ def _first(out: Any) -> np.ndarray:
     return out.numpy()
 
 
-def _ort_session(onnx_bytes: bytes, threads: int) -> Any:
+def ort_session(onnx_bytes: bytes, threads: int) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads (all graph
+    optimizations, its default), quiet."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -113,20 +89,20 @@ def _ort_session(onnx_bytes: bytes, threads: int) -> Any:
     return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
 
 
-def _interleave(timers: Mapping[str, _Timed], repeats: int, budget_s: float) -> None:
+def _interleave(timers: Mapping[str, _Timer], repeats: int, budget_s: float) -> None:
     for t in timers.values():
         t.calibrate(budget_s)
     for _ in range(max(1, repeats)):
-        for t in timers.values():
+        for c, t in timers.items():
             # An untimed warm-up batch first: it wakes this runtime's workers (and the
             # virtual CPUs) after the previous candidate, whose spinning peers had a pause.
             t.step(max(1, t.number // 4))
             t.samples.append(t.step(t.number))
-            if t.peer:
+            if c in _PEERS:
                 time.sleep(_PEER_SETTLE_S)
 
 
-def _ratio(timers: Mapping[str, _Timed], c: str, base: str = "opsdk") -> float | None:
+def _ratio(timers: Mapping[str, _Timer], c: str, base: str = "opsdk") -> float | None:
     t, b = timers.get(c), timers.get(base)
     if t is None or b is None:
         return None
@@ -193,14 +169,12 @@ def run_model_bench(
         if isinstance(spec, LoadedModel):
             m = spec
         else:
-            args = dict(entry_args) if entry_args is not None else _default_args(str(spec))
-            m = load_model(str(spec), entry=entry, entry_args=args,
-                           dynamic_batch=_dynamic_batch(str(spec)))
+            m = load_model(str(spec), entry=entry, entry_args=entry_args)
         if progress:
             progress(m.name)
         row: dict[str, Any] = {"model": m.name, "threads": n, "errors": {},
                                "inputs": [list(a.shape) for a in m.inputs]}
-        timers: dict[str, _Timed] = {}
+        timers: dict[str, _Timer] = {}
         outs: dict[str, np.ndarray] = {}
         ref = None
         if m.torch_module is not None:
@@ -228,17 +202,17 @@ def run_model_bench(
                 with torch.no_grad():
                     return tm(*targs)
 
-            timers["torch"] = _Timed(run_torch, peer=True)
+            timers["torch"] = _Timer(_py_step(run_torch))
             outs["torch"] = ref
         if "onnxruntime" in candidates:
             try:
                 if m.onnx is None:
                     raise RuntimeError(m.onnx_error or "no ONNX model")
-                sess = _ort_session(m.onnx, n)
+                sess = ort_session(m.onnx, n)
                 feed = {i.name: np.ascontiguousarray(a)
                         for i, a in zip(sess.get_inputs(), m.inputs)}
                 outs["onnxruntime"] = sess.run(None, feed)[0]
-                timers["onnxruntime"] = _Timed(lambda s=sess, f=feed: s.run(None, f), peer=True)
+                timers["onnxruntime"] = _Timer(_py_step(lambda s=sess, f=feed: s.run(None, f)))
             except ImportError:
                 row["errors"]["onnxruntime"] = (
                     "onnxruntime is not installed (pip install opsdk[bench])")
@@ -272,25 +246,6 @@ def _rules(mod: Any) -> dict[str, int]:
             r = str((f.attrs or {}).get("opsdk.rule", "generic"))
             counts[r] = counts.get(r, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def _module_attr(spec: str, name: str, default: Any) -> Any:
-    if not spec.endswith(".py"):
-        return default
-    from ..frontend._cli import _import_python
-
-    try:
-        return getattr(_import_python(spec), name, default)
-    except Exception:
-        return default
-
-
-def _default_args(spec: str) -> dict[str, Any]:
-    return dict(_module_attr(spec, "DEFAULT_ARGS", {}) or {})
-
-
-def _dynamic_batch(spec: str) -> bool:
-    return bool(_module_attr(spec, "DYNAMIC_BATCH", False))
 
 
 def examples_dir() -> Path:
@@ -380,10 +335,10 @@ def run_gemm_bench(
         x = rng.standard_normal((m, k)).astype("float32")
         w = rng.standard_normal((k, n)).astype("float32")
         cm = compile_model(_gemm_module(m, n, k, w), target)
-        timers: dict[str, _Timed] = {}
+        timers: dict[str, _Timer] = {}
         timers["opsdk"], got = _vm_timed(cm.ex, [x])
         tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        timers["torch"] = _Timed(lambda tx=tx, tw=tw: torch.matmul(tx, tw), peer=True)
+        timers["torch"] = _Timer(_py_step(lambda tx=tx, tw=tw: torch.matmul(tx, tw)))
         ref = (x.astype(np.float64) @ w.astype(np.float64))
         # float32 dot products of length K: |err| <= K u sum|x||w| (recursive summation).
         bound = k * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64))

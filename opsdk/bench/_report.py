@@ -358,19 +358,13 @@ def _bench_models(args: argparse.Namespace) -> int:
                   f"lacks {', '.join(missing)})", file=sys.stderr)
             return 2
         models += [str(examples_dir() / e) for e in EXAMPLES]
-    entry_args = None
-    if args.model_arg:
-        entry_args = {}
-        for item in args.model_arg:
-            k, sep, v = item.partition("=")
-            if not sep:
-                print(f"opsdk bench: error: --model-arg expects NAME=VALUE, got {item!r}",
-                      file=sys.stderr)
-                return 2
-            try:
-                entry_args[k] = json.loads(v)
-            except json.JSONDecodeError:
-                entry_args[k] = v
+    from ..model import parse_entry_args
+
+    try:
+        entry_args = parse_entry_args(args.model_arg)
+    except ValueError as e:
+        print(f"opsdk bench: error: {e}", file=sys.stderr)
+        return 2
     for m in models:
         if not m.endswith(".onnx") and not os.path.exists(m) and "/" in m:
             print(f"opsdk bench: error: model file {m!r} does not exist", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -272,23 +271,22 @@ def _torch_callable(case: Case, ins: dict[str, np.ndarray]) -> Callable[[], Any]
     return fn
 
 
-def _ort_callable(case: Case, ins: dict[str, np.ndarray], row: dict) -> Callable[[], Any] | None:
+def _ort_callable(case: Case, ins: dict[str, np.ndarray], row: dict,
+                  threads: int) -> Callable[[], Any] | None:
     """onnxruntime's CPU kernel of the op on the same inputs, through an IO binding (inputs
     and output bound once, like the TVM kernels' fixed buffers); None where it has none."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError:
         return None
     arrays = list(ins.values())
     model = onnx_model(case.op, arrays, _attrs(case))
     if model is None:
         return None
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = int(os.environ.get("TVM_NUM_THREADS", "0") or 0)
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    from ._model import ort_session
+
     try:
-        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, threads)
     except Exception as e:  # an op or dtype this onnxruntime has no kernel for
         row["onnxruntime_error"] = f"{type(e).__name__}: {e}".split("\n")[0][:200]
         return None
@@ -345,19 +343,13 @@ def run_bench(
     if tgt.kind.name != "llvm" or target_arch(tgt) != target_arch(resolve_target("x86")):
         raise ValueError(f"target {target!r} does not run on this host; use x86 (the host CPU)")
     cands = [c for c in CANDIDATES if c in set(candidates)]
-    ncores = threads or os.cpu_count() or 1
-    # TVM 0.27 sizes its thread pool to half the logical CPUs on x86 (1 of 2 here) unless
-    # TVM_NUM_THREADS is set before the pool starts: give TVM the same threads as torch.
-    os.environ.setdefault("TVM_NUM_THREADS", str(ncores))
-    # TVM's idle workers keep their default spin (sched_yield rounds, which give way to the
-    # next candidate's threads). A short spin (1000 rounds, what this bench set on an AMD
-    # Zen 4 host) makes every parallel call wake sleeping workers, which on this Xeon VM
-    # costs more than the kernel: softmax 4096x768 0.90 ms with the default, 3.2 ms with 1000.
-    # Each timed batch follows an untimed warm-up batch instead (see the round loop).
-    try:
-        import torch
+    from ._model import setup_threads
 
-        torch.set_num_threads(ncores)
+    # The same threads for TVM, torch and onnxruntime; TVM keeps its default worker spin and
+    # each timed batch follows an untimed warm-up batch (see setup_threads and the rounds).
+    ncores = setup_threads(threads)
+    try:
+        import torch  # noqa: F401
     except ImportError:
         cands = [c for c in cands if c != "torch"]
     dev = tvm.cpu()
@@ -366,13 +358,15 @@ def run_bench(
     for case in expand_cases(ops, shapes, dtypes):
         if progress:
             progress(case.label)
-        rows.append(_run_case(case, tgt, dev, cands, rng, repeats, budget_ms / 1e3, check))
+        rows.append(_run_case(case, tgt, dev, cands, rng, repeats, budget_ms / 1e3, check,
+                              ncores))
         rows[-1]["threads"] = ncores
     return rows
 
 
 def _run_case(
-    case: Case, tgt, dev, cands: list[str], rng, repeats: int, budget_s: float, check: bool
+    case: Case, tgt, dev, cands: list[str], rng, repeats: int, budget_s: float, check: bool,
+    threads: int,
 ) -> dict[str, Any]:
     ins = _inputs(case, rng)
     d = get_op(case.op)
@@ -429,7 +423,7 @@ def _run_case(
         if fn is not None:
             timers["torch"] = _Timer(_py_step(fn))
     if "onnxruntime" in cands and case.op in SPECS:
-        made = _ort_callable(case, ins, row)
+        made = _ort_callable(case, ins, row, threads)
         if made is not None:
             timers["onnxruntime"] = _Timer(_py_step(made))
     hot = _hot_case(case, nbytes) if "hot" in cands and "opsdk" in cands else None

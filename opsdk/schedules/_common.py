@@ -41,6 +41,7 @@ __all__ = [
     "schedule_channels_last_groups",
     "schedule_elementwise",
     "schedule_fallback",
+    "schedule_prologue",
     "schedule_rows",
     "schedule_whole",
     "vector_lanes",
@@ -129,8 +130,22 @@ def _dtype_bits(sch: s_tir.Schedule, rv) -> int:
     return blk.writes[0].source.dtype.bits if blk.writes else 32
 
 
-def _fuse(sch: s_tir.Schedule, loops: Sequence) -> s_tir.schedule.LoopRV:
+def _fuse(sch: s_tir.Schedule, loops: Sequence) -> s_tir.schedule.LoopRV | None:
+    """The loops fused into one (the loop itself when alone; None when there is none)."""
+    if not loops:
+        return None
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """A root-level copy before a kernel (a conv's padding, a runtime weight packing): its
+    innermost loop vectorized (with a partitioned tail), the others fused across the cores."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    vectorize_loop(sch, loops[-1], lanes)
+    if len(loops) > 1:
+        sch.parallel(_fuse(sch, loops[:-1]))
 
 
 # ----------------------------------------------------------------------------- spatial loops

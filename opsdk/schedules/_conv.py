@@ -14,8 +14,9 @@ the layouts, both matched on that structure:
 - **pixel vectors** (depthwise NCHW): the input channel is the output channel, so vectors run
   along the output row; ``MR`` rows x ``NR`` pixels per tile, the weight broadcast.
 
-The padding block stays a separate pass over the input (parallel, vectorized): reading the
-padded copy keeps branches out of the inner loop.
+The padding block is a separate pass over the input (parallel, vectorized) for dense convs:
+reading the padded copy keeps branches out of the inner loop. A depthwise NHWC conv reads its
+padding in place instead (its bounds test is one scalar branch per pixel and tap).
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.target import Target
-from tvm.tirx.analysis import undefined_vars
 
-from ._common import extent_of, vector_lanes, vectorize_loop
+from ._common import _fuse, extent_of, schedule_prologue, vector_lanes
 from ._gemm import (
-    _param_buffers,
     float32_accumulator,
-    fuse,
-    layout_free,
+    index_vars,
+    is_layout_free,
     mac_operands,
     tile_m,
     tile_n,
@@ -58,10 +57,6 @@ class ConvInfo:
     w_pos: list[str]  # role of each index of the weight access
 
 
-def _vars(e) -> set:
-    return set(undefined_vars(e))
-
-
 def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
     """Match a conv2d multiply-accumulate block, or None."""
     blk = sch.get(block)
@@ -72,14 +67,14 @@ def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
     red = [iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
 
     def used(r) -> set:
-        return set().union(*(_vars(rg.min) for rg in r.region))
+        return set().union(*(index_vars(rg.min) for rg in r.region))
 
     def windows(r, other) -> list[int]:
         # A window index mixes an output pixel var (absent from the other operand, the
         # weight) with a reduction var; depthwise `ff + rc` uses the weight's ff.
         px = set(spat) - used(other)
         return [d for d, rg in enumerate(r.region)
-                if _vars(rg.min) & px and _vars(rg.min) & set(red)]
+                if index_vars(rg.min) & px and index_vars(rg.min) & set(red)]
 
     r0, r1 = blk.reads[reads[0]], blk.reads[reads[1]]
     wins = [windows(r0, r1), windows(r1, r0)]
@@ -91,10 +86,10 @@ def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
     if len(xw) != 2 or wins[1]:
         return None
     xr, wr = blk.reads[x_read], blk.reads[w_read]
-    wvars = set().union(*(_vars(rg.min) for rg in wr.region))
-    ovars = set().union(*(_vars(rg.min) for rg in blk.writes[0].region))
-    hv = _vars(xr.region[xw[0]].min)
-    wv = _vars(xr.region[xw[1]].min)
+    wvars = set().union(*(index_vars(rg.min) for rg in wr.region))
+    ovars = set().union(*(index_vars(rg.min) for rg in blk.writes[0].region))
+    hv = index_vars(xr.region[xw[0]].min)
+    wv = index_vars(xr.region[xw[1]].min)
     roles = []
     for iv in blk.iter_vars:
         v = iv.var
@@ -124,12 +119,12 @@ def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
         return None
     ivars = [iv.var for iv in blk.iter_vars]
     o_var = ivars[roles.index("O")]
-    depthwise = any(o_var in _vars(rg.min) for rg in xr.region)
+    depthwise = any(o_var in index_vars(rg.min) for rg in xr.region)
 
     def positions(r) -> list[str]:
         pos = []
         for d, rg in enumerate(r.region):
-            vs = _vars(rg.min)
+            vs = index_vars(rg.min)
             if r is xr and d == xw[0]:
                 pos.append("H")
             elif r is xr and d == xw[1]:
@@ -200,7 +195,7 @@ def schedule_conv2d(
                 continue
             except Exception:
                 pass
-        _schedule_prologue(sch, p, lanes_max)
+        schedule_prologue(sch, p, lanes_max)
     by_role: dict[str, list] = {}
     for lp, r in zip(loops, info.roles):
         by_role.setdefault(r, []).append(lp)
@@ -209,16 +204,7 @@ def schedule_conv2d(
     return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs)
 
 
-def _schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    vectorize_loop(sch, loops[-1], lanes)
-    if len(loops) > 1:
-        sch.parallel(fuse(sch, loops[:-1]))
-
-
-def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
+def _pack_weights(sch, func, info: ConvInfo, nr: int, lanes: int) -> None:
     """Weights in ``[O / nr, <other axes in their order>, nr]``: one k step loads ``nr``
     consecutive output channels. A constant weight is packed at compile time."""
     blk = sch.get(info.main)
@@ -230,8 +216,6 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
         rest = [i for i, p in zip(idx, pos) if p != "O"]
         return [o // nr, *rest, o % nr]
 
-    params = _param_buffers(func)
-    w_param = next((i for i, p in enumerate(params) if p.same_as(wbuf)), None)
     wp = sch.cache_read(info.main, info.w_read, "global")
     o_ext = wbuf.shape[pos.index("O")]
     exact = isinstance(o_ext, tirx.IntImm) and o_ext.value % nr == 0
@@ -239,10 +223,10 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int) -> None:
     # masked off in the write-back).
     sch.transform_layout(info.main, ("read", info.w_read), pack,
                          pad_value=None if exact else 0.0)
-    if w_param is not None and w_param in layout_free(func):
+    if is_layout_free(func, wbuf):
         sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
     else:
-        _schedule_prologue(sch, wp, 4)
+        schedule_prologue(sch, wp, lanes)
 
 
 def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=None):
@@ -255,7 +239,7 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
     sch.unroll(rows)
     sch.unroll(vecs)
     sch.vectorize(vec)
-    sch.parallel(fuse(sch, parallel if parallel is not None else outer))
+    sch.parallel(_fuse(sch, parallel if parallel is not None else outer))
     if red:
         sch.decompose_reduction(info.main, red[0])
     return sch
@@ -298,7 +282,7 @@ _MAX_CHANNEL_VECTORS = 12
 def _out_positions(sch, info: ConvInfo) -> list[str]:
     blk = sch.get(info.main)
     o_var = next(iv.var for iv, r in zip(blk.iter_vars, info.roles) if r == "O")
-    return ["O" if o_var in _vars(rg.min) else "-" for rg in blk.writes[0].region]
+    return ["O" if o_var in index_vars(rg.min) else "-" for rg in blk.writes[0].region]
 
 
 def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
@@ -315,7 +299,7 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
     lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + 4, info.depthwise,
                                         long_k=k_len >= 256)
     nr = lanes * nv
-    _pack_weights(sch, func, info, nr)
+    _pack_weights(sch, func, info, nr, lanes_max)
     if not info.channels_last:
         # The accumulator tile keeps channels innermost (contiguous vectors); only the
         # write-back reads it transposed.

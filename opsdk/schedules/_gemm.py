@@ -30,17 +30,16 @@ from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 from tvm.tirx.stmt import BufferStore
 
-from ._common import extent_of, vector_lanes
+from ._common import _fuse, extent_of, schedule_prologue, vector_lanes
 
 __all__ = [
     "GemmInfo",
     "analyze_gemm",
     "float32_accumulator",
-    "fuse",
+    "index_vars",
     "inline_producers",
-    "layout_free",
+    "is_layout_free",
     "mac_operands",
-    "schedule_copy",
     "schedule_matmul",
     "tile_m",
     "tile_n",
@@ -60,7 +59,8 @@ class GemmInfo:
     b_pos: list[str]  # the role of each index of B's access (S / J / K)
 
 
-def _vars(expr: tirx.PrimExpr) -> set:
+def index_vars(expr: tirx.PrimExpr) -> set:
+    """The variables an index expression uses."""
     return set(undefined_vars(expr))
 
 
@@ -70,7 +70,7 @@ def _point_axes(region) -> set | None:
     for r in region:
         if not (isinstance(r.extent, tirx.IntImm) and r.extent.value == 1):
             return None
-        out |= _vars(r.min)
+        out |= index_vars(r.min)
     return out
 
 
@@ -118,7 +118,7 @@ def analyze_gemm(sch: s_tir.Schedule, block) -> GemmInfo | None:
     # Every index of an operand must be a single iter var (a window `oh + kh` is a conv).
     for r in (blk.reads[reads[0]], blk.reads[reads[1]]):
         for rg in r.region:
-            if len(_vars(rg.min)) > 1:
+            if len(index_vars(rg.min)) > 1:
                 return None
     ivars = [iv.var for iv in blk.iter_vars]
     kinds = []
@@ -158,7 +158,7 @@ def analyze_gemm(sch: s_tir.Schedule, block) -> GemmInfo | None:
     kv = {v for v, k in zip(ivars, kinds) if k == "K"}
     b_pos = []
     for rg in blk.reads[b_read].region:
-        vs = _vars(rg.min)
+        vs = index_vars(rg.min)
         b_pos.append("J" if vs & jv else "K" if vs & kv else "S")
     if b_pos.count("J") != 1 or b_pos.count("K") != 1:
         return None
@@ -229,12 +229,6 @@ def _consumer_chain(sch: s_tir.Schedule, block) -> list:
         b = cs[0]
 
 
-def fuse(sch: s_tir.Schedule, loops: list):
-    if not loops:
-        return None
-    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
-
-
 def tile_n(n: int | None, lanes: int, max_vecs: int) -> tuple[int, int]:
     """(vector lanes, vectors per tile row) for N: the widest vectors that divide N."""
     if n is None:
@@ -251,6 +245,8 @@ def tile_n(n: int | None, lanes: int, max_vecs: int) -> tuple[int, int]:
 
 
 def tile_m(m: int | None, mr_max: int) -> int:
+    """Rows per tile for M: the largest divisor of M up to ``mr_max`` when it is more than
+    half of ``mr_max``, else ``mr_max`` (the last tile partial); ``mr_max`` for a symbolic M."""
     if m is None:
         return mr_max
     if m <= mr_max:
@@ -259,13 +255,12 @@ def tile_m(m: int | None, mr_max: int) -> int:
     return best if best * 2 > mr_max else mr_max
 
 
-def layout_free(func: tirx.PrimFunc) -> set[int]:
-    attrs = func.attrs or {}
-    return {int(i) for i in attrs.get("layout_free_buffers", [])}
-
-
-def _param_buffers(func: tirx.PrimFunc) -> list:
-    return list(func.params)  # TVM 0.27: a PrimFunc's params are its buffers
+def is_layout_free(func: tirx.PrimFunc, buf) -> bool:
+    """Whether ``buf`` is a parameter that AttachAttrLayoutFreeBuffers marked as bound to a
+    constant (a weight): a rule may then give it any layout, computed at compile time."""
+    free = {int(i) for i in (func.attrs or {}).get("layout_free_buffers", [])}
+    # TVM 0.27: a PrimFunc's params are its buffers.
+    return any(i in free and p.same_as(buf) for i, p in enumerate(func.params))
 
 
 def schedule_matmul(
@@ -329,10 +324,10 @@ def schedule_matmul(
     # bounding box of both: rows no tile of this block computed (caught by verify).
     outer = groups["S"] + groups["I"][:-1] + groups["J"][:-1]
     sch.reorder(*outer, *groups["I"][-1:], *groups["J"][-1:], *groups["K"])
-    s = fuse(sch, outer)
+    s = _fuse(sch, outer)
     m = groups["I"][-1] if groups["I"] else None
     n = groups["J"][-1]
-    k = fuse(sch, groups["K"])
+    k = _fuse(sch, groups["K"])
     lanes_max = vector_lanes(target, 32)
     n_ext = extent_of(sch, n)
     m_ext = extent_of(sch, m) if m is not None else 1
@@ -341,12 +336,10 @@ def schedule_matmul(
     mr = tile_m(m_ext, max(1, min(mr_max, acc_regs // nv)))
     # B in a packed layout [S..., N / NR, K, NR].
     bbuf = blk.reads[info.b_read].source
-    params = _param_buffers(func)
-    b_param = next((i for i, p in enumerate(params) if p.same_as(bbuf)), None)
-    b_const = b_param is not None and b_param in layout_free(func)
+    b_const = is_layout_free(func, bbuf)
     b_contig = info.b_pos[-1] == "J"
     b_bytes = 4
-    for e in bbuf.shape:
+    for e in bbuf.shape:  # a symbolic dim counts as large: such a B is packed
         b_bytes *= int(e.value) if isinstance(e, tirx.IntImm) else 1 << 16
     if b_const or not b_contig or b_bytes > pack_bytes:
         pos = info.b_pos
@@ -364,7 +357,7 @@ def schedule_matmul(
         if b_const:
             sch.annotate(bp, "meta_schedule.layout_rewrite_preproc", True)
         else:
-            schedule_copy(sch, bp, lanes_max)
+            schedule_prologue(sch, bp, lanes_max)
     # Tiles.
     no, ni = sch.split(n, [None, nr])
     nvl, nl = sch.split(ni, [None, lanes])
@@ -382,14 +375,7 @@ def schedule_matmul(
     vectorize_writeback(sch, epi, lanes)
     sch.unroll(nvl)
     sch.vectorize(nl)
-    par = fuse(sch, [x for x in (s, tile_outer) if x is not None])
+    par = _fuse(sch, [x for x in (s, tile_outer) if x is not None])
     sch.parallel(par)
     sch.decompose_reduction(main, k)
     return sch
-
-
-def schedule_copy(sch: s_tir.Schedule, block, lanes: int) -> None:
-    """A packing copy: outer loops fused in parallel (its inner loop is a gather)."""
-    loops = sch.get_loops(block)
-    if len(loops) > 1:
-        sch.parallel(fuse(sch, loops[:-1]))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ._rewrite import op_counts
+
 __all__ = ["ChannelsLast"]
 
 #: conv2d layouts ``ChannelsLast`` asks ConvertLayout for: data / weight.
@@ -119,7 +121,7 @@ def ChannelsLast() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ChannelsLast")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if not _has_conv2d(mod):
+        if not op_counts(mod, "relax.nn.conv2d"):
             return mod
         updates = {}
         for gv, func in mod.functions_items():
@@ -135,16 +137,3 @@ def ChannelsLast() -> tvm.transform.Pass:
 
     return _pass
 
-
-def _has_conv2d(mod: tvm.IRModule) -> bool:
-    found = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and \
-                e.op.name == "relax.nn.conv2d":
-            found.append(e)
-
-    for f in mod.functions.values():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f, visit)
-    return bool(found)

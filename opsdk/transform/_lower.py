@@ -20,13 +20,22 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
 from ..targets import target as _resolve
 
-__all__ = ["LowerOps", "ScheduleKernels", "fusion_passes", "pipeline", "schedule_passes"]
+__all__ = [
+    "LowerOps",
+    "ScheduleKernels",
+    "fusion_passes",
+    "lowering_passes",
+    "pipeline",
+    "schedule_passes",
+]
 
 
 def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
@@ -43,27 +52,20 @@ def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
     >>> p.info.name
     'opsdk.LowerOps'
     """
-    tgt = _resolve(target)
+    return _legalize_opsdk_ops(_resolve(target), "opsdk.LowerOps", deferred=False)
 
-    @tvm.transform.module_pass(opt_level=0, name="opsdk.LowerOps")
+
+def _legalize_opsdk_ops(tgt: Target, name: str, *, deferred: bool) -> tvm.transform.Pass:
+    """LegalizeOps on the ``opsdk.*`` calls only; ``deferred``: without scheduling them
+    (the model pipeline's ScheduleKernels does, after fusion)."""
+    from ..schedules import deferred_scheduling
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         # Our FLegalize reads the target in scope; TVM's own ops are skipped here and left
         # to the regular pipeline.
         others = [n for n in tvm.ir.Op.list_op_names() if not n.startswith("opsdk.")]
-        with tgt:
-            return relax.transform.LegalizeOps(skip_ops=others)(mod)
-
-    return _pass
-
-
-def _LegalizeOpsDeferred(target: Target) -> tvm.transform.Pass:
-    """Legalize opsdk ops without scheduling them (ScheduleKernels does, after fusion)."""
-    from ..schedules import deferred_scheduling
-
-    @tvm.transform.module_pass(opt_level=0, name="opsdk.LegalizeOpsDeferred")
-    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        others = [n for n in tvm.ir.Op.list_op_names() if not n.startswith("opsdk.")]
-        with target, deferred_scheduling():
+        with tgt, (deferred_scheduling() if deferred else contextlib.nullcontext()):
             return relax.transform.LegalizeOps(skip_ops=others)(mod)
 
     return _pass
@@ -135,7 +137,7 @@ def schedule_passes(
 
     tgt = _resolve(target)
     return [ChannelsLast()] * channels_last + [
-        _LegalizeOpsDeferred(tgt),
+        _legalize_opsdk_ops(tgt, "opsdk.LegalizeOpsDeferred", deferred=True),
         *fusion_passes(),
         relax.transform.AttachAttrLayoutFreeBuffers(),
         ScheduleKernels(tgt),
@@ -143,6 +145,14 @@ def schedule_passes(
         relax.transform.FoldConstant(),
         relax.transform.DeadCodeElimination(),
     ]
+
+
+def lowering_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
+    """Step 6 of :func:`pipeline`: TVM's CPU dataflow lowering and VM finalization."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    tgt = _resolve(target)
+    return cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt)
 
 
 def pipeline(
@@ -166,15 +176,12 @@ def pipeline(
         return tvm.transform.Sequential(
             [LowerOps(tgt), relax.get_pipeline(base)], name="opsdk"
         )
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with tgt:
             seq = tvm.transform.Sequential(
-                schedule_passes(tgt, channels_last=channels_last)
-                + cpu.dataflow_lower_passes(tgt)
-                + cpu.finalize_passes(tgt)
+                schedule_passes(tgt, channels_last=channels_last) + lowering_passes(tgt)
             )
             return seq(mod)
 

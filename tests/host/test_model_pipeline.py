@@ -112,7 +112,7 @@ def test_every_kernel_of_the_examples_is_scheduled(name, target):
 
 
 def test_model_report_profile_and_json(tmp_path):
-    m = load_model(str(EXAMPLES / "conv_net.py"))
+    m = load_model(str(EXAMPLES / "conv_net.py"), entry_args={})
     rep = report(m, "x86")
     timed = [k for k in rep.kernels if k.time_ms is not None]
     assert timed and rep.kernel_ms and rep.kernel_ms > 0
@@ -129,7 +129,7 @@ def test_model_report_profile_and_json(tmp_path):
 def test_model_bench_fields():
     from opsdk.bench import run_model_bench
 
-    m = load_model(str(EXAMPLES / "transformer_block.py"))
+    m = load_model(str(EXAMPLES / "transformer_block.py"), entry_args={})
     cands = ["opsdk", "tvm_default", "torch"]
     try:
         import onnxruntime  # noqa: F401
@@ -199,7 +199,7 @@ def test_avx2_target_gets_the_same_rules_with_256_bit_vectors():
     if "avx2" not in host:
         pytest.skip("host without AVX2")
     avx2 = {"kind": "llvm", "mcpu": "haswell"}
-    m = load_model(str(EXAMPLES / "mobilenet_block.py"), dynamic_batch=True)
+    m = load_model(str(EXAMPLES / "mobilenet_block.py"), entry_args={}, dynamic_batch=True)
     rep = report(m, avx2, profile=False)
     assert not rep.problems, rep.format()
     heavy = [k for k in rep.kernels if k.kind in ("conv2d", "matmul")]
