@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 
 import opsdk
 from opsdk._dtypes import eps, np_dtype
@@ -158,6 +158,36 @@ def test_lower_ops_pass_and_pipeline():
     assert ex is not None
 
 
+def _children(stmt) -> list:
+    if isinstance(stmt, tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return [stmt.block.body]
+    if isinstance(stmt, tirx.IfThenElse):
+        return [s for s in (stmt.then_case, stmt.else_case) if s is not None]
+    body = getattr(stmt, "body", None)
+    return [body] if body is not None else []
+
+
+def _blocks(stmt) -> set[str]:
+    own = {stmt.block.name_hint} if isinstance(stmt, s_tir.SBlockRealize) else set()
+    return own.union(*(_blocks(c) for c in _children(stmt)))
+
+
+def _shares_a_loop(func: tirx.PrimFunc, a: str, b: str, out: str) -> bool:
+    """A loop below the output's (row) loop holds both blocks: one pass computes ``a`` and
+    reduces it into ``b``."""
+
+    def visit(stmt) -> bool:
+        if isinstance(stmt, tirx.For):
+            inside = _blocks(stmt)
+            if a in inside and b in inside and out not in inside:
+                return True
+        return any(visit(c) for c in _children(stmt))
+
+    return visit(func.body)
+
+
 @pytest.mark.parametrize("target", ["x86", "arm"])
 def test_softmax_float32_keeps_exp_in_the_output_buffer(target):
     # float32: the exp scratch lives in the output (no per-row workspace call); float16 keeps
@@ -172,6 +202,9 @@ def test_softmax_float32_keeps_exp_in_the_output_buffer(target):
 
     assert scratch_allocs(lowered("float32")) == []
     assert scratch_allocs(lowered("float16")) == ["exp"]
+    # the exp chunks are summed in the loop that computes them (no separate sum pass)
+    f = next(f for f in lowered("float32").functions.values() if isinstance(f, tirx.PrimFunc))
+    assert _shares_a_loop(f, "exp", "expsum_rf_update", "softmax")
     ex = tvm.compile(lowered("float32"), target=opsdk.target(target))
     assert "TVMBackendAllocWorkspace" not in asm_of(ex)
     if target == "x86":
@@ -244,8 +277,10 @@ def test_scratch_moves_into_the_output_only_when_rows_read_their_own_row(shift):
     sch = schedule_rows(te.create_prim_func([x, y]), opsdk.target("x86"), accumulators=2)
     f = sch.mod["main"]
     allocs = [b.name for b in f.body.block.alloc_buffers]
-    # shift 1: row i sums row i+1's scratch, which that row's output pass overwrites in place
+    # shift 1: row i sums row i+1's scratch, which that row's output pass overwrites in place,
+    # and which is not the chunk the same iteration computes: no merged pass either
     assert ("e" in allocs) == bool(shift)
+    assert _shares_a_loop(f, "e", "s_rf_update", "y") == (not shift)
     ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
     xv = np.random.default_rng(2).normal(size=(8, 64)).astype("float32")
     out = tvm.runtime.empty((8, 64), "float32", DEV)
