@@ -42,6 +42,7 @@ __all__ = [
     "mac_operands",
     "schedule_matmul",
     "tile_m",
+    "tile_mn",
     "tile_n",
     "tile_writeback",
     "vectorize_writeback",
@@ -244,6 +245,31 @@ def tile_n(n: int | None, lanes: int, max_vecs: int) -> tuple[int, int]:
     return lanes, max(1, min(max_vecs, n // lanes))  # the last tile is partial (padded)
 
 
+def tile_mn(
+    m: int | None, n: int | None, lanes: int, max_vecs: int, mr_max: int, acc_regs: int
+) -> tuple[int, int, int]:
+    """(vector lanes, vectors per tile row, rows per tile) for an M x N output: among the
+    tile widths that divide N, the one whose row count (:func:`tile_m`) fills the most
+    accumulator registers without a partial row tile; ties go to the wider tile (fewer
+    loads per FMA). M = 128, N = 768 gets 8 x 48 (24 registers) instead of 4 x 64 (16)."""
+    ln, nv = tile_n(n, lanes, max_vecs)
+    best = None
+    if n is not None and n % (ln * nv) == 0:
+        nvec = n // ln
+        for v in range(nv, 0, -1):
+            if nvec % v:
+                continue
+            top = max(1, min(mr_max, acc_regs // v))
+            mr = tile_m(m, top)
+            exact = m is None or m % mr == 0 or m < mr
+            key = (exact, mr * v, v)
+            if best is None or key > best[0]:
+                best = (key, v, mr)
+    if best is None:
+        return ln, nv, tile_m(m, max(1, min(mr_max, acc_regs // nv)))
+    return ln, best[1], best[2]
+
+
 def tile_m(m: int | None, mr_max: int) -> int:
     """Rows per tile for M: the largest divisor of M up to ``mr_max`` when it is more than
     half of ``mr_max``, else ``mr_max`` (the last tile partial); ``mr_max`` for a symbolic M."""
@@ -331,9 +357,8 @@ def schedule_matmul(
     lanes_max = vector_lanes(target, 32)
     n_ext = extent_of(sch, n)
     m_ext = extent_of(sch, m) if m is not None else 1
-    lanes, nv = tile_n(n_ext, lanes_max, max_vecs)
+    lanes, nv, mr = tile_mn(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
     nr = lanes * nv
-    mr = tile_m(m_ext, max(1, min(mr_max, acc_regs // nv)))
     # B in a packed layout [S..., N / NR, K, NR].
     bbuf = blk.reads[info.b_read].source
     b_const = is_layout_free(func, bbuf)

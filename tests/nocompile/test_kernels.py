@@ -99,3 +99,21 @@ def test_channels_last_turns_relu6_convs_into_nhwc():
         mod["main"], lambda e: convs.append(e) if isinstance(e, relax.Call)
         and getattr(e.op, "name", "") == "relax.nn.conv2d" else None)
     assert [str(c.attrs.data_layout) for c in convs] == ["NHWC", "NHWC"]
+
+
+@pytest.mark.parametrize(
+    "m,n,want",
+    [
+        (128, 768, (16, 3, 8)),  # 8 x 48: 24 accumulators, no partial tile (4 x 64 uses 16)
+        (128, 1024, (16, 4, 4)),  # no 24-register tiling divides both: the widest 16
+        (49, 96, (16, 3, 7)),
+        (None, 768, (16, 4, 6)),  # symbolic M: the widest tile, rows to fill the registers
+    ],
+)
+def test_gemm_tiles_fill_the_registers_without_a_partial_row_tile(m, n, want):
+    from opsdk.schedules._gemm import tile_mn
+
+    lanes, nv, mr = tile_mn(m, n, 16, 4, 8, 24)
+    assert (lanes, nv, mr) == want
+    assert mr * nv <= 24 and n % (lanes * nv) == 0
+    assert m is None or m % mr == 0
