@@ -143,6 +143,9 @@ class OpDef:
     module: str = ""
     source: str = "builtin"
     rules: list = field(default_factory=list)
+    # the output dtype contract (see :func:`op`): None = the first input's dtype, a dtype, the
+    # name of an attribute holding it, or ``f(dtypes, attrs) -> dtype``
+    output_dtype: str | Callable[[dict, dict], str] | None = None
 
     # ------------------------------------------------------------------ schema
     @property
@@ -329,6 +332,37 @@ class OpDef:
             )
         return out
 
+    def declared_dtype(self, dtypes: Mapping[str, str], nattrs: Mapping[str, Any]) -> str:
+        """The output dtype the op promises for these input dtypes and (bound) attributes.
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> opsdk.get_op("gelu").declared_dtype({"x": "float16"}, {"approximate": "none"})
+        'float16'
+        >>> opsdk.get_op("quantize").declared_dtype({"x": "float32"}, {"out_dtype": "uint8"})
+        'uint8'
+        """
+        rule = self.output_dtype
+        if rule is None:
+            return str(dtypes[self.primary])
+        if callable(rule):
+            return str(rule(dict(dtypes), dict(nattrs)))
+        if rule in {p.name for p in self.attr_params}:
+            return str(nattrs[rule])
+        return rule
+
+    def output_dtype_rule(self) -> str:
+        """The output dtype contract in words (for reports and error messages)."""
+        rule = self.output_dtype
+        if rule is None:
+            return f"same as input '{self.primary}'"
+        if callable(rule):
+            return f"{getattr(rule, '__name__', 'a function')}(dtypes, attrs)"
+        if rule in {p.name for p in self.attr_params}:
+            return f"given by attribute '{rule}'"
+        return f"always {rule}"
+
     def result_type(
         self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
     ) -> tuple[tuple, str]:
@@ -481,6 +515,7 @@ def op(
     kind: str = "elementwise",
     examples: Sequence[tuple[int, ...]] | None = None,
     name: str | None = None,
+    output_dtype: str | Callable[[dict, dict], str] | None = None,
 ) -> Callable[[Callable[..., te.Tensor]], OpDef]:
     """Declare an op from its TE compute.
 
@@ -519,6 +554,11 @@ def op(
         ``"elementwise"``, ``"reduction"`` or ``"norm"``: lets generic schedule rules apply.
     examples
         Primary-input shapes traced at definition time (defaults derived from ``ranks``).
+    output_dtype
+        The output dtype contract, which ``opsdk verify`` checks on every cell: None (the
+        default) promises the first input's dtype (a float16 op returns float16, whatever
+        it accumulates in); a dtype (``"float32"`` for a dequantize); the name of a ``str``
+        attribute that selects it (``"out_dtype"``); or ``f(dtypes, attrs) -> dtype``.
 
     Returns
     -------
@@ -591,6 +631,22 @@ def op(
         for dt in (*primary_dtypes, *(d for v in per_input.values() for d in v)):
             np_dtype(dt)  # raises for unknown dtypes
         _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
+        if isinstance(output_dtype, str):
+            attr_names = {p.name for p in params if p.kind == "attr"}
+            if output_dtype not in attr_names:
+                try:
+                    np_dtype(output_dtype)
+                except Exception:
+                    raise OpDefinitionError(
+                        f"op {opname!r}: output_dtype={output_dtype!r} is neither a dtype nor "
+                        f"an attribute (attributes: {sorted(attr_names) or 'none'}); pass e.g. "
+                        "'float32', an attribute name, or a function (dtypes, attrs) -> dtype"
+                    ) from None
+        elif output_dtype is not None and not callable(output_dtype):
+            raise OpDefinitionError(
+                f"op {opname!r}: output_dtype must be a dtype, an attribute name or a "
+                f"function, got {type(output_dtype).__name__}"
+            )
         d = OpDef(
             name=opname,
             compute=fn,
@@ -610,6 +666,7 @@ def op(
             doc=inspect.getdoc(fn) or "",
             examples=tuple(examples or _default_examples(tuple(ranks))),
             module=fn.__module__,
+            output_dtype=output_dtype,
         )
         _self_check(d)
         return d

@@ -32,6 +32,7 @@ def _reference(q, scale, zero_point, *, axis=-1, per_channel=False):
     # the same in numpy and in any IEEE kernel, so the output is compared bit-exactly.
     domain={"q": (-128, 255), "scale": log_uniform(1e-4, 1e2), "zero_point": (-128, 255)},
     kind="elementwise",
+    output_dtype="float32",
     examples=[(2, 3, 8)],
 )
 def dequantize(

@@ -108,6 +108,7 @@ def _check(shapes, dtypes, attrs):
         "out_zero_point": [0, -128, 127, -3],
     },
     kind="dense",
+    output_dtype="out_dtype",
     examples=[(4, 20)],
 )
 def qdense(

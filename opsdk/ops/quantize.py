@@ -40,6 +40,7 @@ def _reference(x, scale, zero_point, *, axis=-1, per_channel=False, out_dtype="i
     # 0, 127 and 255 (one outside the output's range shifts the output into saturation).
     domain={"x": (-4.0, 4.0), "scale": log_uniform(1e-4, 1e2), "zero_point": (-128, 255)},
     kind="elementwise",
+    output_dtype="out_dtype",
     examples=[(2, 3, 8)],
 )
 def quantize(

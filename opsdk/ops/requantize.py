@@ -75,6 +75,7 @@ def _reference(
     domain={"x": (-100000, 100000), "multiplier": (2**30, 2**31 - 1), "shift": (-7, 13)},
     attr_domain={"input_zero_point": [0, 3, -7], "output_zero_point": [0, -5, 9, -128, 127, 255]},
     kind="elementwise",
+    output_dtype="out_dtype",
     examples=[(2, 3, 8)],
 )
 def requantize(

@@ -441,6 +441,19 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
             f"shape {list(got.shape)} dtype {got.dtype}"
         )
         return res
+    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+    promised = d.declared_dtype(d.dtypes_for(case.dtype), nattrs)
+    if b.out_dtype != promised:
+        # The contract, not the trace: a float16 op that computes and returns float32 has a
+        # self-consistent type but breaks what its callers were promised.
+        res.status = "type"
+        res.message = (
+            f"{d.op_name} ({case.dtype}, layout {case.layout!r}): the output dtype rule "
+            f"({d.output_dtype_rule()}) promises {promised}, but the compute returns "
+            f"{b.out_dtype}; cast the result to {promised} (e.g. .astype(x.dtype)) or declare "
+            "output_dtype= in @opsdk.op"
+        )
+        return res
     full = {p.name: inputs.get(p.name) for p in d.tensor_params}
     x64 = {k: (None if v is None else v.astype(np.float64)) for k, v in full.items()}
     with np.errstate(all="ignore"):  # e.g. exp overflow in a reference on "large" data
@@ -449,10 +462,9 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         res.status = "type"
         res.message = f"reference returns shape {list(ref.shape)}, kernel {list(got.shape)}"
         return res
-    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
     m = ModelInput(op=d, inputs=x64, attrs=nattrs, ref=ref, u=_unit(accum_dtype(b.out_dtype)),
                    dtype=case.dtype)
-    tol, _ = output_bound(d, m, b.out_dtype)
+    tol, res.model = output_bound(d, m, b.out_dtype)
     y = got.astype(np.float64)
     err = _errors(y, ref)
     with np.errstate(all="ignore"):
@@ -571,6 +583,7 @@ def verify_cell(
         cell.examples += 1
         if res.rule:
             rules.add(res.rule)
+        cell.model = cell.model or res.model
         if res.ok:
             cell.max_ulps = max(cell.max_ulps, res.max_ulps)
             cell.max_rel = max(cell.max_rel, res.max_rel)

@@ -17,6 +17,11 @@ __all__ = ["CaseResult", "CellResult", "LintResult", "RefusalResult", "VerifyRep
 _TIR_LINES = 60  # lines of TIR printed with a failure (all of it goes to the JSON report)
 
 
+#: A passing cell whose worst error is above this fraction of its bound is listed in the
+#: summary: the bound may be sound, or the kernel may be one unlucky input from failing.
+NEAR_BOUND = 0.9
+
+
 @dataclass
 class CaseResult:
     """The outcome of one example.
@@ -43,6 +48,7 @@ class CaseResult:
     rule: str = ""
     tir: str = ""
     reproducer: str = ""
+    model: str = ""  # the error model that gave the bound (see opsdk.verify.model_for)
 
     @property
     def ok(self) -> bool:
@@ -109,6 +115,7 @@ class CellResult:
     error: str = ""
     seconds: float = 0.0
     rules: list[str] = field(default_factory=list)
+    model: str = ""  # the error model behind ``ratio``: the op's, its reference's, or a fallback
 
     @property
     def ok(self) -> bool:
@@ -253,7 +260,8 @@ class VerifyReport:
 
     def format_table(self) -> str:
         """The summary: op x dtype x layout with examples, worst ulps/rel error, status."""
-        head = ("op", "dtype", "layout", "examples", "worst ulp", "worst rel", "of bound", "status")
+        head = ("op", "dtype", "layout", "examples", "worst ulp", "worst rel", "of bound",
+                "error model", "status")
         rows = [
             (
                 c.op,
@@ -263,6 +271,7 @@ class VerifyReport:
                 _num(c.max_ulps),
                 _num(c.max_rel),
                 f"{c.ratio:.2f}",
+                c.model or "-",
                 c.status,
             )
             for c in self.cells
@@ -270,6 +279,12 @@ class VerifyReport:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
         out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+        near = [c for c in self.cells if c.ok and c.ratio > NEAR_BOUND]
+        out.append("")
+        out.append(
+            f"passed above {NEAR_BOUND} of their bound (a thin margin: check the error model): "
+            + (", ".join(f"{c.op} {c.dtype} {c.layout} {c.ratio:.3f}" for c in near) or "none")
+        )
         lint_lines = _lint_summary(self.lints)
         if lint_lines:
             out += ["", "lints (schedule claims):", *lint_lines]

@@ -109,9 +109,13 @@ def model_for(d: OpDef) -> tuple[str, ErrorModel]:
     """(description, model) for ``d``: by name, then by reference function, then by kind."""
     _load_builtin_models()
     if d.name in _MODELS:
-        return d.name, _MODELS[d.name]
+        label = f"built-in {d.name}" if d.module.startswith("opsdk.") else f"author's ({d.name})"
+        return label, _MODELS[d.name]
     if d.reference in _MODELS:
-        return f"reference {getattr(d.reference, '__module__', '?')}", _MODELS[d.reference]
+        module = getattr(d.reference, "__module__", "?")
+        if module.startswith("opsdk."):  # a built-in op's reference (e.g. a mutant's)
+            return f"built-in {module.rsplit('.', 1)[-1]}", _MODELS[d.reference]
+        return f"author's (reference in {module})", _MODELS[d.reference]
     if d.kind == "elementwise":
         return "fallback:elementwise", _fallback_elementwise
     return f"fallback:{d.kind}", _fallback_reduction

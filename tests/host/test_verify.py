@@ -186,6 +186,10 @@ def test_cli_runs_cells_and_writes_reports(tmp_path, capsys) -> None:
     assert "gelu" in out and "worst ulp" in out and "s wall" in out and "PASS" in out
     data = json.loads(rep.read_text())
     assert data["ok"] and data["device"]["device"] and data["cells"][0]["examples"] > 2
+    # per cell: how close the worst case came to its bound, and which error model set it
+    cell = data["cells"][0]
+    assert 0 < cell["ratio"] <= 1 and cell["model"] == "built-in gelu"
+    assert "error model" in out and "passed above 0.9 of their bound" in out
     assert ET.fromstring(junit.read_text()).get("failures") == "0"
 
 

@@ -26,13 +26,17 @@ _GN = opsdk.get_op("group_norm")
 _SOFTMAX = opsdk.get_op("softmax")
 _GELU = opsdk.get_op("gelu")
 _BIAS_GELU = opsdk.get_op("bias_gelu")
+_QUANTIZE = opsdk.get_op("quantize")
 
 
 def _like(base: opsdk.OpDef, **over):
     """``opsdk.op`` settings of a built-in (its reference, dtypes, layouts, domains, ...)."""
     kw = dict(
         reference=base.reference,
-        dtypes=base.dtypes,
+        dtypes={base.primary: base.dtypes, **base.input_dtypes} if base.input_dtypes
+        else base.dtypes,
+        output_dtype=base.output_dtype,
+        free_dims=base.free_dims,
         ranks=base.ranks,
         input_shapes=base.input_shapes,
         check=base.check,
@@ -284,6 +288,36 @@ def _round_bf16_truncating(v: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 @_like(_GELU)
+def mut_gelu_f32_out(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """gelu that computes float16/bfloat16 in float32 and returns the float32 result: its
+    traced type is self-consistent, but the contract (output dtype = input dtype) breaks."""
+    f = _gelu_tanh if approximate == "tanh" else _gelu_erf
+    return te.compute(x.shape, lambda *i: f(acc(x(*i))), name="mut_gelu_f32_out")
+
+
+@_like(_QUANTIZE)
+def mut_quantize_int8_only(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """quantize that ignores ``out_dtype`` and always returns int8."""
+    from opsdk.ops._quant import per_channel_index, round_to_te
+
+    a = {"axis": axis, "per_channel": per_channel}
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        return round_to_te(x(*i) / scale(c), zero_point(c), "int8")
+
+    return te.compute(x.shape, body, name="mut_quantize_int8_only")
+
+
+@_like(_GELU)
 def mut_gelu_bf16_trunc(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
     """gelu whose bfloat16 output is truncated (round toward zero) instead of rounded."""
     f = _gelu_tanh if approximate == "tanh" else _gelu_erf
@@ -425,6 +459,9 @@ def _conv_tile_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | Non
                                    lambda e: e - 1))
 
 
+#: Mutants caught by a check other than the numbers (mismatch / invariance).
+STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
+
 BUGS = {
     "mut_ln_eps_outside": "epsilon added outside the sqrt",
     "mut_ln_unbiased": "unbiased variance (divides by n - 1)",
@@ -437,6 +474,8 @@ BUGS = {
     "mut_softmax_no_max": "softmax without max subtraction",
     "mut_gelu_tanh_as_erf": "tanh GELU posing as the erf form",
     "mut_gelu_bf16_trunc": "bfloat16 output truncated instead of rounded",
+    "mut_gelu_f32_out": "float16/bfloat16 input, float32 output (dtype contract)",
+    "mut_quantize_int8_only": "ignores out_dtype, always int8 (dtype contract)",
     "mut_gelu_last_tile": "schedule skips the last tile of rows",
     "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
@@ -456,6 +495,8 @@ OPS = [
     mut_softmax_no_max,
     mut_gelu_tanh_as_erf,
     mut_gelu_bf16_trunc,
+    mut_gelu_f32_out,
+    mut_quantize_int8_only,
     mut_gelu_last_tile,
     mut_bias_gelu_wrong_axis,
     mut_matmul_drop_tail,

@@ -317,3 +317,24 @@ def test_targets_resolve():
     assert "sve" in target_features(opsdk.target("arm-sve"))
     with pytest.raises(ValueError, match="unknown target 'armv9'"):
         opsdk.target("armv9")
+
+
+def test_output_dtype_contract_is_declared_and_validated():
+    # built-ins: same as the input by default, a fixed dtype, or an attribute
+    assert opsdk.get_op("layer_norm").declared_dtype({"x": "bfloat16"}, {}) == "bfloat16"
+    assert opsdk.get_op("dequantize").declared_dtype({"q": "int8"}, {}) == "float32"
+    assert opsdk.get_op("qdense").output_dtype_rule() == "given by attribute 'out_dtype'"
+
+    def ref(x):
+        return x
+
+    def body(x: Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+    with pytest.raises(OpDefinitionError, match="output_dtype='flaot32' is neither a dtype"):
+        opsdk.op(reference=ref, output_dtype="flaot32", name="bad_out_dtype")(body)
+    with pytest.raises(OpDefinitionError, match="output_dtype must be"):
+        opsdk.op(reference=ref, output_dtype=3, name="bad_out_dtype")(body)
+    d = opsdk.op(reference=ref, output_dtype=lambda dts, attrs: dts["x"], name="fn_out")(body)
+    assert d.declared_dtype({"x": "float16"}, {}) == "float16"
+    assert d.output_dtype_rule() == "<lambda>(dtypes, attrs)"
