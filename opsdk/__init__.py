@@ -14,7 +14,7 @@ Examples
 from __future__ import annotations
 
 from . import drift, frontend, model, relax, transform
-from ._domains import LogUniform, log_uniform
+from ._domains import Bounded, LogUniform, bounded, log_uniform
 from ._dtypes import FLOAT_DTYPES
 from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
 from ._plugins import import_beside
@@ -26,12 +26,14 @@ from .transform import LowerOps, pipeline
 __all__ = [
     "FLOAT_DTYPES",
     "Axis",
+    "Bounded",
     "LogUniform",
     "LowerOps",
     "OpDef",
     "OpDefinitionError",
     "Param",
     "Tensor",
+    "bounded",
     "compile",
     "drift",
     "explain",

@@ -3,6 +3,11 @@
 ``domain={"x": (lo, hi)}`` draws test data uniformly; a scale, a gain or a variance matters
 across orders of magnitude instead, and a uniform draw over ``(1e-4, 1e2)`` almost never
 goes below ``1``. :func:`log_uniform` spreads the draws evenly over the decades.
+
+A plain range is the *ordinary* data; the stress recipes (``tiny``, ``large``, ``offset``,
+``mixed``) deliberately leave it to break naive kernels. An input that can never leave its
+range (a sine table in ``[-1, 1]``, a probability) says so with :func:`bounded`: every recipe
+then stays inside.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LogUniform", "log_uniform"]
+__all__ = ["Bounded", "LogUniform", "bounded", "log_uniform"]
 
 
 def _is_real(v: Any) -> bool:
@@ -114,3 +119,52 @@ def log_uniform(lo: float, hi: float) -> LogUniform:
     """
     # Bounds that are not real numbers are kept as given, for the definition-time error.
     return LogUniform(*(float(v) if _is_real(v) else v for v in (lo, hi)))
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A hard range ``[lo, hi]`` for a tensor input: every data recipe stays inside it.
+
+    The ``domain`` recipe draws uniformly over it like a plain ``(lo, hi)``; the stress recipes
+    are clipped into it (``large`` lands on the ends, ``tiny`` near zero when zero is inside).
+    It unpacks like a ``(lo, hi)`` range. Create one with :func:`bounded`.
+
+    Examples
+    --------
+    >>> from opsdk import bounded
+    >>> lo, hi = bounded(-1, 1)
+    >>> lo, hi
+    (-1.0, 1.0)
+    """
+
+    lo: float
+    hi: float
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.lo, self.hi))
+
+    def __repr__(self) -> str:
+        return f"bounded({self.lo!r}, {self.hi!r})"
+
+    def problem(self) -> str | None:
+        """What is wrong with the bounds, or None when they are usable."""
+        if not (_is_real(self.lo) and _is_real(self.hi)):
+            return f"bounds must be real numbers, got {self.lo!r} and {self.hi!r}"
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return f"bounds must be finite, got {self.lo!r} and {self.hi!r}"
+        if not self.hi > self.lo:
+            return f"hi must be > lo, got lo={self.lo!r} hi={self.hi!r}"
+        return None
+
+
+def bounded(lo: float, hi: float) -> Bounded:
+    """A hard input range for ``domain=`` of :func:`opsdk.op`: no data recipe of
+    ``opsdk verify`` leaves ``[lo, hi]`` (a plain ``(lo, hi)`` is only the ordinary range).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.bounded(-1, 1)
+    bounded(-1.0, 1.0)
+    """
+    return Bounded(*(float(v) if _is_real(v) else v for v in (lo, hi)))

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from tvm import te, tirx
 
-from ._domains import LogUniform
+from ._domains import Bounded, LogUniform
 from ._dtypes import FLOAT_DTYPES, np_dtype
 
 __all__ = [
@@ -135,7 +135,7 @@ class OpDef:
     check: Callable[[dict, dict, dict], None] | None
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None
     layouts: dict[str, dict[str, Any]]
-    domain: dict[str, tuple[float, float] | LogUniform]
+    domain: dict[str, tuple[float, float] | LogUniform | Bounded]
     attr_domain: dict[str, Any]
     kind: str
     doc: str
@@ -510,7 +510,7 @@ def op(
     check: Callable[[dict, dict, dict], None] | None = None,
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None = None,
     layouts: Mapping[str, Mapping[str, Any]] | None = None,
-    domain: Mapping[str, tuple[float, float] | LogUniform] | None = None,
+    domain: Mapping[str, tuple[float, float] | LogUniform | Bounded] | None = None,
     attr_domain: Mapping[str, Any] | None = None,
     kind: str = "elementwise",
     examples: Sequence[tuple[int, ...]] | None = None,
@@ -545,8 +545,10 @@ def op(
         e.g. ``{"NCHW": {"layout": "NCHW"}, "NHWC": {"layout": "NHWC"}}``.
     domain
         Value range hints per tensor input for test generation, e.g. ``{"x": (-4, 4)}``
-        (uniform), or ``{"scale": opsdk.log_uniform(1e-4, 1e2)}`` (spread evenly over the
-        decades, positive).
+        (uniform; the ordinary data: the stress recipes ``tiny``, ``large``, ``offset`` and
+        ``mixed`` go beyond it), ``{"scale": opsdk.log_uniform(1e-4, 1e2)}`` (spread evenly
+        over the decades, positive), or ``{"cos": opsdk.bounded(-1, 1)}`` (a hard range
+        that every recipe respects).
     attr_domain
         Values to draw attributes from, e.g. ``{"epsilon": [1e-5, 1e-3]}``, or a
         :func:`~opsdk.log_uniform` range for a ``float`` attribute.
@@ -676,11 +678,12 @@ def op(
 
 def _check_domains(opname: str, params: Sequence[Param], domain: Mapping[str, Any],
                    attr_domain: Mapping[str, Any]) -> None:
-    """Log-uniform domains name a tensor input / a float attribute and have usable bounds."""
+    """Log-uniform and bounded domains name a tensor input (log-uniform ones also a float
+    attribute) and have usable bounds."""
     tensors = {p.name for p in params if p.kind == "tensor"}
     attrs = {p.name: p for p in params if p.kind == "attr"}
     for name, dom in domain.items():
-        if not isinstance(dom, LogUniform):
+        if not isinstance(dom, (LogUniform, Bounded)):
             continue
         where = f"op {opname!r}: domain[{name!r}] = {dom!r}"
         if name not in tensors:

@@ -19,7 +19,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from tvm import tirx
 
-from .._domains import LogUniform
+from .._domains import Bounded, LogUniform
 from .._dtypes import is_float, np_dtype
 from .._opdef import OpDef, Param
 
@@ -231,6 +231,8 @@ def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
             a = np.abs(a)
         elif hi <= 0:
             a = -np.abs(a)
+        if isinstance(d.domain.get(p.name), Bounded):
+            a = np.clip(a, lo, hi)  # the author's hard range: no recipe leaves it
         if not is_float(dt):
             # Integer inputs (zero points, shifts, accumulators) have meaning only inside
             # their domain: every recipe is kept within it, then rounded.

@@ -319,3 +319,26 @@ def test_int8_reference_float32_steps_stay_normal():
         assert x.max() / scale.min() < 1e8, c.to_json()  # |x / scale|: far from overflow
         if (x > 0).any():
             assert x[x > 0].min() / scale.max() >= tiny, c.to_json()
+
+
+def test_a_bounded_input_stays_inside_its_range_for_every_recipe():
+    from opsdk.verify import Case
+    from opsdk.verify._strategies import AUX_RECIPES, RECIPES, make_inputs
+
+    def ref(x, table):
+        return x * table
+
+    @opsdk.op(reference=ref, domain={"table": opsdk.bounded(-1, 1)}, name="bounded_demo")
+    def bounded_demo(x: opsdk.Tensor, table: opsdk.Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i) * table(*i), name="y")
+
+    for recipe in {*RECIPES, *AUX_RECIPES}:
+        for dtype in ("float32", "float16"):
+            c = Case("bounded_demo", "x86", dtype, "default", (4, 33), {}, (),
+                     {"x": "large", "table": recipe}, 1)
+            t = make_inputs(bounded_demo, c)["table"].astype(np.float64)
+            assert np.all(np.abs(t) <= 1.0), (recipe, dtype, np.abs(t).max())
+    with pytest.raises(opsdk.OpDefinitionError, match="hi must be > lo"):
+        opsdk.op(reference=ref, domain={"table": opsdk.bounded(1, -1)}, name="bad_bounded")(
+            bounded_demo.compute
+        )
