@@ -25,6 +25,7 @@ from .._opdef import OpDef, Param
 
 __all__ = [
     "AUX_RECIPES",
+    "GRID_RECIPES",
     "INT_AUX_RECIPES",
     "RECIPES",
     "Case",
@@ -53,6 +54,13 @@ AUX_RECIPES: tuple[str, ...] = ("domain", "ones", "mixed")
 #: Recipes for the other integer inputs (zero points, shifts, weights): also ``edges``,
 #: every element one of the domain's ends or an end of the int8 / uint8 range inside it.
 INT_AUX_RECIPES: tuple[str, ...] = (*AUX_RECIPES, "edges")
+
+#: Exact grid points, used together by a corner case of ops with a scale-like input (a
+#: float input with a log-uniform domain, e.g. quantize's ``scale``): ``halfgrid`` puts the
+#: primary input on odd multiples of 1/16 and ``pow2`` the scale at 1/8 (or the power of two
+#: nearest it inside the domain), so ``x / scale`` lands exactly on ``k + 1/2``: a kernel
+#: rounding ties another way than the reference (half away from zero, half up) fails.
+GRID_RECIPES: tuple[str, ...] = ("halfgrid", "pow2")
 
 #: Integer values worth hitting exactly: the ends of the int8 and uint8 ranges.
 _INT_EDGES = (-128, 0, 127, 255)
@@ -176,10 +184,20 @@ def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
         return np.ones(shape)
     if recipe == "zeros":
         return np.zeros(shape)
+    if recipe == "halfgrid":
+        k = np.arange(math.ceil((16 * lo - 1) / 2), math.floor((16 * hi - 1) / 2) + 1)
+        if not k.size:
+            return rng.uniform(lo, hi, shape)
+        return (2 * rng.choice(k, shape) + 1) / 16.0
+    if recipe == "pow2":
+        v = 2.0 ** round(math.log2(min(max(0.125, lo), hi))) if hi > 0 else 0.125
+        v = v * 2 if v < lo else v
+        return np.full(shape, v / 2 if v > hi else v)
     if recipe == "edges":
         ends = sorted({lo, hi, *(v for v in _INT_EDGES if lo <= v <= hi)})
         return rng.choice(np.asarray(ends, dtype=np.float64), shape)
-    raise ValueError(f"unknown data recipe {recipe!r}; known: {RECIPES + INT_AUX_RECIPES}")
+    known = RECIPES + INT_AUX_RECIPES + GRID_RECIPES
+    raise ValueError(f"unknown data recipe {recipe!r}; known: {known}")
 
 
 def _input_range(d: OpDef, name: str, dtype: str) -> tuple[float, float, bool]:
@@ -606,6 +624,11 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     # Integer inputs (zero points, weights, shifts) at the ends of their ranges, once per
     # signature: with large data, and with the largest attributes.
     edges = {n for n, dt in input_dtypes(d, dtype, aux).items() if not is_float(dt)}
+    # Rounding ties: x / scale exactly k + 1/2 (see GRID_RECIPES).
+    scales = {n for n, dt in input_dtypes(d, dtype, aux).items()
+              if is_float(dt) and isinstance(d.domain.get(n), LogUniform)}
+    if scales and is_float(dtype):
+        specs.append((shape_of(lanes + 1, 3), "halfgrid", optional, base_attrs))
     out: list[Case] = []
     for k, (shape, recipe, present, attrs) in enumerate(specs):
         shape = _repair(d, shape, dtype, attrs, present)
@@ -614,6 +637,8 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         passed = [n for n in aux if n in present or n not in optional]
         data = {d.primary: recipe,
                 **{n: "edges" if n in edges and k in (4, 8) else "domain" for n in passed}}
+        if recipe == "halfgrid":
+            data.update({n: "pow2" for n in passed if n in scales})
         c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
         if c not in out:
             out.append(c)

@@ -317,6 +317,54 @@ def mut_quantize_int8_only(
     return te.compute(x.shape, body, name="mut_quantize_int8_only")
 
 
+def _round_half_away(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    # C's round(); TVM's tirx.round lowers to nearbyint (ties to even), the correct mode
+    return tirx.Select(v < 0, -tirx.floor(0.5 - v), tirx.floor(v + 0.5))
+
+
+def _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype, name, rnd):
+    from opsdk.ops._quant import clamp_te, per_channel_index
+
+    a = {"axis": axis, "per_channel": per_channel}
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        r = tirx.max(tirx.min(rnd(x(*i) / scale(c)), 2.0**30), -(2.0**30))
+        return clamp_te(r.astype("int32") + zero_point(c), out_dtype)
+
+    return te.compute(x.shape, body, name=name)
+
+
+@_like(_QUANTIZE)
+def mut_quantize_half_away(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """quantize that rounds ties away from zero (``round``) instead of to even."""
+    return _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype,
+                              "mut_quantize_half_away", _round_half_away)
+
+
+@_like(_QUANTIZE)
+def mut_quantize_half_up(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """quantize that rounds ties up (``floor(v + 0.5)``) instead of to even."""
+    return _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype,
+                              "mut_quantize_half_up", lambda v: tirx.floor(v + 0.5))
+
+
 @_like(_GELU)
 def mut_gelu_bf16_trunc(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
     """gelu whose bfloat16 output is truncated (round toward zero) instead of rounded."""
@@ -476,6 +524,8 @@ BUGS = {
     "mut_gelu_bf16_trunc": "bfloat16 output truncated instead of rounded",
     "mut_gelu_f32_out": "float16/bfloat16 input, float32 output (dtype contract)",
     "mut_quantize_int8_only": "ignores out_dtype, always int8 (dtype contract)",
+    "mut_quantize_half_away": "rounds ties away from zero instead of to even",
+    "mut_quantize_half_up": "rounds ties up (floor(v + 0.5)) instead of to even",
     "mut_gelu_last_tile": "schedule skips the last tile of rows",
     "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
@@ -497,6 +547,8 @@ OPS = [
     mut_gelu_bf16_trunc,
     mut_gelu_f32_out,
     mut_quantize_int8_only,
+    mut_quantize_half_away,
+    mut_quantize_half_up,
     mut_gelu_last_tile,
     mut_bias_gelu_wrong_axis,
     mut_matmul_drop_tail,
