@@ -587,24 +587,38 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     """
     lo, hi = d.ranks
     rank = min(max(2, lo), hi)
+    # An axis-taking op gets rank 3 in the largest-attributes signature: at rank 2 "axis 1"
+    # and "the last axis" coincide, and an op that ignores its axis would pass. (Only there:
+    # every corner at rank 3 cost the norms and softmax 2-3 s more compiling.)
+    has_axis = any(p.is_axis for p in d.attr_params)
+    rank3 = min(max(3, lo), hi) if has_axis else rank
     base_attrs = layout_attrs(d, layout)
     optional = tuple(p.name for p in d.tensor_params if p.optional)
     aux = [p.name for p in d.tensor_params[1:]]
-    choices = _attr_choices(d, layout, rank)
+    choices = _attr_choices(d, layout, rank3)
 
-    def shape_of(last: int, other: int) -> list[int]:
-        s = [other] * rank
-        if rank:
+    def shape_of(last: int, other: int, r: int = rank) -> list[int]:
+        s = [other] * r
+        if r:
             s[-1] = last
         return s
 
     # The largest value of each numeric attribute that the op accepts with the others (a
     # zero point of 255 is the top of uint8 but out of range for int8: 127 there).
+    # Axes and other categorical attributes take their least default value there (the first
+    # axis, a non-default out_dtype), so every attribute leaves its default at least once.
+    params = {p.name: p for p in d.attr_params}
     big_attrs = dict(base_attrs)
     for name, vals in choices.items():
-        for v in _largest_first(vals) or ():
+        if params[name].is_axis:
+            order = list(reversed(vals))
+        else:
+            order = _largest_first(vals)
+            if order is None and isinstance(vals, list):
+                order = [*vals[1:], *vals[:1]]
+        for v in order or ():
             trial = {**big_attrs, name: v}
-            if _repair(d, shape_of(lanes - 1, 2), dtype, trial, ()) is not None:
+            if _repair(d, shape_of(lanes - 1, 2, rank3), dtype, trial, ()) is not None:
                 big_attrs = trial
                 break
 
@@ -618,8 +632,8 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         (shape_of(lanes + 1, 3), "rowconst", optional, base_attrs),
         (shape_of(1, 1), "domain", optional, base_attrs),
         # One more signature: optional inputs absent, largest attribute values.
-        (shape_of(lanes - 1, 2), "tiny", (), big_attrs),
-        (shape_of(lanes - 1, 2), "offset", (), big_attrs),
+        (shape_of(lanes - 1, 2, rank3), "tiny", (), big_attrs),
+        (shape_of(lanes - 1, 2, rank3), "offset", (), big_attrs),
     ]
     # Integer inputs (zero points, weights, shifts) at the ends of their ranges, once per
     # signature: with large data, and with the largest attributes.

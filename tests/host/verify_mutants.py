@@ -261,6 +261,12 @@ def mut_softmax_no_max(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     return te.compute(x.shape, out, name="mut_softmax_no_max")
 
 
+@_like(_SOFTMAX)
+def mut_softmax_last_axis(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """softmax that always normalizes over the last axis, whatever ``axis`` says."""
+    return _SOFTMAX.compute(x, axis=len(x.shape) - 1)
+
+
 # ------------------------------------------------------------------------------ gelu
 
 
@@ -363,6 +369,21 @@ def mut_quantize_half_up(
     """quantize that rounds ties up (``floor(v + 0.5)``) instead of to even."""
     return _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype,
                               "mut_quantize_half_up", lambda v: tirx.floor(v + 0.5))
+
+
+@_like(_QUANTIZE)
+def mut_quantize_last_axis(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """per-channel quantize that takes the channel from the last axis, whatever ``axis`` says."""
+    return _quantize_rounding(x, scale, zero_point, len(x.shape) - 1, per_channel, out_dtype,
+                              "mut_quantize_last_axis", tirx.nearbyint)
 
 
 @_like(_GELU)
@@ -526,6 +547,8 @@ BUGS = {
     "mut_quantize_int8_only": "ignores out_dtype, always int8 (dtype contract)",
     "mut_quantize_half_away": "rounds ties away from zero instead of to even",
     "mut_quantize_half_up": "rounds ties up (floor(v + 0.5)) instead of to even",
+    "mut_quantize_last_axis": "per-channel quantize ignores axis (uses the last)",
+    "mut_softmax_last_axis": "softmax ignores axis (normalizes the last)",
     "mut_gelu_last_tile": "schedule skips the last tile of rows",
     "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
@@ -549,6 +572,8 @@ OPS = [
     mut_quantize_int8_only,
     mut_quantize_half_away,
     mut_quantize_half_up,
+    mut_quantize_last_axis,
+    mut_softmax_last_axis,
     mut_gelu_last_tile,
     mut_bias_gelu_wrong_axis,
     mut_matmul_drop_tail,
