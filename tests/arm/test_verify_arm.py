@@ -118,3 +118,26 @@ def test_verify_over_rpc_against_a_separately_started_server():
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+def test_rule_mutants_are_flagged_on_arm() -> None:
+    # The schedule-rule mutants of tests/host/verify_mutants.py (their rules are keyed
+    # "cpu", so they schedule the aarch64 build too), float32, run under the emulator.
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "host"))
+    import verify_mutants as M
+
+    by_name = {d.name: d for d in M.OPS}
+    missed = []
+    for name in M.RULE_MUTANTS:
+        d = by_name[name]
+        opsdk.register(d, replace=True)
+        try:
+            report = verify_op(d, "arm", dtypes=["float32"], profile="dev", seed=0,
+                               database=None, lints=False, refusals=False, fail_fast=True)
+        finally:
+            opsdk.unregister(d)
+        if report.ok:
+            missed.append(f"{name} ({M.BUGS[name]})")
+    assert not missed, f"not flagged on arm: {missed}"

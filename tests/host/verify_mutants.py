@@ -27,6 +27,8 @@ _SOFTMAX = opsdk.get_op("softmax")
 _GELU = opsdk.get_op("gelu")
 _BIAS_GELU = opsdk.get_op("bias_gelu")
 _QUANTIZE = opsdk.get_op("quantize")
+_DEQUANTIZE = opsdk.get_op("dequantize")
+_REQUANTIZE = opsdk.get_op("requantize")
 
 
 def _like(base: opsdk.OpDef, **over):
@@ -437,6 +439,146 @@ def mut_bias_gelu_wrong_axis(
     )
 
 
+# ------------------------------------------------------------------------- more realistic bugs
+
+
+@_like(_DEQUANTIZE)
+def mut_dequantize_no_zp(
+    q: Tensor, scale: Tensor, zero_point: Tensor, *, axis: Axis = -1, per_channel: bool = False
+) -> te.Tensor:
+    """dequantize that forgets to subtract the zero point."""
+    from opsdk.ops._quant import per_channel_index
+
+    a = {"axis": axis, "per_channel": per_channel}
+    return te.compute(
+        q.shape,
+        lambda *i: q(*i).astype("float32") * scale(per_channel_index(i, a)),
+        name="mut_dequantize_no_zp",
+    )
+
+
+@_like(_REQUANTIZE)
+def mut_requantize_truncate(
+    x: Tensor,
+    multiplier: Tensor,
+    shift: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    input_zero_point: int = 0,
+    output_zero_point: int = 0,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """requantize that shifts right without adding half first (rounds toward -inf)."""
+    from opsdk.ops._quant import clamp_te, per_channel_index
+
+    a = {"axis": axis, "per_channel": per_channel}
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        n = shift(c).astype("int64") + 31
+        v = (x(*i).astype("int64") - input_zero_point) * multiplier(c).astype("int64")
+        return clamp_te(tirx.shift_right(v, n) + output_zero_point, out_dtype)
+
+    return te.compute(x.shape, body, name="mut_requantize_truncate")
+
+
+@_like(_QUANTIZE)
+def mut_quantize_wraps(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """quantize without saturation: out-of-range values wrap around in the cast."""
+    from opsdk.ops._quant import per_channel_index
+
+    a = {"axis": axis, "per_channel": per_channel}
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        r = tirx.max(tirx.min(tirx.nearbyint(x(*i) / scale(c)), 2.0**30), -(2.0**30))
+        return (r.astype("int32") + zero_point(c)).astype(out_dtype)
+
+    return te.compute(x.shape, body, name="mut_quantize_wraps")
+
+
+@_like(_RMS)
+def mut_rms_no_sqrt(
+    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
+) -> te.Tensor:
+    """rms_norm that divides by the mean square instead of its square root."""
+    outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
+    r = reduce_axes(inner, "r")
+    ss = te.compute(outer, lambda *o: te.sum(acc(x(*o, *r)) * acc(x(*o, *r)), axis=r), name="ss")
+    n = prod(inner)
+    scale = te.compute(outer, lambda *o: 1.0 / (ss(*o) / n + epsilon), name="rms")
+    b = len(outer)
+
+    def out(*i):
+        y = acc(x(*i)) * scale(*i[:b])
+        if gamma is not None:
+            y = y * acc(gamma(*i[b:]))
+        return y.astype(x.dtype)
+
+    return te.compute(x.shape, out, name="mut_rms_no_sqrt")
+
+
+@_like(_SOFTMAX)
+def mut_softmax_narrow_sum(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """softmax that sums the exponentials in the input dtype (float16/bfloat16)."""
+    nd = len(x.shape)
+    ax = axis % nd
+
+    def idx(o, r):
+        return (*o[:ax], r, *o[ax:])
+
+    outer = [x.shape[i] for i in range(nd) if i != ax]
+    rm = te.reduce_axis((0, x.shape[ax]), name="rm")
+    mx = te.compute(outer, lambda *o: te.max(x(*idx(o, rm)), axis=rm), name="max")
+    e = te.compute(x.shape, lambda *i: tirx.exp(acc(x(*i)) - acc(mx(*i[:ax], *i[ax + 1:]))),
+                   name="exp")
+    rs = te.reduce_axis((0, x.shape[ax]), name="rs")
+    s = te.compute(outer, lambda *o: te.sum(e(*idx(o, rs)).astype(x.dtype), axis=rs),
+                   name="sum")
+    return te.compute(
+        x.shape,
+        lambda *i: (e(*i) / acc(s(*i[:ax], *i[ax + 1:]))).astype(x.dtype),
+        name="mut_softmax_narrow_sum",
+    )
+
+
+@_like(_BIAS_GELU)
+def mut_bias_gelu_bias_after(
+    x: Tensor, bias: Tensor, *, approximate: Literal["none", "tanh"] = "none"
+) -> te.Tensor:
+    """bias_gelu that adds the bias after the activation: gelu(x) + b."""
+    f = _gelu_tanh if approximate == "tanh" else _gelu_erf
+    nd = len(x.shape)
+    return te.compute(
+        x.shape,
+        lambda *i: (f(acc(x(*i))) + acc(bias(i[nd - 1]))).astype(x.dtype),
+        name="mut_bias_gelu_bias_after",
+    )
+
+
+@_like(_GELU)
+def mut_gelu_tanh_coeff(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """tanh GELU with a rounded cubic coefficient (0.0447 for 0.044715)."""
+
+    def f(v):
+        if approximate != "tanh":
+            return _gelu_erf(v)
+        inner = math.sqrt(2.0 / math.pi) * (v + 0.0447 * v * v * v)
+        return 0.5 * v * (1.0 + tirx.tanh(inner))
+
+    return te.compute(x.shape, lambda *i: f(acc(x(*i))).astype(x.dtype),
+                      name="mut_gelu_tanh_coeff")
+
+
 #: What each mutant gets wrong (for the test table).
 # ------------------------------------------------------------------------- kernel families
 # The rules for the kernels TVM's own ops lower to (x86.matmul, x86.conv2d) with one bug
@@ -528,6 +670,37 @@ def _conv_tile_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | Non
                                    lambda e: e - 1))
 
 
+mut_matmul_short_k = _family_copy(tvm_matmul, "mut_matmul_short_k")
+mut_conv_short_rc = _family_copy(tvm_conv2d, "mut_conv_short_rc")
+
+
+@opsdk.rule("mut_matmul_short_k", "cpu", name="mut.matmul_short_k", priority=1000,
+            claims=("vectorize",))
+def _matmul_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.matmul whose reduction loop stops one step early (the last k is never added)."""
+    sch = schedule_matmul(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: str(n.loop_var.name) == "k",
+                                   lambda e: tirx.max(e - 1, 1)))
+
+
+@opsdk.rule("mut_conv_short_rc", "cpu", name="mut.conv_short_rc", priority=1000,
+            claims=("vectorize",))
+def _conv_short_rc(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.conv2d whose input-channel loop forgets the last channel."""
+    sch = schedule_conv2d(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: str(n.loop_var.name) == "rc",
+                                   lambda e: tirx.max(e - 1, 1)))
+
+
+#: Mutants whose bug is in a schedule rule (the compute is correct): checked on arm too.
+RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
+                "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
+                "mut_conv_short_rc")
+
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
 
@@ -549,6 +722,15 @@ BUGS = {
     "mut_quantize_half_up": "rounds ties up (floor(v + 0.5)) instead of to even",
     "mut_quantize_last_axis": "per-channel quantize ignores axis (uses the last)",
     "mut_softmax_last_axis": "softmax ignores axis (normalizes the last)",
+    "mut_dequantize_no_zp": "dequantize forgets the zero point",
+    "mut_requantize_truncate": "requantize shifts without rounding (toward -inf)",
+    "mut_quantize_wraps": "quantize without saturation (wraps in the cast)",
+    "mut_rms_no_sqrt": "rms_norm divides by the mean square, no square root",
+    "mut_softmax_narrow_sum": "softmax sums in float16/bfloat16",
+    "mut_bias_gelu_bias_after": "bias added after the activation",
+    "mut_gelu_tanh_coeff": "tanh GELU coefficient 0.0447 instead of 0.044715",
+    "mut_matmul_short_k": "matmul rule stops the reduction one k early",
+    "mut_conv_short_rc": "conv2d rule forgets the last input channel",
     "mut_gelu_last_tile": "schedule skips the last tile of rows",
     "mut_bias_gelu_wrong_axis": "bias broadcast along the wrong axis",
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
@@ -574,6 +756,15 @@ OPS = [
     mut_quantize_half_up,
     mut_quantize_last_axis,
     mut_softmax_last_axis,
+    mut_dequantize_no_zp,
+    mut_requantize_truncate,
+    mut_quantize_wraps,
+    mut_rms_no_sqrt,
+    mut_softmax_narrow_sum,
+    mut_bias_gelu_bias_after,
+    mut_gelu_tanh_coeff,
+    mut_matmul_short_k,
+    mut_conv_short_rc,
     mut_gelu_last_tile,
     mut_bias_gelu_wrong_axis,
     mut_matmul_drop_tail,
