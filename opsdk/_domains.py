@@ -27,6 +27,17 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def _range_problem(lo: Any, hi: Any) -> str | None:
+    """What is wrong with ``(lo, hi)`` as a range, or None."""
+    if not (_is_real(lo) and _is_real(hi)):
+        return f"bounds must be real numbers, got {lo!r} and {hi!r}"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"bounds must be finite, got {lo!r} and {hi!r}"
+    if not hi > lo:
+        return f"hi must be > lo, got lo={lo!r} hi={hi!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class LogUniform:
     """Values spread evenly over the decades of ``[lo, hi]`` (``0 < lo < hi``).
@@ -65,15 +76,9 @@ class LogUniform:
 
     def problem(self) -> str | None:
         """What is wrong with the bounds, or None when they are usable."""
-        if not (_is_real(self.lo) and _is_real(self.hi)):
-            return f"bounds must be real numbers, got {self.lo!r} and {self.hi!r}"
-        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
-            return f"bounds must be finite, got {self.lo!r} and {self.hi!r}"
-        if not self.lo > 0:
+        if _is_real(self.lo) and math.isfinite(self.lo) and not self.lo > 0:
             return f"lo must be > 0 (a log-uniform range is positive), got {self.lo!r}"
-        if not self.hi > self.lo:
-            return f"hi must be > lo, got lo={self.lo!r} hi={self.hi!r}"
-        return None
+        return _range_problem(self.lo, self.hi)
 
     def __contains__(self, v: Any) -> bool:
         return _is_real(v) and self.lo <= v <= self.hi
@@ -148,13 +153,7 @@ class Bounded:
 
     def problem(self) -> str | None:
         """What is wrong with the bounds, or None when they are usable."""
-        if not (_is_real(self.lo) and _is_real(self.hi)):
-            return f"bounds must be real numbers, got {self.lo!r} and {self.hi!r}"
-        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
-            return f"bounds must be finite, got {self.lo!r} and {self.hi!r}"
-        if not self.hi > self.lo:
-            return f"hi must be > lo, got lo={self.lo!r} hi={self.hi!r}"
-        return None
+        return _range_problem(self.lo, self.hi)
 
 
 def bounded(lo: float, hi: float) -> Bounded:

@@ -151,16 +151,17 @@ def _rows_without_tail(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
 # ------------------------------------------------------------------------------ rms norm
 
 
-@_like(_RMS)
-def mut_rms_no_eps(
-    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
-) -> te.Tensor:
-    """rms_norm that forgets epsilon."""
+def _rms_norm(x, gamma, begin_axis, epsilon, *, bug: str, name: str) -> te.Tensor:
+    """The built-in rms_norm compute with one bug: ``no_eps`` (epsilon forgotten) or
+    ``no_sqrt`` (divides by the mean square itself)."""
     outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
     r = reduce_axes(inner, "r")
     ss = te.compute(outer, lambda *o: te.sum(acc(x(*o, *r)) * acc(x(*o, *r)), axis=r), name="ss")
     n = prod(inner)
-    scale = te.compute(outer, lambda *o: tirx.rsqrt(ss(*o) / n), name="rrms")
+    if bug == "no_eps":
+        scale = te.compute(outer, lambda *o: tirx.rsqrt(ss(*o) / n), name="rrms")
+    else:
+        scale = te.compute(outer, lambda *o: 1.0 / (ss(*o) / n + epsilon), name="rms")
     b = len(outer)
 
     def out(*i):
@@ -169,7 +170,23 @@ def mut_rms_no_eps(
             y = y * acc(gamma(*i[b:]))
         return y.astype(x.dtype)
 
-    return te.compute(x.shape, out, name="mut_rms_no_eps")
+    return te.compute(x.shape, out, name=name)
+
+
+@_like(_RMS)
+def mut_rms_no_eps(
+    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
+) -> te.Tensor:
+    """rms_norm that forgets epsilon."""
+    return _rms_norm(x, gamma, begin_axis, epsilon, bug="no_eps", name="mut_rms_no_eps")
+
+
+@_like(_RMS)
+def mut_rms_no_sqrt(
+    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
+) -> te.Tensor:
+    """rms_norm that divides by the mean square instead of its square root."""
+    return _rms_norm(x, gamma, begin_axis, epsilon, bug="no_sqrt", name="mut_rms_no_sqrt")
 
 
 # ------------------------------------------------------------------------------ group norm
@@ -303,89 +320,56 @@ def mut_gelu_f32_out(x: Tensor, *, approximate: Literal["none", "tanh"] = "none"
     return te.compute(x.shape, lambda *i: f(acc(x(*i))), name="mut_gelu_f32_out")
 
 
-@_like(_QUANTIZE)
-def mut_quantize_int8_only(
-    x: Tensor,
-    scale: Tensor,
-    zero_point: Tensor,
-    *,
-    axis: Axis = -1,
-    per_channel: bool = False,
-    out_dtype: Literal["int8", "uint8"] = "int8",
-) -> te.Tensor:
-    """quantize that ignores ``out_dtype`` and always returns int8."""
-    from opsdk.ops._quant import per_channel_index, round_to_te
-
-    a = {"axis": axis, "per_channel": per_channel}
-
-    def body(*i):
-        c = per_channel_index(i, a)
-        return round_to_te(x(*i) / scale(c), zero_point(c), "int8")
-
-    return te.compute(x.shape, body, name="mut_quantize_int8_only")
-
-
 def _round_half_away(v: tirx.PrimExpr) -> tirx.PrimExpr:
     # C's round(); TVM's tirx.round lowers to nearbyint (ties to even), the correct mode
     return tirx.Select(v < 0, -tirx.floor(0.5 - v), tirx.floor(v + 0.5))
 
 
-def _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype, name, rnd):
+def _quantize_mutant(name: str, doc: str, *, rnd=tirx.nearbyint, last_axis: bool = False,
+                     fixed_dtype: str | None = None, saturate: bool = True) -> opsdk.OpDef:
+    """The built-in quantize compute with one bug: another rounding, the channel always from
+    the last axis, a fixed output dtype, or no saturation."""
     from opsdk.ops._quant import clamp_te, per_channel_index
 
-    a = {"axis": axis, "per_channel": per_channel}
+    def compute(
+        x: Tensor,
+        scale: Tensor,
+        zero_point: Tensor,
+        *,
+        axis: Axis = -1,
+        per_channel: bool = False,
+        out_dtype: Literal["int8", "uint8"] = "int8",
+    ) -> te.Tensor:
+        a = {"axis": len(x.shape) - 1 if last_axis else axis, "per_channel": per_channel}
+        dt = fixed_dtype or out_dtype
 
-    def body(*i):
-        c = per_channel_index(i, a)
-        r = tirx.max(tirx.min(rnd(x(*i) / scale(c)), 2.0**30), -(2.0**30))
-        return clamp_te(r.astype("int32") + zero_point(c), out_dtype)
+        def body(*i):
+            c = per_channel_index(i, a)
+            r = tirx.max(tirx.min(rnd(x(*i) / scale(c)), 2.0**30), -(2.0**30))
+            v = r.astype("int32") + zero_point(c)
+            return clamp_te(v, dt) if saturate else v.astype(dt)
 
-    return te.compute(x.shape, body, name=name)
+        return te.compute(x.shape, body, name=name)
 
-
-@_like(_QUANTIZE)
-def mut_quantize_half_away(
-    x: Tensor,
-    scale: Tensor,
-    zero_point: Tensor,
-    *,
-    axis: Axis = -1,
-    per_channel: bool = False,
-    out_dtype: Literal["int8", "uint8"] = "int8",
-) -> te.Tensor:
-    """quantize that rounds ties away from zero (``round``) instead of to even."""
-    return _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype,
-                              "mut_quantize_half_away", _round_half_away)
-
-
-@_like(_QUANTIZE)
-def mut_quantize_half_up(
-    x: Tensor,
-    scale: Tensor,
-    zero_point: Tensor,
-    *,
-    axis: Axis = -1,
-    per_channel: bool = False,
-    out_dtype: Literal["int8", "uint8"] = "int8",
-) -> te.Tensor:
-    """quantize that rounds ties up (``floor(v + 0.5)``) instead of to even."""
-    return _quantize_rounding(x, scale, zero_point, axis, per_channel, out_dtype,
-                              "mut_quantize_half_up", lambda v: tirx.floor(v + 0.5))
+    compute.__doc__ = doc
+    return _like(_QUANTIZE, name=name)(compute)
 
 
-@_like(_QUANTIZE)
-def mut_quantize_last_axis(
-    x: Tensor,
-    scale: Tensor,
-    zero_point: Tensor,
-    *,
-    axis: Axis = -1,
-    per_channel: bool = False,
-    out_dtype: Literal["int8", "uint8"] = "int8",
-) -> te.Tensor:
-    """per-channel quantize that takes the channel from the last axis, whatever ``axis`` says."""
-    return _quantize_rounding(x, scale, zero_point, len(x.shape) - 1, per_channel, out_dtype,
-                              "mut_quantize_last_axis", tirx.nearbyint)
+mut_quantize_int8_only = _quantize_mutant(
+    "mut_quantize_int8_only", "quantize that ignores ``out_dtype`` and always returns int8.",
+    fixed_dtype="int8")
+mut_quantize_half_away = _quantize_mutant(
+    "mut_quantize_half_away", "quantize that rounds ties away from zero instead of to even.",
+    rnd=_round_half_away)
+mut_quantize_half_up = _quantize_mutant(
+    "mut_quantize_half_up", "quantize that rounds ties up (``floor(v + 0.5)``).",
+    rnd=lambda v: tirx.floor(v + 0.5))
+mut_quantize_last_axis = _quantize_mutant(
+    "mut_quantize_last_axis", "per-channel quantize that takes the channel from the last axis.",
+    last_axis=True)
+mut_quantize_wraps = _quantize_mutant(
+    "mut_quantize_wraps", "quantize without saturation: out-of-range values wrap in the cast.",
+    saturate=False)
 
 
 @_like(_GELU)
@@ -481,50 +465,6 @@ def mut_requantize_truncate(
         return clamp_te(tirx.shift_right(v, n) + output_zero_point, out_dtype)
 
     return te.compute(x.shape, body, name="mut_requantize_truncate")
-
-
-@_like(_QUANTIZE)
-def mut_quantize_wraps(
-    x: Tensor,
-    scale: Tensor,
-    zero_point: Tensor,
-    *,
-    axis: Axis = -1,
-    per_channel: bool = False,
-    out_dtype: Literal["int8", "uint8"] = "int8",
-) -> te.Tensor:
-    """quantize without saturation: out-of-range values wrap around in the cast."""
-    from opsdk.ops._quant import per_channel_index
-
-    a = {"axis": axis, "per_channel": per_channel}
-
-    def body(*i):
-        c = per_channel_index(i, a)
-        r = tirx.max(tirx.min(tirx.nearbyint(x(*i) / scale(c)), 2.0**30), -(2.0**30))
-        return (r.astype("int32") + zero_point(c)).astype(out_dtype)
-
-    return te.compute(x.shape, body, name="mut_quantize_wraps")
-
-
-@_like(_RMS)
-def mut_rms_no_sqrt(
-    x: Tensor, gamma: Tensor | None = None, *, begin_axis: Axis = -1, epsilon: float = 1e-6
-) -> te.Tensor:
-    """rms_norm that divides by the mean square instead of its square root."""
-    outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
-    r = reduce_axes(inner, "r")
-    ss = te.compute(outer, lambda *o: te.sum(acc(x(*o, *r)) * acc(x(*o, *r)), axis=r), name="ss")
-    n = prod(inner)
-    scale = te.compute(outer, lambda *o: 1.0 / (ss(*o) / n + epsilon), name="rms")
-    b = len(outer)
-
-    def out(*i):
-        y = acc(x(*i)) * scale(*i[:b])
-        if gamma is not None:
-            y = y * acc(gamma(*i[b:]))
-        return y.astype(x.dtype)
-
-    return te.compute(x.shape, out, name="mut_rms_no_sqrt")
 
 
 @_like(_SOFTMAX)
