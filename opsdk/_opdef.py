@@ -348,9 +348,7 @@ class OpDef:
             return str(dtypes[self.primary])
         if callable(rule):
             return str(rule(dict(dtypes), dict(nattrs)))
-        if rule in {p.name for p in self.attr_params}:
-            return str(nattrs[rule])
-        return rule
+        return str(nattrs[rule]) if self._names_attr(rule) else rule
 
     def output_dtype_rule(self) -> str:
         """The output dtype contract in words (for reports and error messages)."""
@@ -359,9 +357,10 @@ class OpDef:
             return f"same as input '{self.primary}'"
         if callable(rule):
             return f"{getattr(rule, '__name__', 'a function')}(dtypes, attrs)"
-        if rule in {p.name for p in self.attr_params}:
-            return f"given by attribute '{rule}'"
-        return f"always {rule}"
+        return f"given by attribute '{rule}'" if self._names_attr(rule) else f"always {rule}"
+
+    def _names_attr(self, rule: str) -> bool:
+        return any(p.name == rule for p in self.attr_params)
 
     def result_type(
         self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]

@@ -83,7 +83,6 @@ class LoadedModel:
     onnx: bytes | None = None
     onnx_error: str = ""
 
-
     @classmethod
     def from_torch(
         cls,

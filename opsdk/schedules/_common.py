@@ -334,8 +334,7 @@ def _merge_producer(
     depth = [sch.get(lp).same_as(sch.get(red_loop)) for lp in sch.get_loops(block)].index(True)
     below = sch.get_loops(prod)[depth:]
     try:
-        whole = _fuse(sch, below) if len(below) > 1 else below[0]
-        outer, inner = sch.split(whole, [None, info.width])
+        outer, inner = sch.split(_fuse(sch, below), [None, info.width])
         merged = sch.merge(outer, red_loop)
     except (s_tir.ScheduleError, tvm.error.TVMError):
         info.producer = None
@@ -358,16 +357,14 @@ def _static_bytes(func: tirx.PrimFunc) -> float:
     for buf in func.params:
         if not isinstance(buf, tirx.Buffer):
             continue
-        if not all(isinstance(d, tirx.IntImm) for d in buf.shape):
+        n = _prod(buf.shape)
+        if not isinstance(n, tirx.IntImm):
             return float("inf")
-        n = 1
-        for d in buf.shape:
-            n *= int(d.value)
-        total += n * tvm.runtime.DataType(buf.dtype).bits // 8
+        total += int(n.value) * tvm.runtime.DataType(buf.dtype).bits // 8
     return total
 
 
-def _feeds_in_order(sch: s_tir.Schedule, prod: BlockInfo, red: BlockInfo, rows: int) -> bool:
+def _feeds_in_order(sch: s_tir.Schedule, prod: BlockInfo, red: BlockInfo) -> bool:
     """``prod`` is injective with static extents and ``red`` reads its buffer at exactly
     (row vars..., reduce vars...) in the order ``prod`` writes it, so ``prod``'s fused element
     index is ``red``'s fused reduce index and a chunk of one is the same chunk of the other."""
@@ -564,7 +561,7 @@ def schedule_rows(
             width = pick_width(_prod(b.extents[rows:]), lanes32, accumulators)
             if width is not None:
                 # checked on the block before rfactor rewrites its reads
-                feeds = k > 0 and _feeds_in_order(sch, blocks[k - 1], b, rows)
+                feeds = k > 0 and _feeds_in_order(sch, blocks[k - 1], b)
                 rfs.append(rfactor_reduction(sch, b.rv, rows, width))
                 if feeds and rfs[-1].exact and _static_bytes(func) <= _MERGE_MAX_BYTES:
                     rfs[-1].producer = blocks[k - 1].name

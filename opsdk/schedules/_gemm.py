@@ -261,7 +261,7 @@ def tile_mn(
                 continue
             top = max(1, min(mr_max, acc_regs // v))
             mr = tile_m(m, top)
-            exact = m is None or m % mr == 0 or m < mr
+            exact = m is None or m % mr == 0
             key = (exact, mr * v, v)
             if best is None or key > best[0]:
                 best = (key, v, mr)

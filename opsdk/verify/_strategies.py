@@ -667,7 +667,7 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     rows = 32 + extra_rows
     big = [max(3, -(-rows // 3 ** max(rank - 2, 0))) if i == 0 else 3 for i in range(rank)]
     if rank:
-        big[-1] = 4 * lanes + min(tail, lanes - 1) if lanes > 1 else 4 * lanes + 1
+        big[-1] = 4 * lanes + max(1, min(tail, lanes - 1))  # always a tail
     # Free named dims (a dense layer's N) likewise: the largest odd length around the vector
     # width in their range, so a blocked kernel sees whole blocks and a tail.
     lengths = _lengths(lanes)

@@ -45,7 +45,7 @@ __all__ = [
 #: Measured on 1e7 points over the whole argument range plus [-1e-3, 1e-3] (x86 znver4):
 #: TVM's libm-based ``exp`` 1.0 and ``erf`` 1.27; ``opsdk.ops._vecmath`` ``exp_f32`` 1.41 and
 #: ``erf_f32`` 6.31 (at x ~ 3.98, where erf ~ 1); ``tanh`` 1.5 absolute; ``rsqrt`` (1/sqrt)
-#: 1.5. (``exp_f32`` as one Horner chain, 2026-12, Xeon: 1.29 on 5e6 points.)
+#: 1.5. (``exp_f32`` with its degree-4 polynomial, 2026-12, Xeon: 1.31 on 5e6 points.)
 #: ``exp_f32`` flushes results below 2**-126 to 0 and overflows above x = 88.376.
 #: ``tests/host/test_verify.py`` re-measures them, so a changed implementation shows up as a
 #: broken model assumption rather than as a kernel failure.
