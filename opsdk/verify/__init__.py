@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+from ._compose import norm_model, reduction_model
 from ._engine import (
     PROFILES,
     Profile,
@@ -52,7 +53,9 @@ __all__ = [
     "lint_cell",
     "make_inputs",
     "model_for",
+    "norm_model",
     "output_bound",
+    "reduction_model",
     "run_case",
     "verify",
     "verify_op",

@@ -45,11 +45,12 @@ __all__ = [
 #: Measured on 1e7 points over the whole argument range plus [-1e-3, 1e-3] (x86 znver4):
 #: TVM's libm-based ``exp`` 1.0 and ``erf`` 1.27; ``opsdk.ops._vecmath`` ``exp_f32`` 1.41 and
 #: ``erf_f32`` 6.31 (at x ~ 3.98, where erf ~ 1); ``tanh`` 1.5 absolute; ``rsqrt`` (1/sqrt)
-#: 1.5. (``exp_f32`` with its degree-4 polynomial, 2026-12, Xeon: 1.31 on 5e6 points.)
+#: 1.5; ``log`` 1.30 (2026-12, Xeon, 2e6 points over [1e-38, 1e38] and [0.5, 2]).
+#: (``exp_f32`` with its degree-4 polynomial, 2026-12, Xeon: 1.31 on 5e6 points.)
 #: ``exp_f32`` flushes results below 2**-126 to 0 and overflows above x = 88.376.
 #: ``tests/host/test_verify.py`` re-measures them, so a changed implementation shows up as a
 #: broken model assumption rather than as a kernel failure.
-MATH_ULPS: dict[str, float] = {"exp": 2.0, "erf": 8.0, "tanh_abs": 2.0, "rsqrt": 2.0}
+MATH_ULPS: dict[str, float] = {"exp": 2.0, "erf": 8.0, "tanh_abs": 2.0, "rsqrt": 2.0, "log": 2.0}
 
 #: Absolute error of an exp whose result would be subnormal (flushed to zero).
 EXP_FLUSH = 2.0**-126
@@ -109,8 +110,11 @@ def model_for(d: OpDef) -> tuple[str, ErrorModel]:
     """(description, model) for ``d``: by name, then by reference function, then by kind."""
     _load_builtin_models()
     if d.name in _MODELS:
-        label = f"built-in {d.name}" if d.module.startswith("opsdk.") else f"author's ({d.name})"
-        return label, _MODELS[d.name]
+        fn = _MODELS[d.name]
+        if d.module.startswith("opsdk."):
+            return f"built-in {d.name}", fn
+        structure = getattr(fn, "_opsdk_label", None)  # opsdk.verify.norm_model & co.
+        return f"author's ({structure})" if structure else f"author's ({d.name})", fn
     if d.reference in _MODELS:
         module = getattr(d.reference, "__module__", "?")
         if module.startswith("opsdk."):  # a built-in op's reference (e.g. a mutant's)
@@ -169,25 +173,29 @@ def ulps(dtype: str, ref: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 
 def _norm_rows(X: np.ndarray, G: np.ndarray | None, B: np.ndarray | None, epsilon: float,
-               centered: bool, u: float) -> np.ndarray:
+               centered: bool, u: float, mean_square: bool = True) -> np.ndarray:
     """Bound for ``y = (x - m) * rsqrt(v + eps) * g + b`` over rows of ``X`` (R, n).
 
     Two-pass statistics: ``m`` = sum/n, ``v`` = sum((x - m)^2)/n (``centered``), or
-    ``m = 0, v = sum(x^2)/n`` (RMS). Recursive summation of n terms errs by at most
-    ``gamma_{n-1} * sum|terms|``; the mean's error shifts every deviation (``dm``) and feeds
-    into the variance only quadratically, because ``sum(x - m) = 0``.
+    ``m = 0, v = sum(x^2)/n`` (RMS); ``mean_square=False`` takes the sum of squares instead
+    of their mean (``x / sqrt(sum(x^2) + eps)``, an L2 normalization). Recursive summation
+    of n terms errs by at most ``gamma_{n-1} * sum|terms|``; the mean's error shifts every
+    deviation (``dm``) and feeds into the variance only quadratically, because
+    ``sum(x - m) = 0``: ``sum((x - m - dm)^2) = sum((x - m)^2) + n dm^2``.
     """
     n = X.shape[1]
+    d = n if mean_square else 1  # the divisor of the sum of squares
     a1 = np.abs(X).mean(axis=1, keepdims=True)
     if centered:
         m = X.mean(axis=1, keepdims=True)
         D = X - m
-        v = (D * D).mean(axis=1, keepdims=True)
+        v = (D * D).sum(axis=1, keepdims=True) / d
         dm = _gamma(n + 1, u) * a1
-        dv = dm * dm + _gamma(n + 3, u) * (v + dm * dm)
+        shift = (n / d) * dm * dm
+        dv = shift + _gamma(n + 3, u) * (v + shift)
     else:
         D = X
-        v = (X * X).mean(axis=1, keepdims=True)
+        v = (X * X).sum(axis=1, keepdims=True) / d
         dm = np.zeros_like(a1)
         dv = _gamma(n + 1, u) * v
     s = v + epsilon
@@ -251,15 +259,13 @@ def _model_group_norm(m: ModelInput) -> np.ndarray:
     return E.transpose(0, 2, 3, 1) if nhwc else E
 
 
-def _model_softmax(m: ModelInput) -> np.ndarray:
-    """``exp(x - max) / sum``: the max is exact; ``x - max`` rounds (relative u), which exp
-    turns into a relative error ``u |x - max|``; the sum of positive terms adds
+def softmax_bound(x: np.ndarray, axis: int | tuple[int, ...], u: float) -> np.ndarray:
+    """``exp(x - max) / sum`` over ``axis``: the max is exact; ``x - max`` rounds (relative
+    u), which exp turns into a relative error ``u |x - max|``; the sum of positive terms adds
     ``gamma_{n-1}``; the output recomputes exp and divides (one more rounding). An exp
     whose result is subnormal may flush to zero (absolute ``2**-126``; the sum is >= 1)."""
-    x = m.inputs[m.op.primary]
-    axis = m.attrs["axis"]
-    u = m.u
-    n = x.shape[axis]
+    axes = (axis,) if isinstance(axis, int) else axis
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     a = x - x.max(axis=axis, keepdims=True)
     e = np.exp(a)
     s = e.sum(axis=axis, keepdims=True)
@@ -267,6 +273,10 @@ def _model_softmax(m: ModelInput) -> np.ndarray:
     rho_s = (e * rho_e).sum(axis=axis, keepdims=True) / s + _gamma(n - 1, u)
     rel = (1 + rho_e) * (1 + u) / (1 - rho_s) - 1
     return (e / s) * rel + EXP_FLUSH * (1 + rho_s)
+
+
+def _model_softmax(m: ModelInput) -> np.ndarray:
+    return softmax_bound(m.inputs[m.op.primary], m.attrs["axis"], m.u)
 
 
 _SQRT1_2 = 1 / math.sqrt(2)

@@ -41,6 +41,8 @@ def test_scaffold_of_each_kind_verifies_without_edits(tmp_path, kind):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "PASS" in r.stdout
     assert f"[{name}.x86]" in r.stdout  # its own rule was chosen and linted
+    if kind in ("norm", "reduction"):  # held to a composed model, not the heuristic fallback
+        assert "author's (composed" in r.stdout and "fallback" not in r.stdout
 
 
 def test_scaffold_from_builtin_verifies(tmp_path):

@@ -90,6 +90,9 @@ def test_math_accuracy_assumptions_of_the_models_hold() -> None:
         "tanh_abs": _max_error_in_u(tirx.tanh, wide.astype("float32"), np.tanh, relative=False),
         "rsqrt": _max_error_in_u(tirx.rsqrt, (10.0 ** rng.uniform(-8, 8, 400_000)).astype("f4"),
                                  lambda v: 1 / np.sqrt(v)),
+        "log": _max_error_in_u(tirx.log, np.concatenate([
+            10.0 ** rng.uniform(-38, 38, 200_000), rng.uniform(0.5, 2, 200_000)]).astype("f4"),
+            np.log),
     }
     try:
         from opsdk.ops._vecmath import erf_f32, exp_f32

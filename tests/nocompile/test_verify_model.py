@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tvm import te, tirx
 
 import opsdk
 from opsdk._dtypes import np_dtype
+from opsdk.te_utils import acc, reduce_axes
 from opsdk.verify import MATH_ULPS, ModelInput, case_strategy, corner_cases, output_bound
 from opsdk.verify._strategies import make_inputs
 
@@ -164,3 +166,155 @@ def test_model_is_not_vacuous() -> None:
     tol, name = output_bound(d, ModelInput(d, x64, nattrs, ref, U), "float32")
     assert "layer_norm" in name
     assert float(tol.max()) < 64 * U * float(np.abs(ref).max())
+
+
+# ------------------------------------------------------------------ composed models
+
+
+def test_composed_norm_model_is_the_built_in_norms_model() -> None:
+    # norm_model states a norm's structure; for the built-in norms it must give their bound.
+    from opsdk.verify import norm_model
+    from opsdk.verify._tolerance import model_for
+
+    composed = {
+        "layer_norm": norm_model(gamma="gamma", beta="beta"),
+        "rms_norm": norm_model(center=False, gamma="gamma"),
+        "group_norm": None,  # per layout below
+    }
+    for name, model in composed.items():
+        d = opsdk.get_op(name)
+        for layout in d.layouts:
+            if name == "group_norm":
+                spatial = (2, 3) if layout == "NCHW" else (1, 2)
+                model = norm_model(axes=spatial, groups="num_groups", gamma="gamma",
+                                   beta="beta", channel_axis=1 if layout == "NCHW" else 3)
+            for case in corner_cases(d, "x86", "float32", layout, 16)[:6]:
+                inputs = make_inputs(d, case)
+                x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
+                       for p in d.tensor_params}
+                nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+                with np.errstate(all="ignore"):
+                    m = ModelInput(d, x64, nattrs, d.run_reference(x64, case.attrs), U)
+                    want = model_for(d)[1](m)
+                    got = model(m)
+                np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{name} {case}")
+
+
+def _l2_norm_ref(x, gamma=None, *, begin_axis=-1, epsilon=1e-6):
+    axes = tuple(range(begin_axis, x.ndim))
+    y = x / np.sqrt((x * x).sum(axis=axes, keepdims=True) + epsilon)
+    return y if gamma is None else y * gamma
+
+
+def _logsumexp_ref(x, *, axis=-1):
+    m = x.max(axis=axis, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def _user_ops():
+    """A user L2 norm and logsumexp (the ``opsdk new-op`` norm and reduction scaffolds)."""
+    @opsdk.op(reference=_l2_norm_ref, ranks=(1, 4), kind="norm",
+              input_shapes=lambda s, a: {"gamma": tuple(s[a["begin_axis"]:])},
+              layouts={"last": {"begin_axis": -1}, "last2": {"begin_axis": -2}},
+              domain={"x": (-4.0, 4.0), "gamma": (-2.0, 2.0)},
+              attr_domain={"epsilon": [1e-6, 1e-3]})
+    def user_l2norm(x: opsdk.Tensor, gamma: opsdk.Tensor | None = None, *,
+                    begin_axis: opsdk.Axis = -1, epsilon: float = 1e-6) -> te.Tensor:
+        outer, r = x.shape[:begin_axis], reduce_axes(x.shape[begin_axis:], "r")
+        ss = te.compute(outer, lambda *o: te.sum(acc(x(*o, *r)) * acc(x(*o, *r)), axis=r))
+        b = len(outer)
+
+        def body(*i):
+            y = acc(x(*i)) * tirx.rsqrt(ss(*i[:b]) + epsilon)
+            return (y if gamma is None else y * acc(gamma(*i[b:]))).astype(x.dtype)
+
+        return te.compute(x.shape, body)
+
+    @opsdk.op(reference=_logsumexp_ref, ranks=(1, 4), kind="reduction",
+              layouts={"last": {"axis": -1}, "first": {"axis": 0}}, domain={"x": (-8.0, 8.0)})
+    def user_logsumexp(x: opsdk.Tensor, *, axis: opsdk.Axis = -1) -> te.Tensor:
+        keep = [d for i, d in enumerate(x.shape) if i != axis]
+        r = te.reduce_axis((0, x.shape[axis]))
+        mx = te.compute(keep, lambda *o: te.max(acc(x(*o[:axis], r, *o[axis:])), axis=r))
+        return te.compute(keep, lambda *o: mx(*o).astype(x.dtype))  # (its math: verify's job)
+
+    return user_l2norm, user_logsumexp
+
+
+def _emulate_user(name, inputs, attrs, rng):
+    x = inputs["x"].astype(F)
+    if name == "user_l2norm":
+        b = attrs["begin_axis"]
+        rows = int(np.prod(x.shape[:b], dtype=np.int64))
+        xr = x.reshape(rows, -1)
+        ss = _seq_sum(xr * xr)
+        r = _perturb(1 / np.sqrt((ss + F(attrs["epsilon"])).astype(F).astype(np.float64)),
+                     MATH_ULPS["rsqrt"], rng)
+        y = (xr * r).astype(F).reshape(x.shape)
+        g = inputs.get("gamma")
+        return y if g is None else (y * g.astype(F)).astype(F)
+    ax = attrs["axis"]
+    xt = np.moveaxis(x, ax, -1)
+    mx = xt.max(axis=-1, keepdims=True)
+    e = _perturb(np.exp((xt - mx).astype(F).astype(np.float64)), MATH_ULPS["exp"], rng)
+    s = _seq_sum(e)
+    ls = _perturb(np.log(s.astype(np.float64)), MATH_ULPS["log"], rng)
+    return (mx + ls).astype(F)[..., 0]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_composed_models_cover_emulated_user_ops(which: int) -> None:
+    # The scaffolds' structures (norm_model / reduction_model): float32 emulations of a user
+    # L2 norm and logsumexp stay within the composed bound, on corners and drawn cases.
+    from opsdk.verify import error_model, norm_model, reduction_model
+    from opsdk.verify._tolerance import _MODELS
+
+    d = _user_ops()[which]
+    model = (norm_model(center=False, mean_square=False, gamma="gamma") if which == 0
+             else reduction_model(op="logsumexp"))
+    error_model(d)(model)
+    try:
+        def check(case):
+            inputs = make_inputs(d, case)
+            x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
+                   for p in d.tensor_params}
+            nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+            with np.errstate(all="ignore"):
+                ref = d.run_reference(x64, case.attrs)
+                emul = _emulate_user(d.name, inputs, nattrs, np.random.default_rng(case.seed))
+            tol, label = output_bound(d, ModelInput(d, x64, nattrs, ref, U), "float32")
+            assert label.startswith("author's (composed"), label
+            err = np.abs(emul.astype(np.float64) - ref)
+            assert (err <= tol).all(), f"{case.to_json()}: {err.max():.3g} > {tol.min():.3g}"
+            return float((err / tol).max())
+
+        worst = max(check(c) for layout in d.layouts
+                    for c in corner_cases(d, "x86", "float32", layout, 16))
+
+        @settings(max_examples=40, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(data=st.data())
+        def run(data):
+            check(data.draw(case_strategy(d, "x86", "float32",
+                                          data.draw(st.sampled_from(list(d.layouts))), 16)))
+
+        run()
+        assert worst > 0.01  # not vacuous: the emulation's error is a visible part of the bound
+    finally:
+        _MODELS.pop(d.name, None)
+
+
+def test_composed_model_names_a_wrong_attribute() -> None:
+    from opsdk.verify import norm_model, reduction_model
+
+    d = _user_ops()[0]
+    case = corner_cases(d, "x86", "float32", "last", 16)[0]
+    x64 = {k: v.astype(np.float64) for k, v in make_inputs(d, case).items()}
+    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+    m = ModelInput(d, {"x": x64["x"], "gamma": x64.get("gamma")}, nattrs, x64["x"], U)
+    with pytest.raises(ValueError, match=r"user_l2norm.*'eps' names no attribute.*epsilon"):
+        norm_model(epsilon="eps")(m)
+    with pytest.raises(ValueError, match=r"'scale' is not an input.*x, gamma"):
+        norm_model(gamma="scale")(m)
+    with pytest.raises(ValueError, match="op='median' is not one of sum, mean"):
+        reduction_model(op="median")
