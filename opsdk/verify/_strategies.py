@@ -61,7 +61,13 @@ INT_AUX_RECIPES: tuple[str, ...] = (*AUX_RECIPES, "edges")
 #: primary input on odd multiples of 1/16 and ``pow2`` the scale at 1/8 (or the power of two
 #: nearest it inside the domain), so ``x / scale`` lands exactly on ``k + 1/2``: a kernel
 #: rounding ties another way than the reference (half away from zero, half up) fails.
-GRID_RECIPES: tuple[str, ...] = ("halfgrid", "pow2")
+#: ``midgrid`` does it for any scale: the scale inputs get one common value that is not a
+#: power of two (``midscale``) and the primary input ``x = fl((k + 1/2) * s)``, so the
+#: quotient ``x / s`` rounds to ``k + 1/2`` in float32 for most ``k`` while ``x * fl(1/s)``
+#: often lands an ulp beside it: a kernel multiplying by a rounded reciprocal fails.
+GRID_RECIPES: tuple[str, ...] = ("halfgrid", "pow2", "midgrid", "midscale")
+#: The scale recipe that goes with each grid recipe of the primary input.
+_GRID_SCALE = {"halfgrid": "pow2", "midgrid": "midscale"}
 
 #: Integer values worth hitting exactly: the ends of the int8 and uint8 ranges.
 _INT_EDGES = (-128, 0, 127, 255)
@@ -194,6 +200,8 @@ def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
         v = 2.0 ** round(math.log2(min(max(0.125, lo), hi))) if hi > 0 else 0.125
         v = v * 2 if v < lo else v
         return np.full(shape, v / 2 if v > hi else v)
+    if recipe in ("midgrid", "midscale"):  # set jointly by make_inputs (_on_midpoints)
+        return np.zeros(shape)
     if recipe == "edges":
         ends = sorted({lo, hi, *(v for v in _INT_EDGES if lo <= v <= hi)})
         return rng.choice(np.asarray(ends, dtype=np.float64), shape)
@@ -258,7 +266,41 @@ def make_inputs(d: OpDef, case: Case) -> dict[str, np.ndarray]:
             info = np.iinfo(np_dtype(dt))
             a = np.clip(np.rint(np.clip(a, lo, hi)), info.min, info.max)
         out[p.name] = np.ascontiguousarray(a.astype(np_dtype(dt)))
+    if case.data.get(d.primary) == "midgrid":
+        _on_midpoints(d, case, out, dtypes)
     return out
+
+
+def _scale_inputs(d: OpDef, dtype: str, names: Sequence[str]) -> set[str]:
+    """The scale-like inputs: float, with a log-uniform domain (e.g. quantize's ``scale``)."""
+    return {n for n, dt in input_dtypes(d, dtype, list(names)).items()
+            if is_float(dt) and isinstance(d.domain.get(n), LogUniform)}
+
+
+def _on_midpoints(d: OpDef, case: Case, out: dict[str, np.ndarray],
+                  dtypes: Mapping[str, str]) -> None:
+    """The ``midgrid`` recipe: one non-power-of-two scale ``s`` for every scale input and
+    ``x = fl((k + 1/2) s)`` with ``x`` inside its domain and ``|k|`` over the int8 range."""
+    rng = np.random.default_rng([case.seed, 1 << 16])
+    x = d.primary
+    lo, hi, _ = _input_range(d, x, dtypes[x])
+    reach = max(abs(lo), abs(hi))
+    scales = sorted(n for n in _scale_inputs(d, case.dtype, list(out)) if n != x)
+    if not scales:
+        return
+    slo, shi, _ = _input_range(d, scales[0], dtypes[scales[0]])
+    top = max(slo, min(shi, reach / 64))  # at least ~64 grid points inside x's domain
+    s = float(np.float32(10 ** rng.uniform(math.log10(slo), math.log10(top))))
+    if math.log2(s).is_integer():
+        s = float(np.float32(s * 1.375))
+    for n in scales:
+        out[n] = np.full(out[n].shape, s, dtype=out[n].dtype)
+    kmin = max(math.ceil(lo / s - 0.5), -200)
+    kmax = min(math.floor(hi / s - 0.5), 200)
+    if kmin > kmax:
+        return
+    k = rng.integers(kmin, kmax + 1, out[x].shape)
+    out[x] = np.ascontiguousarray(((k + 0.5) * s).astype(out[x].dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,6 +546,8 @@ def case_strategy(
     aux = [p.name for p in d.tensor_params[1:]]
     aux_dtypes = input_dtypes(d, dtype, aux)
     aux_recipes = {n: AUX_RECIPES if is_float(aux_dtypes[n]) else INT_AUX_RECIPES for n in aux}
+    scales = _scale_inputs(d, dtype, aux) if is_float(dtype) else set()
+    primary_recipes = (*_PRIMARY_ORDER, *_GRID_SCALE) if scales else _PRIMARY_ORDER
     lengths = _lengths(lanes)
 
     @st.composite
@@ -549,10 +593,12 @@ def case_strategy(
                 break
         else:
             reject()
-        data = {d.primary: draw(st.sampled_from(_PRIMARY_ORDER))}
+        data = {d.primary: draw(st.sampled_from(primary_recipes))}
         for name in aux:
             if name in present or name not in optional:
-                data[name] = draw(st.sampled_from(aux_recipes[name]))
+                data[name] = (_GRID_SCALE[data[d.primary]]
+                              if name in scales and data[d.primary] in _GRID_SCALE
+                              else draw(st.sampled_from(aux_recipes[name])))
         free = {k: draw(st.sampled_from([n for n in lengths if lo_ <= n <= hi_] or [lo_]))
                 for k, (lo_, hi_) in sorted(getattr(d, "free_dims", {}).items())}
         seed = draw(st.integers(0, 2**31 - 1))
@@ -640,10 +686,10 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     # signature: with large data, and with the largest attributes.
     edges = {n for n, dt in input_dtypes(d, dtype, aux).items() if not is_float(dt)}
     # Rounding ties: x / scale exactly k + 1/2 (see GRID_RECIPES).
-    scales = {n for n, dt in input_dtypes(d, dtype, aux).items()
-              if is_float(dt) and isinstance(d.domain.get(n), LogUniform)}
+    scales = _scale_inputs(d, dtype, aux)
     if scales and is_float(dtype):
         specs.append((shape_of(lanes + 1, 3), "halfgrid", optional, base_attrs))
+        specs.append((shape_of(lanes + 3, 5), "midgrid", optional, base_attrs))
     out: list[Case] = []
     for k, (shape, recipe, present, attrs) in enumerate(specs):
         shape = _repair(d, shape, dtype, attrs, present)
@@ -652,8 +698,8 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         passed = [n for n in aux if n in present or n not in optional]
         data = {d.primary: recipe,
                 **{n: "edges" if n in edges and k in (4, 8) else "domain" for n in passed}}
-        if recipe == "halfgrid":
-            data.update({n: "pow2" for n in passed if n in scales})
+        if recipe in _GRID_SCALE:
+            data.update({n: _GRID_SCALE[recipe] for n in passed if n in scales})
         c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
         if c not in out:
             out.append(c)

@@ -326,9 +326,11 @@ def _round_half_away(v: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def _quantize_mutant(name: str, doc: str, *, rnd=tirx.nearbyint, last_axis: bool = False,
-                     fixed_dtype: str | None = None, saturate: bool = True) -> opsdk.OpDef:
+                     fixed_dtype: str | None = None, saturate: bool = True,
+                     reciprocal: bool = False) -> opsdk.OpDef:
     """The built-in quantize compute with one bug: another rounding, the channel always from
-    the last axis, a fixed output dtype, or no saturation."""
+    the last axis, a fixed output dtype, no saturation, or a multiplication by the rounded
+    reciprocal of the scale instead of the division."""
     from opsdk.ops._quant import clamp_te, per_channel_index
 
     def compute(
@@ -345,7 +347,8 @@ def _quantize_mutant(name: str, doc: str, *, rnd=tirx.nearbyint, last_axis: bool
 
         def body(*i):
             c = per_channel_index(i, a)
-            r = tirx.max(tirx.min(rnd(x(*i) / scale(c)), 2.0**30), -(2.0**30))
+            q = x(*i) * (1.0 / scale(c)) if reciprocal else x(*i) / scale(c)
+            r = tirx.max(tirx.min(rnd(q), 2.0**30), -(2.0**30))
             v = r.astype("int32") + zero_point(c)
             return clamp_te(v, dt) if saturate else v.astype(dt)
 
@@ -367,6 +370,9 @@ mut_quantize_half_up = _quantize_mutant(
 mut_quantize_last_axis = _quantize_mutant(
     "mut_quantize_last_axis", "per-channel quantize that takes the channel from the last axis.",
     last_axis=True)
+mut_quantize_reciprocal = _quantize_mutant(
+    "mut_quantize_reciprocal", "quantize that multiplies by ``1 / scale`` (rounded) instead of "
+    "dividing: off by one where x / scale is within an ulp of a tie.", reciprocal=True)
 mut_quantize_wraps = _quantize_mutant(
     "mut_quantize_wraps", "quantize without saturation: out-of-range values wrap in the cast.",
     saturate=False)
@@ -665,6 +671,7 @@ BUGS = {
     "mut_dequantize_no_zp": "dequantize forgets the zero point",
     "mut_requantize_truncate": "requantize shifts without rounding (toward -inf)",
     "mut_quantize_wraps": "quantize without saturation (wraps in the cast)",
+    "mut_quantize_reciprocal": "quantize multiplies by a rounded 1 / scale instead of dividing",
     "mut_rms_no_sqrt": "rms_norm divides by the mean square, no square root",
     "mut_softmax_narrow_sum": "softmax sums in float16/bfloat16",
     "mut_bias_gelu_bias_after": "bias added after the activation",
@@ -699,6 +706,7 @@ OPS = [
     mut_dequantize_no_zp,
     mut_requantize_truncate,
     mut_quantize_wraps,
+    mut_quantize_reciprocal,
     mut_rms_no_sqrt,
     mut_softmax_narrow_sum,
     mut_bias_gelu_bias_after,
