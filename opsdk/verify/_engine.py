@@ -43,6 +43,7 @@ from ..targets import target as resolve_target
 from ..transform import LowerOps
 from ._lints import lint_prim_func
 from ._report import (
+    ROUNDING_ULPS,
     CaseResult,
     CellResult,
     LintResult,
@@ -481,6 +482,11 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         res.max_ulps = float(ulps(b.out_dtype, ref, err).max())
         res.index = tuple(int(i) for i in idx)
         res.got, res.expected, res.bound = float(y[idx]), float(ref[idx]), float(tol[idx])
+        tiny = _smallest_normal("float32")
+        if abs(res.expected) < tiny and abs(res.got) <= tiny:
+            res.margin = "underflow"  # e.g. exp_f32 clamped: anything in [0, 2^-126] is right
+        elif float(ulps(b.out_dtype, ref[idx], err[idx])) <= ROUNDING_ULPS:
+            res.margin = "rounding"
     if res.ratio > 1.0:
         res.status = "mismatch"
         res.message = (
@@ -587,7 +593,8 @@ def verify_cell(
         if res.ok:
             cell.max_ulps = max(cell.max_ulps, res.max_ulps)
             cell.max_rel = max(cell.max_rel, res.max_rel)
-            cell.ratio = max(cell.ratio, res.ratio)
+            if res.ratio > cell.ratio:
+                cell.ratio, cell.margin = res.ratio, res.margin
         if on_example:
             on_example()
         if not res.ok:

@@ -20,9 +20,10 @@ _TIR_LINES = 60  # lines of TIR printed with a failure (all of it goes to the JS
 #: A passing cell whose worst error is above this fraction of its bound is listed in the
 #: summary: the bound may be sound, or the kernel may be one unlucky input from failing.
 NEAR_BOUND = 0.9
-#: ... unless its worst error is within about half an ulp of the output dtype: then the bound
-#: is tight because the output's own rounding dominates it, and the kernel is (nearly)
-#: correctly rounded; such cells get their own line.
+#: ... unless its worst element is within about half an ulp of the output dtype (the bound
+#: is tight because the output's own rounding dominates it: the kernel is nearly correctly
+#: rounded) or a result below float32's normal range returned in [0, 2^-126] (the bound's
+#: underflow term is that size): such cells get a line of their own.
 ROUNDING_ULPS = 0.55
 
 
@@ -43,6 +44,10 @@ class CaseResult:
     max_rel: float = 0.0
     max_ulps: float = 0.0
     ratio: float = 0.0
+    #: Why the worst element sits where it does: "rounding" (within ROUNDING_ULPS of the
+    #: output dtype), "underflow" (a result below float32's normal range returned as a
+    #: value in [0, 2^-126], as the models allow), or "".
+    margin: str = ""
     index: tuple[int, ...] | None = None
     got: float | None = None
     expected: float | None = None
@@ -120,6 +125,7 @@ class CellResult:
     seconds: float = 0.0
     rules: list[str] = field(default_factory=list)
     model: str = ""  # the error model behind ``ratio``: the op's, its reference's, or a fallback
+    margin: str = ""  # CaseResult.margin of the case with the largest ratio
 
     @property
     def ok(self) -> bool:
@@ -284,18 +290,20 @@ class VerifyReport:
         out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
         out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
         near = [c for c in self.cells if c.ok and c.ratio > NEAR_BOUND]
-        rounded = [c for c in near if c.max_ulps <= ROUNDING_ULPS]
-        thin = [c for c in near if c.max_ulps > ROUNDING_ULPS]
+        thin = [c for c in near if not c.margin]
 
-        def cells(cs: list[CellResult]) -> str:
-            return ", ".join(f"{c.op} {c.dtype} {c.layout} {c.ratio:.3f}" for c in cs) or "none"
+        def cells(cs: list[CellResult], why: bool = False) -> str:
+            return ", ".join(f"{c.op} {c.dtype} {c.layout} {c.ratio:.3f}"
+                             + (f" ({c.margin})" if why else "") for c in cs) or "none"
 
         out.append("")
         out.append(f"passed above {NEAR_BOUND} of their bound (a thin margin: check the error "
                    f"model): {cells(thin)}")
-        if rounded:
-            out.append(f"above {NEAR_BOUND} of the bound only by the output's own rounding "
-                       f"(worst error <= {ROUNDING_ULPS} ulp, a sound margin): {cells(rounded)}")
+        if len(thin) < len(near):
+            out.append(
+                f"above {NEAR_BOUND} of the bound only by the output's own rounding (worst "
+                f"element <= {ROUNDING_ULPS} ulp) or an underflowed result, sound "
+                f"margins: {cells([c for c in near if c.margin], why=True)}")
         lint_lines = _lint_summary(self.lints)
         if lint_lines:
             out += ["", "lints (schedule claims):", *lint_lines]

@@ -17,6 +17,7 @@ from opsdk.verify import (
     MATH_ULPS,
     Case,
     capabilities,
+    corner_cases,
     database_path,
     lint_cell,
     run_case,
@@ -193,7 +194,23 @@ def test_cli_runs_cells_and_writes_reports(tmp_path, capsys) -> None:
     cell = data["cells"][0]
     assert 0 < cell["ratio"] <= 1 and cell["model"] == "built-in gelu"
     assert "error model" in out and "passed above 0.9 of their bound" in out
+    assert cell["margin"] in ("", "rounding", "underflow")
     assert ET.fromstring(junit.read_text()).get("failures") == "0"
+
+
+def test_near_bound_cells_say_why_when_the_margin_is_sound() -> None:
+    # softmax's "large" corner: exp underflows, the kernel returns a value in [0, 2^-126]
+    # where the reference is 0, at ~1.0 of the (sound) bound: labelled, not a thin margin.
+    d = opsdk.get_op("softmax")
+    (case,) = [c for c in corner_cases(d, "x86", "float32", "last", 16)
+               if c.data["x"] == "large" and not c.static][:1]
+    r = run_case(case)
+    assert r.ok and r.ratio > 0.9 and r.margin == "underflow", (r.ratio, r.got, r.expected)
+    report = verify_op("softmax", "x86", dtypes=["float16"], layouts=["last"], max_examples=2,
+                       database=None, lints=False, refusals=False, seed=0)
+    (cell,) = report.cells  # float16 output: the output's own rounding dominates the bound
+    assert cell.ratio > 0.9 and cell.margin == "rounding", (cell.ratio, cell.margin)
+    assert f"softmax float16 last {cell.ratio:.3f} (rounding)" in report.format_table()
 
 
 def test_cli_case_reruns_one_case(capsys) -> None:
