@@ -703,17 +703,16 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
         if c not in out:
             out.append(c)
-    # Static dims, as in a model with fixed shapes, and big enough (32 rows, 4 vectors and a
-    # tail) that a schedule applies everything it claims: also the build the lints inspect.
-    # The remainders left by the vector width and the rules' row tiles differ from cell to
-    # cell (a stable choice per op, dtype and layout): a rule wrong only for some residue of a
-    # static extent is built on several across an op's cells, at no extra compile.
-    pick = zlib.crc32(f"{d.name}/{dtype}/{layout}".encode()) % len(_STATIC_TAILS)
-    tail, extra_rows = _STATIC_TAILS[pick]
+    # Static dims, as in a model with fixed shapes, and big enough (32 rows, 4 vectors) that a
+    # schedule applies everything it claims: also the build the lints inspect. The
+    # remainders left by the vector width and the rules' row tiles differ from cell to cell
+    # (_static_tail): a rule wrong only for some residue of a static extent, or only on round
+    # extents, is built on several across an op's cells, at no extra compile.
+    tail, extra_rows = _static_tail(d, dtype, layout)
     rows = 32 + extra_rows
     big = [max(3, -(-rows // 3 ** max(rank - 2, 0))) if i == 0 else 3 for i in range(rank)]
     if rank:
-        big[-1] = 4 * lanes + max(1, min(tail, lanes - 1))  # always a tail
+        big[-1] = 4 * lanes + min(tail, lanes - 1)
     # Free named dims (a dense layer's N) likewise: the largest odd length around the vector
     # width in their range, so a blocked kernel sees whole blocks and a tail.
     lengths = _lengths(lanes)
@@ -729,6 +728,19 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
 
 #: (last-axis remainder past 4 vectors, rows past 32) of the static corner, one per cell.
 _STATIC_TAILS = ((1, 0), (3, 1), (7, 3), (15, 7), (2, 5), (5, 2))
+
+
+def _static_tail(d: OpDef, dtype: str, layout: str) -> tuple[int, int]:
+    """The static corner's (last-axis remainder, extra rows) for a cell. An op's first cell
+    gets round extents (no remainder: the shapes of most models, and the only ones on which
+    some rules take their fast path, e.g. softmax's merged exp-and-sum loop); its other cells
+    step through ``_STATIC_TAILS`` from a stable per-op offset, so up to six cells see six
+    different remainders."""
+    cells = [(dt, ly) for dt in d.dtypes for ly in d.layouts]
+    k = cells.index((dtype, layout)) if (dtype, layout) in cells else 1
+    if k == 0:
+        return 0, 0
+    return _STATIC_TAILS[(zlib.crc32(d.name.encode()) + k - 1) % len(_STATIC_TAILS)]
 
 
 def _repair(d: OpDef, shape: list[int], dtype: str, attrs: Mapping[str, Any],

@@ -642,10 +642,31 @@ def _conv_short_rc(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None
                                    lambda e: tirx.max(e - 1, 1)))
 
 
+@_like(_SOFTMAX)
+def mut_softmax_merge_short(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """Correct softmax; its rule (below) drops the last chunk of the merged exp-and-sum loop."""
+    return _SOFTMAX.compute(x, axis=axis)
+
+
+@opsdk.rule("mut_softmax_merge_short", "cpu", name="mut.merge_short", priority=1000,
+            claims=("vectorize", "parallel"))
+def _merge_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The rows rule whose merged exp-and-sum loop (built only on static, round extents up to
+    32 MB) stops one chunk early: those exps are neither stored nor summed."""
+    from opsdk.schedules._common import schedule_rows
+
+    sch = schedule_rows(func, target, accumulators=4 if "arm_cpu" in target.keys else 2)
+    if sch is None:
+        return None
+    # (a row of one chunk, as in the arm corner, loses all of it)
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: str(n.loop_var.name).endswith("_m"),
+                                   lambda e: e - 1))
+
+
 #: Mutants whose bug is in a schedule rule (the compute is correct): checked on arm too.
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
-                "mut_conv_short_rc")
+                "mut_conv_short_rc", "mut_softmax_merge_short")
 
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
@@ -683,6 +704,7 @@ BUGS = {
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
     "mut_matmul_tile_edge": "matmul rule writes one column fewer per tile",
     "mut_conv_tile_edge": "conv2d rule writes one pixel row fewer per tile",
+    "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
 }
 
 OPS = [
@@ -718,4 +740,5 @@ OPS = [
     mut_matmul_drop_tail,
     mut_matmul_tile_edge,
     mut_conv_tile_edge,
+    mut_softmax_merge_short,
 ]
