@@ -1,4 +1,5 @@
-"""Deliberately wrong variants of the built-in ops: verify must flag every one.
+"""Deliberately wrong variants of the built-in ops: verify must flag every one (and a few
+correct rewrites, ``EQUIVALENTS``, that it must pass).
 
 Each mutant is an op with a bug in its compute (or a schedule rule with a bug, registered for
 the mutant's name only) and the *correct* reference of the op it imitates, so the built-in
@@ -56,7 +57,8 @@ def _like(base: opsdk.OpDef, **over):
 
 
 def _layer_norm(x, gamma, beta, begin_axis, epsilon, *, bug: str, name: str) -> te.Tensor:
-    """The built-in layer_norm compute with one bug switched on."""
+    """The built-in layer_norm compute with one bug switched on (or, for the equivalents,
+    one harmless rewrite: ``gamma_folded``, ``div_sqrt``)."""
     a = (lambda v: v) if bug == "fp16_acc" else acc  # no float32 upcast
     outer, inner = x.shape[:begin_axis], x.shape[begin_axis:]
     n = prod(inner)
@@ -82,14 +84,19 @@ def _layer_norm(x, gamma, beta, begin_axis, epsilon, *, bug: str, name: str) -> 
         var = te.compute(outer, lambda *o: sq(*o) / count, name="var")
     if bug == "eps_outside":
         rstd = te.compute(outer, lambda *o: 1.0 / (tirx.sqrt(var(*o)) + epsilon), name="rstd")
+    elif bug == "div_sqrt":
+        rstd = te.compute(outer, lambda *o: 1.0 / tirx.sqrt(var(*o) + epsilon), name="rstd")
     else:
         rstd = te.compute(outer, lambda *o: tirx.rsqrt(var(*o) + epsilon), name="rstd")
     b = len(outer)
 
     def out(*i):
-        y = (a(x(*i)) - mean(*i[:b])) * rstd(*i[:b])
-        if gamma is not None:
-            y = y * a(gamma(*i[b:]))
+        if bug == "gamma_folded" and gamma is not None:  # (x - m) * (rstd * gamma)
+            y = (a(x(*i)) - mean(*i[:b])) * (rstd(*i[:b]) * a(gamma(*i[b:])))
+        else:
+            y = (a(x(*i)) - mean(*i[:b])) * rstd(*i[:b])
+            if gamma is not None:
+                y = y * a(gamma(*i[b:]))
         if beta is not None and bug != "no_beta":
             y = y + a(beta(*i[b:]))
         return y.astype(x.dtype)
@@ -133,6 +140,8 @@ def _drop_partial_tile(sch: s_tir.Schedule, outer, n, factor: int) -> s_tir.Sche
 
 
 mut_ln_vec_tail = _ln_mutant("none", "mut_ln_vec_tail")
+eq_ln_gamma_folded = _ln_mutant("gamma_folded", "eq_ln_gamma_folded")
+eq_ln_div_sqrt = _ln_mutant("div_sqrt", "eq_ln_div_sqrt")
 
 
 @opsdk.rule(
@@ -286,6 +295,26 @@ def mut_softmax_last_axis(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     return _SOFTMAX.compute(x, axis=len(x.shape) - 1)
 
 
+@_like(_SOFTMAX)
+def eq_softmax_divide(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
+    """Equivalent: softmax dividing each exp by the row sum (the textbook form) instead of
+    multiplying by one reciprocal per row."""
+    nd = len(x.shape)
+    outer = [x.shape[i] for i in range(nd) if i != axis]
+
+    def at(o, r):
+        return (*o[:axis], r, *o[axis:])
+
+    rm = te.reduce_axis((0, x.shape[axis]), name="rm")
+    mx = te.compute(outer, lambda *o: te.max(acc(x(*at(o, rm))), axis=rm), name="max")
+    e = te.compute(x.shape, lambda *i: tirx.exp(acc(x(*i)) - mx(*i[:axis], *i[axis + 1:])),
+                   name="exp")
+    rs = te.reduce_axis((0, x.shape[axis]), name="rs")
+    ex = te.compute(outer, lambda *o: te.sum(e(*at(o, rs)), axis=rs), name="expsum")
+    return te.compute(x.shape, lambda *i: (e(*i) / ex(*i[:axis], *i[axis + 1:])).astype(x.dtype),
+                      name="eq_softmax_divide")
+
+
 # ------------------------------------------------------------------------------ gelu
 
 
@@ -358,6 +387,31 @@ def _quantize_mutant(name: str, doc: str, *, rnd=tirx.nearbyint, last_axis: bool
     return _like(_QUANTIZE, name=name)(compute)
 
 
+@_like(_QUANTIZE)
+def eq_quantize_float_clamp(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    *,
+    axis: Axis = -1,
+    per_channel: bool = False,
+    out_dtype: Literal["int8", "uint8"] = "int8",
+) -> te.Tensor:
+    """Equivalent: quantize adding the zero point and saturating in float32 before one cast
+    (exact: rounded quotients and zero points are integers far below 2**24 after the clamp)."""
+    from opsdk.ops._quant import QRANGE, per_channel_index
+
+    a = {"axis": axis, "per_channel": per_channel}
+    lo, hi = QRANGE[out_dtype]
+
+    def body(*i):
+        c = per_channel_index(i, a)
+        v = tirx.nearbyint(x(*i) / scale(c)) + zero_point(c).astype("float32")
+        return tirx.max(tirx.min(v, float(hi)), float(lo)).astype(out_dtype)
+
+    return te.compute(x.shape, body, name="eq_quantize_float_clamp")
+
+
 mut_quantize_int8_only = _quantize_mutant(
     "mut_quantize_int8_only", "quantize that ignores ``out_dtype`` and always returns int8.",
     fixed_dtype="int8")
@@ -376,6 +430,22 @@ mut_quantize_reciprocal = _quantize_mutant(
 mut_quantize_wraps = _quantize_mutant(
     "mut_quantize_wraps", "quantize without saturation: out-of-range values wrap in the cast.",
     saturate=False)
+
+
+@_like(_GELU)
+def eq_gelu_distributed(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:
+    """Equivalent: GELU as ``v * (0.5 + 0.5 f)`` (f = erf or tanh) instead of
+    ``0.5 v (1 + f)``."""
+
+    def out(*i):
+        v = acc(x(*i))
+        if approximate == "tanh":
+            f = tirx.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v * v * v))
+        else:
+            f = tirx.erf(v * (1.0 / math.sqrt(2.0)))
+        return (v * (0.5 + 0.5 * f)).astype(x.dtype)
+
+    return te.compute(x.shape, out, name="eq_gelu_distributed")
 
 
 @_like(_GELU)
@@ -707,6 +777,16 @@ BUGS = {
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
 }
 
+#: Correct rewrites of built-ins (another evaluation order, a division for a reciprocal,
+#: saturation in float): verify must pass them (a false alarm here is a model too tight).
+EQUIVALENTS = {
+    "eq_ln_gamma_folded": "layer_norm scaling by (rstd * gamma) in one product",
+    "eq_ln_div_sqrt": "layer_norm with 1 / sqrt(var + eps) instead of rsqrt",
+    "eq_softmax_divide": "softmax dividing by the sum, TVM's libm exp",
+    "eq_gelu_distributed": "erf GELU as v * (0.5 + 0.5 erf(v / sqrt 2))",
+    "eq_quantize_float_clamp": "quantize adding the zero point and saturating in float32",
+}
+
 OPS = [
     mut_ln_eps_outside,
     mut_ln_unbiased,
@@ -741,4 +821,9 @@ OPS = [
     mut_matmul_tile_edge,
     mut_conv_tile_edge,
     mut_softmax_merge_short,
+    eq_ln_gamma_folded,
+    eq_ln_div_sqrt,
+    eq_softmax_divide,
+    eq_gelu_distributed,
+    eq_quantize_float_clamp,
 ]
