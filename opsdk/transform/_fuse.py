@@ -331,11 +331,14 @@ def FuseIntoOps(
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.FuseIntoOps")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        attrs = mod.attrs
         if params:
-            attrs = mod.attrs
             mod = relax.transform.BindParams(func_name, dict(params))(mod)
-            if attrs is not None and mod.attrs is None:
-                mod = mod.with_attrs(attrs)
+        # Exporters repeat subexpressions (torch.export emits ``x - mean`` once per use):
+        # one value per expression, so a pattern sees the chain as the math writes it.
+        mod = relax.transform.EliminateCommonSubexpr()(mod)
+        if attrs is not None and mod.attrs is None:
+            mod = mod.with_attrs(attrs)
         return apply_rules(mod, selected)
 
     return _pass

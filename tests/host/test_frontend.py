@@ -346,6 +346,39 @@ def test_drift_report_per_site_on_torch_model():
     assert len(table.splitlines()) == len(rows) + 1
 
 
+class _HandLayerNorm(nn.Module):
+    """A LayerNorm written out by hand: torch.export emits ``x - mean`` once per use."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.w = nn.Parameter(torch.randn(d, generator=g))
+        self.b = nn.Parameter(torch.randn(d, generator=g))
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return self.fc((x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b)
+
+
+def test_hand_written_layer_norm_fuses_on_the_documented_path():
+    # from_torch -> FuseIntoOps (the path docs/model-compile.md shows): the duplicated
+    # ``x - mean`` is one value before matching, so the chain fuses once; drift measures
+    # the same site the compiled module has.
+    m, x = _HandLayerNorm().eval(), torch.randn(4, 32)
+    mod = opsdk.frontend.from_torch(torch.export.export(m, (x,)))
+    fused = opsdk.transform.FuseIntoOps()(mod)
+    assert op_counts(fused, "opsdk.") == {"opsdk.layer_norm": 1}
+    (got,) = _run(fused, x.numpy())
+    _close(got, m(x))
+    rows = opsdk.drift.report(mod, opsdk.transform.FuseIntoOps(), [x.numpy()])
+    sites = [r for r in rows if r.rule != "output"]
+    assert [(r.rule, r.op) for r in sites] == [("fuse.layer_norm", "opsdk.layer_norm")]
+    assert [s.rule for s in opsdk.transform.rewrite_sites(fused)] == ["fuse.layer_norm"]
+    assert all(r.max_rel < 1e-5 for r in rows), rows
+
+
 def test_drift_local_isolates_a_site_from_upstream_drift():
     """Two chained sites: the downstream one's local error is measured on the unfused
     upstream value, so it cannot exceed what that site alone does."""
