@@ -1,8 +1,12 @@
 """opsdk: author custom Apache TVM operators once, get them registered, scheduled per target
 and verified.
 
-Importing opsdk registers the built-in ops (an explicit list, :data:`opsdk.ops.BUILTIN_OPS`).
-Plugin ops from other packages are registered on request with :func:`load_plugins`.
+``import opsdk`` is cheap: TVM (and torch through it) is imported, and the built-in ops (an
+explicit list, :data:`opsdk.ops.BUILTIN_OPS`) are registered, on the first use of any opsdk
+name or of an op lookup, so the command line's ``--help`` and a pytest run that only loads the
+plugin do not pay for them. Code that hands TVM a module with opsdk calls without touching
+opsdk first calls :func:`register_builtin_ops`. Plugin ops from other packages are registered
+on request with :func:`load_plugins`.
 
 Examples
 --------
@@ -13,15 +17,64 @@ Examples
 
 from __future__ import annotations
 
-from . import drift, frontend, model, relax, transform
-from ._domains import Bounded, LogUniform, bounded, log_uniform
-from ._dtypes import FLOAT_DTYPES
-from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
-from ._plugins import import_beside
-from .register import get_op, is_registered, register, registered_ops, unregister
-from .schedules import rule
-from .targets import target
-from .transform import LowerOps, pipeline
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and editors
+    from . import drift, frontend, model, relax, transform
+    from ._domains import Bounded, LogUniform, bounded, log_uniform
+    from ._dtypes import FLOAT_DTYPES
+    from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
+    from ._plugins import import_beside
+    from .registry import get_op, is_registered, register, registered_ops, unregister
+    from .schedules import rule
+    from .targets import target
+    from .transform import LowerOps, pipeline
+
+#: Public name -> (module, attribute; None for the module itself), bound on first use.
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    **{m: (f".{m}", None) for m in ("drift", "frontend", "model", "relax", "transform")},
+    **{n: ("._domains", n) for n in ("Bounded", "LogUniform", "bounded", "log_uniform")},
+    "FLOAT_DTYPES": ("._dtypes", "FLOAT_DTYPES"),
+    **{n: ("._opdef", n) for n in ("Axis", "OpDef", "OpDefinitionError", "Param", "Tensor", "op")},
+    "import_beside": ("._plugins", "import_beside"),
+    **{n: (".registry", n)
+       for n in ("get_op", "is_registered", "register", "registered_ops", "unregister")},
+    "rule": (".schedules", "rule"),
+    "target": (".targets", "target"),
+    "LowerOps": (".transform", "LowerOps"),
+    "pipeline": (".transform", "pipeline"),
+}
+_LOADED = False
+
+
+def _bind(name: str) -> Any:
+    module, attr = _EXPORTS[name]
+    m = importlib.import_module(module, __name__)
+    value = m if attr is None else getattr(m, attr)
+    globals()[name] = value
+    return value
+
+
+def _load() -> None:
+    """Register the built-in ops (once): on the first op lookup (``opsdk.registry``), or
+    from the functions below."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True  # first: registering looks ops up
+    register_builtin_ops()
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'opsdk' has no attribute {name!r}")
+    return _bind(name)  # only what was asked for: opsdk's own modules import each other
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -63,6 +116,7 @@ __version__ = "0.1.0"
 def register_builtin_ops() -> list[OpDef]:
     """Register the built-in ops and their schedule rules (idempotent)."""
     from .ops import BUILTIN_OPS
+    from .registry import register
     from .schedules import load_builtin_rules
 
     load_builtin_rules()
@@ -78,14 +132,17 @@ def list_ops() -> list[OpDef]:
     >>> "layer_norm" in [d.name for d in opsdk.list_ops()]
     True
     """
+    from .registry import registered_ops
+
     return registered_ops()
 
 
 def load_plugins(modules: list[str] | None = None) -> list[OpDef]:
     """Register ops from the ``opsdk.ops`` entry-point group and from ``modules``."""
-    from ._plugins import load_plugins as _load
+    from ._plugins import load_plugins as _load_plugins
 
-    return _load(modules)
+    _load()
+    return _load_plugins(modules)
 
 
 def compile(mod, target="x86", *, params=None, **kwargs):
@@ -99,17 +156,20 @@ def compile(mod, target="x86", *, params=None, **kwargs):
     """
     import tvm
 
-    t = globals()["target"](target)
+    from .frontend import bind_params
+    from .targets import target as _target
+    from .transform import pipeline as _pipeline
+
+    _load()
+    t = _target(target)
     if params is not None and params is not False:
-        mod = frontend.bind_params(mod, None if params is True else params)
-    return tvm.compile(mod, target=t, relax_pipeline=pipeline(t), **kwargs)
+        mod = bind_params(mod, None if params is True else params)
+    return tvm.compile(mod, target=t, relax_pipeline=_pipeline(t), **kwargs)
 
 
 def explain(op_name: str, target="x86", **kwargs):
     """Which schedule rule lowers ``op_name`` on ``target`` and why, plus the lowered TIR."""
     from ._explain import explain as _explain
 
+    _load()
     return _explain(op_name, target, **kwargs)
-
-
-register_builtin_ops()

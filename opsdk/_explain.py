@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import tvm
 from tvm import relax, tirx
 
-from .register import get_op
+from .registry import get_op
 from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
@@ -42,6 +42,12 @@ class Explanation:
         lines += ["lowered TIR:", self.tir]
         return "\n".join(lines)
 
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (``opsdk explain OP --json PATH``)."""
+        d = asdict(self)
+        d["claims"] = list(self.claims)
+        return d
+
 
 def build_single_op(
     op_name: str,
@@ -62,7 +68,7 @@ def build_single_op(
 
 
 def _call(d, tensors: Mapping[str, relax.Var], attrs: Mapping[str, Any]) -> relax.Call:
-    from .register import builder
+    from .registry import builder
 
     return builder(d)(**tensors, **attrs)
 

@@ -453,7 +453,7 @@ class OpDef:
 
     def __call__(self, *args: Any, **kwargs: Any):
         """Build a Relax call of this op (the op must be registered)."""
-        from .register import builder
+        from .registry import builder
 
         return builder(self)(*args, **kwargs)
 
@@ -752,7 +752,11 @@ def _self_check(d: OpDef) -> None:
                 except OpDefinitionError:
                     raise
                 except Exception as e:
-                    raise OpDefinitionError(f"{where}: compute failed: {e}") from e
+                    hint = ("" if d.examples != _default_examples(tuple(d.ranks)) else
+                            "; the self-check traces default shapes: if the compute needs "
+                            "particular extents (an even last axis, channels divisible by the "
+                            "groups), pass examples=[(...), ...] to opsdk.op")
+                    raise OpDefinitionError(f"{where}: compute failed: {e}{hint}") from e
                 traced = (_shape_tuple(out), str(out.dtype))
                 if d.infer_type is not None:
                     declared = d.result_type(shapes, dts, attrs)

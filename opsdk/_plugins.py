@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from importlib import metadata
 
 from ._opdef import OpDef
-from .register import register
+from .registry import register
 
 __all__ = ["import_beside", "load_plugins", "ops_of"]
 

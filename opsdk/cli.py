@@ -1,6 +1,8 @@
-"""The ``opsdk`` command line: list, explain, new-op, verify, setup.
+"""opsdk: write, verify, explain and benchmark custom TVM operators and the models using them.
 
 Exit codes: 0 success, 1 a check failed, 2 a usage error (unknown op, target, dtype, ...).
+Only the chosen subcommand's arguments are built (and its modules imported), so
+``opsdk --help`` and ``opsdk --version`` answer without importing TVM.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
                              asm=not args.no_asm)
     print(rep.format())
     if args.json:
-        pathlib.Path(args.json).write_text(rep.to_json())
+        _write_json(args.json, rep.as_dict())
     return 1 if rep.problems and args.strict else 0
 
 
@@ -126,7 +128,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         opsdk.target(args.target)
     except (KeyError, ValueError) as e:
         raise UsageError(str(e).strip("'\"")) from None
-    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else None
+    shape = _parse_shape(args.shape) if args.shape else None
     try:
         e = opsdk.explain(
             args.op,
@@ -139,7 +141,38 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as err:  # schema errors name the op and the argument already
         raise UsageError(str(err)) from None
     print(e.format())
+    if args.json:
+        _write_json(args.json, e.as_dict())
     return 0
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    """``4096x768`` (as ``opsdk bench --shapes`` writes it) or ``4096,768``."""
+    try:
+        dims = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise UsageError(f"--shape {text!r}: write positive dims like 4096x768")
+    return dims
+
+
+def _write_json(path: str, data: object) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file (never half a file)."""
+    import os
+    import tempfile
+
+    target = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
+                               prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -182,21 +215,27 @@ def _cmd_new_op(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opsdk", description=__doc__.split("\n")[0])
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command")
+#: Subcommands and their one-line help, in the order ``opsdk --help`` lists them.
+COMMANDS: dict[str, str] = {
+    "new-op": "scaffold an op file, its schedule rules and a test",
+    "verify": "differential verification against float64 references",
+    "explain": "which schedule rule lowers an op (or every kernel of a --model) on a target, "
+               "and why",
+    "list": "list registered ops, their capability matrix and rules",
+    "bench": "time ops or whole models against TVM's lowering, torch, onnxruntime and a copy "
+             "roofline",
+    "drift": "fused vs unfused difference per rewritten site of a model",
+    "setup": "prepare an execution environment (arm: cross compiler + qemu)",
+}
 
-    s = sub.add_parser("list", help="list registered ops, their capability matrix and rules")
+
+def _args_list(s: argparse.ArgumentParser) -> None:
     s.add_argument("--module", action="append", help="also load ops from this module (OPS = [...])")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=_cmd_list)
 
-    s = sub.add_parser(
-        "explain",
-        help="which schedule rule lowers an op (or every kernel of a --model) on a target, "
-        "and why",
-    )
+
+def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("op", nargs="?", help="an op name (or use --model)")
     s.add_argument(
         "--model", metavar="FILE",
@@ -206,7 +245,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
                    help="keyword argument of the entry function (default: DEFAULT_ARGS)")
-    s.add_argument("--json", metavar="PATH", help="with --model: also write the report as JSON")
+    s.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     s.add_argument("--no-profile", action="store_true",
                    help="with --model: skip timing the kernels")
     s.add_argument("--strict", action="store_true",
@@ -215,7 +254,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )
     s.add_argument("--dtype", help="dtype of the first input (default: the op's first dtype)")
-    s.add_argument("--shape", help="primary input shape, e.g. 4096,768 (default: symbolic batch)")
+    s.add_argument("--shape", help="primary input shape, e.g. 4096x768 (default: symbolic batch)")
     s.add_argument("--attr", action="append", help="attribute NAME=VALUE (JSON values)")
     s.add_argument(
         "--no-asm", action="store_true", help="skip compiling and counting vector instructions"
@@ -223,10 +262,14 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--module", action="append", help="also load ops from this module")
     s.set_defaults(fn=_cmd_explain)
 
-    s = sub.add_parser("new-op", help="scaffold an op file, its schedule rules and a test")
+
+def _args_new_op(s: argparse.ArgumentParser) -> None:
     s.add_argument("name", help="op name (a Python identifier)")
     s.add_argument(
-        "--kind", default="elementwise", choices=["elementwise", "binary", "reduction", "norm"]
+        "--kind", default="elementwise", choices=["elementwise", "binary", "reduction", "norm"],
+        help="the template: elementwise (one input), binary (two inputs, broadcasting), "
+        "reduction (over one axis, the axis dropped) or norm (over trailing axes, with a "
+        "scale); default elementwise",
     )
     s.add_argument(
         "--from",
@@ -240,44 +283,71 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--module", action="append", help="also load ops from this module")
     s.set_defaults(fn=_cmd_new_op)
 
-    s = sub.add_parser(
-        "setup", help="prepare an execution environment (arm: cross compiler + qemu)"
-    )
+
+def _args_setup(s: argparse.ArgumentParser) -> None:
     s.add_argument("what", choices=["arm"])
     s.add_argument("--force", action="store_true", help="rebuild the cached aarch64 environment")
     s.set_defaults(fn=_cmd_setup)
 
+
+def _args_bench(s: argparse.ArgumentParser) -> None:
     from opsdk.bench import add_bench_arguments, run_bench_command
 
-    s = sub.add_parser("bench", help="time ops against TVM's lowering, torch and a copy roofline")
     add_bench_arguments(s)
     s.set_defaults(fn=run_bench_command)
 
+
+def _args_drift(s: argparse.ArgumentParser) -> None:
     from opsdk.frontend._cli import add_drift_arguments, run_drift_command
 
-    s = sub.add_parser("drift", help="fused vs unfused difference per rewritten site of a model")
     add_drift_arguments(s)
     s.set_defaults(fn=run_drift_command)
 
-    try:
-        from opsdk.verify._cli import add_verify_arguments, run_verify_command
-    except ImportError:
-        pass
-    else:
-        s = sub.add_parser("verify", help="differential verification against float64 references")
-        add_verify_arguments(s)
-        s.set_defaults(fn=run_verify_command)
+
+def _args_verify(s: argparse.ArgumentParser) -> None:
+    from opsdk.verify._cli import add_verify_arguments, run_verify_command
+
+    add_verify_arguments(s)
+    s.set_defaults(fn=run_verify_command)
+
+
+_ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
+         "setup": _args_setup, "bench": _args_bench, "drift": _args_drift,
+         "verify": _args_verify}
+
+
+def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s arguments are added (all of them when None is given
+    explicitly through ``_build_parser(ALL)``)."""
+    p = argparse.ArgumentParser(
+        prog="opsdk", description=__doc__.split("\n")[0],
+        epilog="`opsdk COMMAND --help` describes a command's arguments.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text in COMMANDS.items():
+        s = sub.add_parser(name, help=text, description=text)
+        if command in (name, _ALL):
+            _ARGS[name](s)
     return p
+
+
+_ALL = "*"
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line (the first argument that names one)."""
+    return next((a for a in argv if a in COMMANDS), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
-    parser = _build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if args.version:
-        import opsdk
+        from opsdk import __version__
 
-        print(f"opsdk {opsdk.__version__}")
+        print(f"opsdk {__version__}")
         return 0
     if not getattr(args, "fn", None):
         parser.print_help()

@@ -12,17 +12,22 @@ otherwise add ``-p opsdk.pytest_plugin`` to ``addopts``, or ``pytest_plugins =
     [tool.pytest.ini_options]
     opsdk_ops = ["mypkg.ops"]            # a module with OPS = [...], or "mypkg.ops:MY_OPS"
 
-``pytest`` then collects, per op::
+The suite belongs to the op module's file: ``pytest`` collects it when that file is among
+the paths it collects (the package's directory, or the file itself), and never adds items
+to a run of other paths. Per op::
 
-    opsdk::<op>[<dtype>-<layout>]        verify one cell (hypothesis, shrunk failures)
-    opsdk::<op>[refusals]                unclaimed dtypes/ranks raise a clear ValueError
-    opsdk::<op>[lints]                   the schedule's claims (vectorize, parallel) hold
+    mypkg/ops.py::<op>[<dtype>-<layout>]   verify one cell (hypothesis, shrunk failures)
+    mypkg/ops.py::<op>[refusals]           unclaimed dtypes/ranks raise a clear ValueError
+    mypkg/ops.py::<op>[lints]              the schedule's claims (vectorize, parallel) hold
 
-Options (command line, or the ini keys in brackets): ``--opsdk-target`` [``opsdk_target``,
-default ``host``], ``--opsdk-profile`` [``opsdk_profile``: dev, ci or thorough; default
-``$HYPOTHESIS_PROFILE`` if it names one, else ci], ``--opsdk-seed``, ``--opsdk-examples``.
-Items are marked ``opsdk`` and ``compile``; select with ``-m opsdk`` or ``-k <op>``. A
-failure prints the shrunk example, the lowered TIR and the one-line reproducer.
+Those node ids re-run one check (``pytest "mypkg/ops.py::my_op[float32-default]"``). The
+modules are found from the rootdir without a ``pythonpath`` setting. Options (command line,
+or the ini keys in brackets): ``--opsdk-target`` [``opsdk_target``, default ``host``],
+``--opsdk-profile`` [``opsdk_profile``: dev, ci or thorough; default ``$HYPOTHESIS_PROFILE``
+if it names one, else ci], ``--opsdk-seed``, ``--opsdk-examples``. Items are marked ``opsdk``
+and ``compile``; select with ``-m opsdk`` or ``-k <op>``. A failure prints the shrunk
+example, the lowered TIR and the one-line reproducer. The test file ``opsdk new-op`` writes
+skips itself for an op the plugin covers, so nothing is verified twice.
 
 Examples
 --------
@@ -34,18 +39,24 @@ Examples
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import pathlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-__all__ = ["OpsdkItem", "parse_op_spec"]
+__all__ = ["OpsdkFile", "OpsdkItem", "covers", "parse_op_spec"]
+
+_TARGETS_HELP = "x86, arm, arm-dotprod, arm-sve or host"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("opsdk", "opsdk generic op suite")
-    group.addoption("--opsdk-target", default=None, help="target to verify on (default: host)")
+    group.addoption("--opsdk-target", default=None,
+                    help=f"target to verify on: {_TARGETS_HELP} (default: host)")
     group.addoption("--opsdk-profile", default=None, choices=["dev", "ci", "thorough"],
                     help="verify profile (default: $HYPOTHESIS_PROFILE or ci)")
     group.addoption("--opsdk-seed", type=int, default=None, help="hypothesis seed")
@@ -60,12 +71,78 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opsdk: opsdk generic op suite (opsdk.pytest_plugin)")
     config.addinivalue_line("markers", "compile: needs TVM compilation for the host")
+    chosen = config.getoption("--opsdk-target")
+    if chosen is not None or config.getini("opsdk_ops"):
+        # A bad target is a usage error now, not a traceback per item later.
+        from opsdk.targets import target_spec
+
+        name = chosen or config.getini("opsdk_target") or "host"
+        try:
+            target_spec(name)
+        except ValueError as e:
+            where = "--opsdk-target" if chosen else "opsdk_target (ini)"
+            raise pytest.UsageError(f"{where} {name!r}: {e}") from None
+    if config.getini("opsdk_ops"):
+        _spec_files(config)  # an unknown module is a usage error, before collection
 
 
 def parse_op_spec(spec: str) -> tuple[str, str | None]:
     """``"pkg.mod"`` or ``"pkg.mod:ATTR"`` -> (module, attribute or None)."""
     mod, _, attr = spec.strip().partition(":")
     return mod, attr or None
+
+
+def _importable(config: pytest.Config) -> None:
+    """Op modules resolve from the rootdir (and the ini file's folder), as ``python -m`` would
+    from there, so a package needs no ``pythonpath`` setting."""
+    for folder in (config.rootpath, getattr(config, "inipath", None)):
+        if folder is None:
+            continue
+        p = str(folder if folder.is_dir() else folder.parent)
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def _spec_files(config: pytest.Config) -> dict[pathlib.Path, list[str]]:
+    """Source file of each configured op module -> its specs (cached on the config)."""
+    cached = getattr(config, "_opsdk_files", None)
+    if cached is not None:
+        return cached
+    _importable(config)
+    files: dict[pathlib.Path, list[str]] = {}
+    for spec in config.getini("opsdk_ops"):
+        mod, _ = parse_op_spec(spec)
+        try:
+            found = importlib.util.find_spec(mod)
+        except (ImportError, ValueError) as e:
+            raise pytest.UsageError(
+                f"opsdk_ops: cannot find module {mod!r} ({e}); name an importable module "
+                f"from the rootdir {config.rootpath}") from None
+        if found is None or not found.origin or not os.path.isfile(found.origin):
+            raise pytest.UsageError(
+                f"opsdk_ops: no module {mod!r} under the rootdir {config.rootpath} or on "
+                f"sys.path; name the module holding OPS = [...] (e.g. mypkg.ops)")
+        files.setdefault(pathlib.Path(found.origin).resolve(), []).append(spec)
+    config._opsdk_files = files  # type: ignore[attr-defined]
+    return files
+
+
+def covers(config: pytest.Config, module: str) -> bool:
+    """Whether this run's collected items include the plugin's suite for the ops of
+    ``module`` (the test ``opsdk new-op`` writes then skips itself instead of verifying
+    them a second time)."""
+    return module in getattr(config, "_opsdk_collected", set())
+
+
+def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector) -> pytest.File | None:
+    if not parent.config.getini("opsdk_ops"):
+        return None
+    specs = _spec_files(parent.config).get(file_path.resolve())
+    if not specs:
+        return None
+    collected = parent.config.__dict__.setdefault("_opsdk_collected", set())
+    collected.update(parse_op_spec(s)[0] for s in specs)
+    return OpsdkFile.from_parent(parent, path=file_path, specs=specs)
 
 
 def _load(specs: list[str]) -> list[Any]:
@@ -101,18 +178,12 @@ def _profile(config: pytest.Config) -> str:
     return env if env in PROFILES else "ci"
 
 
-@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection sees the item list
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
-                                  items: list[pytest.Item]) -> None:
-    specs = config.getini("opsdk_ops")
-    if not specs:
-        return
-    suite = OpsdkSuite.from_parent(session, name="opsdk")
-    items.extend(suite.collect())
+class OpsdkFile(pytest.File):
+    """An op module's file: the generic suite's items for the ops it provides."""
 
-
-class OpsdkSuite(pytest.Collector):
-    """The generic suite's items for every configured op."""
+    def __init__(self, *, specs: list[str], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.specs = specs
 
     def collect(self) -> Iterator[pytest.Item]:
         from opsdk.verify import capabilities
@@ -120,7 +191,7 @@ class OpsdkSuite(pytest.Collector):
 
         config = self.config
         target = _target_name(_option(config, "target") or "host")
-        for d in _load(config.getini("opsdk_ops")):
+        for d in _load(self.specs):
             for cell in capabilities(d, [target]):
                 if cell["claimed"]:
                     yield OpsdkItem.from_parent(
@@ -189,6 +260,5 @@ class OpsdkItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        mod = importlib.import_module(self.op.module) if self.op.module else None
-        path = getattr(mod, "__file__", None) or self.path
-        return path, None, f"opsdk verify {self.op.name} {self.what} {self.dtype} {self.layout}"
+        where = f"{self.dtype}-{self.layout}" if self.what == "cell" else self.what
+        return self.path, None, f"opsdk verify {self.op.name} [{where}]"

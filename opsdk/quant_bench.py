@@ -78,7 +78,7 @@ def _build(k: int, n: int, target: Any, attrs: dict[str, Any]) -> tuple[Any, str
 
     import opsdk
     from opsdk.ops.qdense import qdense
-    from opsdk.register import builder
+    from opsdk.registry import builder
     from opsdk.schedules import last_choices
 
     m = tirx.Var("m", "int64")

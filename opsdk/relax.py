@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .register import builder, get_op, registered_ops
+from .registry import builder, get_op, registered_ops
 
 __all__: list[str] = []  # builders are looked up dynamically
 

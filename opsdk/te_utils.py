@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tvm import te, tirx
 
-from .ops._vecmath import erf_f32, exp_f32
+from ._vecmath import erf_f32, exp_f32
 
 __all__ = ["acc", "dtype_of", "erf_f32", "exp_f32", "prod", "reduce_axes"]
 

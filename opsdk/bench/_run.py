@@ -12,7 +12,7 @@ import tvm
 from tvm import relax, s_tir, te
 
 from .._dtypes import np_dtype
-from ..register import get_op
+from ..registry import get_op
 from ..schedules import last_choices
 from ..schedules._common import vector_lanes
 from ..targets import target as resolve_target
@@ -116,7 +116,7 @@ def _module(case: Case, body: Callable[[list], relax.Expr]) -> tvm.IRModule:
 
 
 def _opsdk_module(case: Case) -> tvm.IRModule:
-    from ..register import builder
+    from ..registry import builder
 
     d = get_op(case.op)
     names = list(d.example_shapes(case.shape, _attrs(case)))

@@ -33,6 +33,6 @@ KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_pool2d)
 
 def register_kernels() -> list:
     """Register the kernel families as Relax ops ``opsdk.tvm_*`` (idempotent)."""
-    from ..register import register
+    from ..registry import register
 
     return [register(d) for d in KERNEL_OPS]

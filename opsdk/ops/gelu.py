@@ -10,8 +10,8 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
+from .._vecmath import erf_f32, exp_f32
 from ..te_utils import acc
-from ._vecmath import erf_f32, exp_f32
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -19,7 +19,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def gelu_expr(v: tirx.PrimExpr, approximate: str) -> tirx.PrimExpr:
     """GELU of a float32 expression; shared with ``bias_gelu``.
 
-    ``exp``/``erf`` come from :mod:`opsdk.ops._vecmath` (TVM's own lower to per-lane libm
+    ``exp``/``erf`` come from :mod:`opsdk._vecmath` (TVM's own lower to per-lane libm
     calls). The tanh form uses the identity ``0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))``: one
     exp and one division, and no cancellation in ``1 + tanh(u)`` for large negative inputs.
     """

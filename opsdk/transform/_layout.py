@@ -85,7 +85,7 @@ class _GroupNormChannelsLast(relax.PyExprMutator):
         if not (isinstance(gn, relax.Call) and isinstance(gn.op, tvm.ir.Op)
                 and gn.op.name == "opsdk.group_norm"):
             return call
-        from ..register import decode_call
+        from ..registry import decode_call
 
         _, ins, attrs = decode_call(gn)
         if attrs.get("layout", "NCHW") != "NCHW" or not isinstance(ins["x"], relax.Var):

@@ -89,7 +89,7 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ScheduleKernels")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        from ..register import get_op, is_registered
+        from ..registry import get_op, is_registered
         from ..schedules import apply_schedule, kernel_for
 
         updates = {}

@@ -35,7 +35,7 @@ from tvm import relax, tirx
 
 from .._dtypes import accum_dtype, np_dtype
 from .._opdef import OpDef
-from ..register import builder, get_op, is_registered, register, unregister
+from ..registry import builder, get_op, is_registered, register, unregister
 from ..schedules import GENERIC, choose, generic_only
 from ..schedules._common import vector_lanes
 from ..targets import TARGETS, target_arch, target_spec
@@ -482,11 +482,8 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         res.max_ulps = float(ulps(b.out_dtype, ref, err).max())
         res.index = tuple(int(i) for i in idx)
         res.got, res.expected, res.bound = float(y[idx]), float(ref[idx]), float(tol[idx])
-        tiny = _smallest_normal("float32")
-        if abs(res.expected) < tiny and abs(res.got) <= tiny:
-            res.margin = "underflow"  # e.g. exp_f32 clamped: anything in [0, 2^-126] is right
-        elif float(ulps(b.out_dtype, ref[idx], err[idx])) <= ROUNDING_ULPS:
-            res.margin = "rounding"
+        res.margin = margin_reason(res.expected, res.got,
+                                   float(ulps(b.out_dtype, ref[idx], err[idx])))
     if res.ratio > 1.0:
         res.status = "mismatch"
         res.message = (
@@ -519,6 +516,23 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
     if res.status != "pass" and res.index is not None:
         res.worst_inputs = _inputs_at(inputs, res.index, got.shape)
     return res
+
+
+def margin_reason(expected: float, got: float, ulps_off: float) -> str:
+    """Why a worst element near its bound is sound (see ``CaseResult.margin``): "underflow"
+    when the reference is below float32's normal range and the kernel returned a value in
+    ``[0, 2^-126]`` (any of them is within the models' underflow term), "rounding" when it
+    is within ``ROUNDING_ULPS`` of the output dtype, else "".
+
+    Examples
+    --------
+    >>> margin_reason(0.0, 1.1e-38, 8e6), margin_reason(1.0, 1.0005, 0.5), margin_reason(1, 2, 9)
+    ('underflow', 'rounding', '')
+    """
+    tiny = _smallest_normal("float32")
+    if abs(expected) < tiny and abs(got) <= tiny:
+        return "underflow"
+    return "rounding" if ulps_off <= ROUNDING_ULPS else ""
 
 
 def _smallest_normal(dtype: str) -> float:

@@ -172,6 +172,19 @@ def test_explain_model_cli(tmp_path):
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
+def test_explain_op_cli_writes_json_and_takes_bench_style_shapes(tmp_path):
+    out = tmp_path / "ln.json"
+    r = _cli("explain", "layer_norm", "--target", "x86", "--shape", "64x768", "--no-asm",
+             "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["op"] == "layer_norm" and data["rule"] == "x86.rows"
+    assert "T.int64(64), T.int64(768)" in data["tir"]
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    bad = _cli("explain", "layer_norm", "--shape", "64xabc")
+    assert bad.returncode == 2 and "4096x768" in bad.stderr
+
+
 def test_bench_gemm_cli():
     r = _cli("bench", "--gemm", "32x48x16", "--repeats", "1", "--budget-ms", "1")
     assert r.returncode == 0, r.stderr

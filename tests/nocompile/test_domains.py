@@ -288,12 +288,18 @@ def test_qdense_k_not_a_multiple_of_4_or_16():
         assert any(k % 4 == 0 and k % 16 != 0 for k in ks) and any(k % 16 == 0 for k in ks)
         assert any(k > 1000 for k in ks)  # a long reduction
     # The static corner is the build that the dot-product rules (VNNI / sdot) compile in every
-    # profile: K has a tail of the 4-byte groups, N whole 16-channel blocks and a tail.
+    # profile: in every cell but the op's first (round extents, the fast path), K has a tail
+    # of the 4-byte groups, and N whole 16-channel blocks and a tail.
+    cells = [(dt, ly) for dt in d.dtypes for ly in d.layouts]
     for lanes in (64, 16):  # x86 AVX-512, aarch64 NEON
-        (static,) = [c for c in corner_cases(d, "x86", "int8", "int8_per_channel", lanes)
-                     if c.static]
-        k, n = static.shape[1], static.free["N"]
-        assert k % 4 != 0 and n > 16 and n % 16 != 0, (k, n)
+        shapes = []
+        for dt, ly in cells:
+            (static,) = [c for c in corner_cases(d, "x86", dt, ly, lanes) if c.static]
+            shapes.append((static.shape[1], static.free["N"]))
+        (k0, _), rest = shapes[0], shapes[1:]
+        assert k0 % 16 == 0, shapes
+        assert all(k % 4 != 0 and n > 16 and n % 16 != 0 for k, n in rest), shapes
+        assert len({k % 16 for k, _ in rest}) >= 4, shapes  # several residues across cells
 
 
 def test_int8_reference_float32_steps_stay_normal():

@@ -74,6 +74,19 @@ def test_force_replaces_and_lists(tmp_path):
     ]
 
 
+def test_files_get_the_usual_mode_and_replaced_files_keep_theirs(tmp_path):
+    old = os.umask(0o022)
+    try:
+        r = new_op("moded", directory=tmp_path)
+        assert {oct(p.stat().st_mode & 0o777) for p in r.files} == {"0o644"}
+        mine = tmp_path / "moded.py"
+        mine.chmod(0o664)
+        new_op("moded", directory=tmp_path, force=True)
+        assert oct(mine.stat().st_mode & 0o777) == "0o664"
+    finally:
+        os.umask(old)
+
+
 def test_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
     mine = tmp_path / "half_schedules.py"
     mine.write_text("# mine\n")

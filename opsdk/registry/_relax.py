@@ -63,25 +63,48 @@ def unregister(name: str | OpDef) -> None:
     _REGISTRY.pop(key, None)
 
 
+def _builtins() -> None:
+    """The built-in ops are registered on first use of opsdk (see ``opsdk/__init__.py``)."""
+    import opsdk
+
+    opsdk._load()
+
+
 def is_registered(name: str) -> bool:
     """Whether ``opsdk.<name>`` is registered with opsdk."""
+    _builtins()
     return name in _REGISTRY
 
 
 def registered_ops() -> list[OpDef]:
     """The registered op definitions, sorted by name."""
+    _builtins()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
 def get_op(name: str) -> OpDef:
     """Look up a registered op by name (with or without the ``opsdk.`` prefix)."""
+    _builtins()
     key = name.removeprefix("opsdk.")
     try:
         return _REGISTRY[key]
     except KeyError:
         raise KeyError(
             f"no opsdk op named {key!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}"
+            + _module_hint(key)
         ) from None
+
+
+def _module_hint(name: str) -> str:
+    """How to load an op that lives in a module nobody imported (e.g. right after
+    ``opsdk new-op NAME``, whose ``NAME.py`` is in the current directory)."""
+    import pathlib
+
+    here = pathlib.Path.cwd() / f"{name}.py"
+    if not here.is_file():
+        return ""
+    return (f". ./{name}.py is here: load it first (on the command line: --module {name}; "
+            f"in Python: opsdk.load_plugins([{name!r}]))")
 
 
 def _ensure_tvm_op(name: str) -> None:

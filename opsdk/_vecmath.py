@@ -24,7 +24,11 @@ _EXP_POLY = (
     4.999999346300205e-1,
 )
 _EXP_HI = 88.37  # keeps n = round(x / ln2) <= 127
-_EXP_LO = -87.33654475  # keeps n >= -126 (2^n a normal float)
+# Inputs clamp here: n = round(x / ln2) = -127 puts 0 in 2^n's exponent bits, so 2^n and the
+# result are exactly 0 from x ~ -87.68 on (the true value is below 0.7 * 2^-126 there), and
+# between -87.68 and -87.34 the result is the subnormal it should be.
+_EXP_LO = -88.0
+_LN_FLT_MAX = 88.72283935546875  # above, exp overflows: the result is +inf
 _MAGIC = 12582912.0 + 127.0  # 1.5 * 2^23 (round to integer) + the exponent bias
 
 
@@ -44,15 +48,16 @@ def exp_f32(x: tirx.PrimExpr, *, nonpositive: bool = False) -> tirx.PrimExpr:
     (``P`` of degree 4), evaluated as one Horner chain.
     ``n`` is rounded with the "magic number" trick: adding ``1.5 * 2^23 + 127`` leaves
     ``n + 127`` in the low mantissa bits, so shifting those bits left by 23 gives the float
-    ``2^n`` without a float-to-int conversion (15 vector operations in all). Inputs are
-    clamped to [-87.34, 88.37]: beyond, the result saturates at ~1.2e-38 and ~2.4e38 instead
-    of a subnormal / infinity. NaN propagates. ``nonpositive=True`` promises ``x <= 0`` (or
-    NaN), as in softmax's ``x - max``, and drops the upper clamp (one vector op of ~20).
+    ``2^n`` without a float-to-int conversion (15 vector operations in all). Results below
+    ``0.7 * 2^-126`` are 0 (absolute error under ``2^-126``), those above ``FLT_MAX`` (x >
+    88.7228) +inf; between 88.37 and 88.72, the last float32 binade, the result saturates at
+    ~2.4e38. NaN propagates. ``nonpositive=True`` promises ``x <= 0`` (or NaN), as in softmax's
+    ``x - max``, and drops the upper clamp and the overflow test (two vector ops of ~20).
 
     Examples
     --------
     >>> from tvm import te
-    >>> from opsdk.ops._vecmath import exp_f32
+    >>> from opsdk._vecmath import exp_f32
     >>> x = te.placeholder((8,), "float32", name="x")
     >>> y = te.compute((8,), lambda i: exp_f32(x[i]), name="y")
     >>> str(y.dtype)
@@ -73,7 +78,10 @@ def exp_f32(x: tirx.PrimExpr, *, nonpositive: bool = False) -> tirx.PrimExpr:
     p = _f32(_EXP_POLY[0])
     for c in (*_EXP_POLY[1:], 1.0, 1.0):
         p = p * r + _f32(c)
-    return p * tirx.reinterpret("float32", bits)
+    y = p * tirx.reinterpret("float32", bits)
+    if nonpositive:
+        return y
+    return tirx.Select(x > _f32(_LN_FLT_MAX), tirx.const(float("inf"), "float32"), y)
 
 
 # Rational minimax approximation erf(x) ~ x P(x^2) / Q(x^2) on [-4, 4] (as in Eigen's
@@ -105,7 +113,7 @@ def erf_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
     Examples
     --------
     >>> from tvm import te
-    >>> from opsdk.ops._vecmath import erf_f32
+    >>> from opsdk._vecmath import erf_f32
     >>> x = te.placeholder((8,), "float32", name="x")
     >>> y = te.compute((8,), lambda i: erf_f32(x[i]), name="y")
     >>> y.shape[0]

@@ -1,0 +1,71 @@
+"""The command line's own behaviour: fast top-level help, clear errors for a common slip."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from opsdk.cli import COMMANDS, main
+
+
+def _python(code: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], []])
+def test_top_level_help_and_version_import_no_tvm(argv):
+    # Only the chosen subcommand's modules are imported: `opsdk --help` stays instant.
+    r = _python("import sys\nfrom opsdk.cli import main\ntry:\n"
+                f"    main({argv!r})\nexcept SystemExit:\n    pass\n"
+                "print('TVM' if 'tvm' in sys.modules else 'no tvm', 'torch' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "no tvm False", r.stdout
+
+
+def test_top_level_help_lists_every_command_in_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for name in ("new-op", "verify", "explain", "list", "bench", "drift", "setup"):
+        assert name in COMMANDS and f"    {name} " in out
+    assert "``" not in out
+
+
+def test_new_op_kind_has_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["new-op", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--kind {elementwise,binary,reduction,norm}" in out and "the template:" in out
+
+
+def test_unknown_op_next_to_its_file_says_how_to_load_it(tmp_path, capsys, monkeypatch):
+    # Right after `opsdk new-op swish`, `opsdk verify swish` names the missing --module.
+    (tmp_path / "swish_x.py").write_text("OPS = []\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "swish_x", "--target", "x86", "--quiet", "--no-db"]) == 2
+    err = capsys.readouterr().err
+    assert "no opsdk op named 'swish_x'" in err and "--module swish_x" in err
+
+
+_FIRST_IMPORTS = [
+    "import opsdk.te_utils", "from opsdk.verify import error_model", "import opsdk.ops",
+    "import opsdk.transform", "import opsdk.frontend", "import opsdk.relax",
+    "from opsdk.schedules import rule", "import opsdk.kernels", "import opsdk.quant",
+    "from opsdk import op", "import opsdk.model", "import opsdk.bench",
+]
+
+
+def test_any_module_can_be_imported_first():
+    # `import opsdk` is lazy, so a user module's first opsdk import decides the import order;
+    # each must work on its own and leave the built-in ops registered on first lookup.
+    import concurrent.futures
+
+    def run(stmt: str) -> tuple[str, subprocess.CompletedProcess]:
+        return stmt, _python(f"{stmt}\nimport opsdk\nassert opsdk.get_op('softmax')\n")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        bad = [(s, r.stderr[-600:]) for s, r in pool.map(run, _FIRST_IMPORTS) if r.returncode]
+    assert not bad, bad
