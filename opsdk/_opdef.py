@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -146,6 +147,73 @@ class OpDef:
     # the output dtype contract (see :func:`op`): None = the first input's dtype, a dtype, the
     # name of an attribute holding it, or ``f(dtypes, attrs) -> dtype``
     output_dtype: str | Callable[[dict, dict], str] | None = None
+    # framework mappings and fusion rules that carry models to this op (see :meth:`torch`,
+    # :meth:`fusion`): aten overload -> converter (None: the default one), and
+    # (rule name, factory returning (pattern, build))
+    torch_maps: dict[str, Callable | None] = field(default_factory=dict)
+    fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ models
+    def torch(self, *aten: str, convert: Callable | None = None) -> OpDef:
+        """Map torch ATen overloads (``"hardswish.default"``, as ``node.target.__name__``
+        names them) to this op in :func:`opsdk.frontend.from_torch`.
+
+        The default converter passes the node's positional arguments as the op's tensor
+        inputs, in order, and its keyword arguments named like the op's attributes as
+        those; ``convert(node, importer) -> relax.Expr`` does anything else. The mapped ops
+        are kept out of torch's decomposition, so they reach the converter whole; each
+        import records how many nodes every mapping converted (:func:`opsdk.frontend.
+        mapping_counts`). Returns the op, so it chains.
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> from tvm import te
+        >>> @opsdk.op(reference=lambda x: x * 2)
+        ... def twice(x: opsdk.Tensor) -> te.Tensor:
+        ...     return te.compute(x.shape, lambda *i: x(*i) * 2, name="twice")
+        >>> sorted(twice.torch("mul.Tensor").torch_maps)
+        ['mul.Tensor']
+        """
+        for name in aten:
+            if not isinstance(name, str) or not name or " " in name:
+                raise OpDefinitionError(
+                    f"op {self.name!r}: torch mapping {name!r} is not an aten overload name; "
+                    "pass e.g. 'hardswish.default' (node.target.__name__ in an exported graph)")
+            self.torch_maps[name] = convert
+        return self
+
+    def fusion(self, name: str | None = None) -> Callable:
+        """Decorator: a fusion rule that rewrites a Relax subgraph into this op, run by
+        :func:`opsdk.transform.FuseIntoOps` (after common-subexpression elimination) with the
+        built-in rules, and listed by ``opsdk list``.
+
+        The decorated function takes no argument and returns ``(pattern, build)``: a
+        ``tvm.relax.dpl`` pattern and ``build(matched_call, matchings) -> relax.Expr | None``
+        (None leaves a near miss alone). The rule is named ``fuse.<op>`` (or ``name``).
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> from tvm import te
+        >>> from tvm.relax.dpl import is_op, wildcard
+        >>> @opsdk.op(reference=lambda x, y: x + y)
+        ... def add2(x: opsdk.Tensor, y: opsdk.Tensor) -> te.Tensor:
+        ...     return te.compute(x.shape, lambda *i: x(*i) + y(*i), name="add2")
+        >>> @add2.fusion()
+        ... def _an_add():
+        ...     x, y = wildcard(), wildcard()
+        ...     return is_op("relax.add")(x, y), lambda call, m: opsdk.relax.add2(m[x], m[y])
+        >>> [n for n, _ in add2.fusions]
+        ['fuse.add2']
+        """
+
+        def deco(fn: Callable[[], tuple[Any, Callable]]) -> Callable:
+            rule = name or f"fuse.{self.name}"
+            self.fusions[:] = [(n, f) for n, f in self.fusions if n != rule] + [(rule, fn)]
+            return fn
+
+        return deco
 
     # ------------------------------------------------------------------ schema
     @property
@@ -585,8 +653,11 @@ def op(
         if not opname.isidentifier():
             raise OpDefinitionError(f"op name {opname!r} is not a valid identifier")
         sig = inspect.signature(fn)
+        # Names the annotations use may be local to where the op is defined (an op made
+        # inside a function, with ``from __future__ import annotations``): look there too.
+        caller = sys._getframe(1).f_locals
         try:
-            hints = typing.get_type_hints(fn, include_extras=True)
+            hints = typing.get_type_hints(fn, localns=dict(caller), include_extras=True)
         except Exception as e:  # unresolved forward references and the like
             raise OpDefinitionError(f"op {opname!r}: cannot resolve annotations: {e}") from e
         params = []

@@ -37,13 +37,17 @@ def _load_ops(modules: Sequence[str] | None) -> None:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     import opsdk
+    from opsdk.frontend import TORCH_OPS
     from opsdk.schedules import load_builtin_rules, rules_for
 
     _load_ops(args.module)
     load_builtin_rules()
+    builtin_fusions = {"layer_norm": ["fuse.layer_norm"], "rms_norm": ["fuse.rms_norm"],
+                       "bias_gelu": ["fuse.bias_gelu"]}
     rows = []
     for d in opsdk.list_ops():
         rules = [r.name for r in rules_for(d)]
+        builtin = d.source == "builtin"
         rows.append(
             {
                 "name": d.name,
@@ -52,6 +56,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 "dtypes": list(d.dtypes),
                 "layouts": list(d.layouts),
                 "rules": rules,
+                "torch": [*(TORCH_OPS.get(d.name, ()) if builtin else ()), *d.torch_maps],
+                "fusions": [*(builtin_fusions.get(d.name, []) if builtin else []),
+                            *(n for n, _ in d.fusions)],
             }
         )
     if args.json:
@@ -59,12 +66,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     w = max(len(r["name"]) for r in rows) if rows else 4
     wl = max([14, *(len(",".join(r["layouts"])) for r in rows)])
-    print(f"{'op':<{w}}  {'kind':<11}  {'dtypes':<26}  {'layouts':<{wl}}  rules / source")
+    print(f"{'op':<{w}}  {'kind':<11}  {'dtypes':<26}  {'layouts':<{wl}}  rules / source / "
+          "models")
     for r in rows:
+        models = [f"torch:{','.join(r['torch'])}"] if r["torch"] else []
+        models += [f"fusion:{','.join(r['fusions'])}"] if r["fusions"] else []
         print(
             f"{r['name']:<{w}}  {r['kind']:<11}  {','.join(r['dtypes']):<26}  "
             f"{','.join(r['layouts']):<{wl}}  {' '.join(r['rules']) or 'generic only'}  "
-            f"[{r['source']}]"
+            f"[{r['source']}]" + ("  " + " ".join(models) if models else "")
         )
     return 0
 

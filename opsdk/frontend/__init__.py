@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from ._onnx import ONNX_OPS, from_onnx
 from ._params import bind_params
-from ._torch import TORCH_OPS, decomposition_table, from_torch, torch_convert_map
+from ._torch import (
+    TORCH_OPS,
+    decomposition_table,
+    from_torch,
+    mapping_counts,
+    torch_convert_map,
+)
 
 __all__ = [
     "ONNX_OPS",
@@ -27,5 +33,6 @@ __all__ = [
     "decomposition_table",
     "from_onnx",
     "from_torch",
+    "mapping_counts",
     "torch_convert_map",
 ]

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
     import torch
     from torch import fx
 
-__all__ = ["TORCH_OPS", "from_torch", "torch_convert_map"]
+__all__ = ["TORCH_OPS", "from_torch", "mapping_counts", "torch_convert_map"]
 
 Converter = Callable[["fx.Node", Any], relax.Expr]
 
@@ -218,12 +218,14 @@ def torch_convert_map(ops: Iterable[str] | None = None) -> dict[str, Converter]:
     return {aten: _CONVERTERS[op] for op in _select(ops) for aten in TORCH_OPS[op]}
 
 
-def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = True) -> Any:
+def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = True,
+                        keep: Iterable[str] = ()) -> Any:
     """torch.export's default decomposition table without the composite ops opsdk converts.
 
     ``linear`` is kept too (``keep_linear``): TVM imports it as ``matmul`` + bias ``add``,
     which ``FuseIntoOps`` can fuse with a following GELU, where torch's decomposition would
-    put a reshape between the bias add and the activation.
+    put a reshape between the bias add and the activation. ``keep`` names more aten ops
+    (``"hardswish"``, ``"silu.default"``) to leave whole, e.g. those a converter maps.
 
     Examples
     --------
@@ -238,15 +240,78 @@ def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = Tr
     import torch
 
     table = torch.export.default_decompositions()
-    keep = [name for op in _select(ops) for name in _PRESERVE.get(op, ())]
+    names = [name for op in _select(ops) for name in _PRESERVE.get(op, ())]
     if keep_linear:
-        keep.append("linear")
-    for name in keep:
+        names.append("linear")
+    for name in [*names, *keep]:
         base, _, overload = name.partition(".")
-        packet = getattr(torch.ops.aten, base)
-        target = getattr(packet, overload or "default")
-        table.pop(target, None)
+        packet = getattr(torch.ops.aten, base, None)
+        target = getattr(packet, overload or "default", None) if packet is not None else None
+        if target is not None:
+            table.pop(target, None)
     return table
+
+
+def _op_converter(d: Any) -> Converter:
+    """The default converter of ``OpDef.torch``: positional arguments are the op's tensor
+    inputs in order; keyword arguments named like its attributes are those."""
+    from ..registry import builder
+
+    tensors = [p.name for p in d.tensor_params]
+    attrs = {p.name for p in d.attr_params}
+
+    def convert(node: Any, imp: Any) -> relax.Expr:
+        if len(node.args) > len(tensors):
+            raise ValueError(
+                f"opsdk.{d.name}: torch mapping of {node.target.__name__} got "
+                f"{len(node.args)} positional arguments for {len(tensors)} tensor inputs "
+                f"({', '.join(tensors)}); pass convert= to OpDef.torch for this op")
+        ins = [_tensor(imp, a) for a in node.args]
+        kw = {k: v for k, v in node.kwargs.items() if k in attrs}
+        return imp.block_builder.emit(builder(d)(*ins, **kw))
+
+    return convert
+
+
+def _op_mappings(skip: Iterable[str]) -> dict[str, tuple[str, Converter]]:
+    """aten name -> (op, converter) from the registered ops' ``OpDef.torch`` mappings."""
+    from ..registry import registered_ops
+
+    out: dict[str, tuple[str, Converter]] = {}
+    for d in registered_ops():
+        for aten, fn in d.torch_maps.items():
+            if aten not in skip:
+                out[aten] = (d.name, fn or _op_converter(d))
+    return out
+
+
+def mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """How many nodes each torch mapping (an op's ``OpDef.torch``, or a
+    ``custom_convert_map`` entry) converted when :func:`from_torch` made ``mod``.
+
+    Examples
+    --------
+    >>> import torch, opsdk
+    >>> ep = torch.export.export(torch.nn.ReLU(), (torch.randn(2, 4),))
+    >>> opsdk.frontend.mapping_counts(opsdk.frontend.from_torch(ep))
+    {}
+    """
+    counts = (mod.attrs or {}).get("opsdk.torch_mappings", {}) if mod.attrs else {}
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+def _counted(name: str, fn: Converter, hits: dict[str, int]) -> Converter:
+    def convert(node: Any, imp: Any) -> relax.Expr:
+        hits[name] += 1
+        return fn(node, imp)
+
+    return convert
+
+
+def _aten_names(ep: Any) -> set[str]:
+    """``node.target.__name__`` of every call in the program (what a converter keys on)."""
+    return {getattr(n.target, "__name__", str(n.target)) for n in ep.graph.nodes
+            if n.op == "call_function"}
 
 
 def from_torch(
@@ -275,7 +340,11 @@ def from_torch(
         Run torch's decompositions first (as TVM's importer does); pass False for a program
         that is decomposed already.
     custom_convert_map : mapping, optional
-        More converters; they take precedence over opsdk's.
+        More converters, keyed by aten overload (``"hardswish.default"``), each
+        ``f(node, importer) -> relax.Expr`` (see docs/model-compile.md); they take precedence
+        over opsdk's. Their ops are kept out of the decomposition, so they reach the
+        converter whole, and an entry that matched no node of the program is reported with
+        a ``UserWarning`` (naming similar ops the program has), never silently dropped.
     **kwargs
         Passed to ``from_exported_program`` (``keep_params_as_input``,
         ``unwrap_unit_return_tuple``, ``no_bind_return_tuple``).
@@ -295,15 +364,41 @@ def from_torch(
     >>> opsdk.transform.op_counts(mod, "opsdk.")
     {'opsdk.gelu': 1, 'opsdk.layer_norm': 1}
     """
+    import warnings
+
     from tvm.relax.frontend.torch import from_exported_program
 
     names = _select(ops)
+    custom = dict(custom_convert_map or {})
+    mapped = _op_mappings(skip=custom) if ops is None else {}
     if decompose:
-        exported_program = exported_program.run_decompositions(decomposition_table(names))
+        table = decomposition_table(names, keep=[*custom, *mapped])
+        exported_program = exported_program.run_decompositions(table)
     cmap: dict[str, Converter] = torch_convert_map(names)
     # TVM has no rms_norm converter: one left whole (decompose=False, or not mapped) still imports.
     cmap.setdefault("rms_norm.default", lambda node, imp: _fallback(imp, node))
-    cmap.update(custom_convert_map or {})
-    return from_exported_program(
+    hits = dict.fromkeys([*mapped, *custom], 0)
+    cmap.update({k: _counted(k, fn, hits) for k, (_, fn) in mapped.items()})
+    cmap.update({k: _counted(k, fn, hits) for k, fn in custom.items()})
+    mod = from_exported_program(
         exported_program, custom_convert_map=cmap, run_ep_decomposition=False, **kwargs
     )
+    if hits:
+        mod = mod.with_attr("opsdk.torch_mappings", {k: n for k, n in hits.items()})
+    # An op's own mapping matching nothing is normal (the model lacks that op); an entry the
+    # caller passed for this model is a mistake worth saying.
+    unused = [k for k in custom if hits[k] == 0]
+    if unused:
+        present = _aten_names(exported_program)
+        for k in unused:
+            base = k.partition(".")[0].lstrip("_")
+            near = sorted(a for a in present if base and base in a)
+            warnings.warn(
+                f"opsdk.frontend.from_torch: custom_convert_map entry {k!r} converted no node "
+                f"of the program"
+                + (f"; it has {', '.join(near)}" if near else
+                   f"; its ops are {', '.join(sorted(present)[:12])}"
+                   + (" ..." if len(present) > 12 else ""))
+                + ". Key converters by the aten overload's name (node.target.__name__, e.g. "
+                  "'hardswish.default')", UserWarning, stacklevel=2)
+    return mod

@@ -7,7 +7,8 @@
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
   conv2d + batch_norm  ->  fused ops;
-- :func:`op_counts` and :func:`rewrite_sites` to inspect the result.
+- :func:`op_counts` and :func:`rewrite_sites` to inspect the result, :func:`script` to print
+  it with its constants (TVM 0.27's ``mod.script(show_meta=True)`` segfaults on them).
 
 Examples
 --------
@@ -34,6 +35,7 @@ from ._layout import ChannelsLast
 from ._lower import LowerOps, ScheduleKernels, pipeline, schedule_passes
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
+from ._script import script
 
 __all__ = [
     "FUSION_RULES",
@@ -48,4 +50,5 @@ __all__ = [
     "pipeline",
     "rewrite_sites",
     "schedule_passes",
+    "script",
 ]

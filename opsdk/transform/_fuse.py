@@ -266,6 +266,23 @@ def _rules_by_name() -> dict[str, list[Rule]]:
     }
 
 
+def op_fusion_rules() -> dict[str, Rule]:
+    """The fusion rules of the registered ops (``OpDef.fusion``), by rule name, ops in name
+    order; they run after the built-in rules."""
+    from ..registry import registered_ops
+
+    out: dict[str, Rule] = {}
+    for d in registered_ops():
+        for name, factory in d.fusions:
+            try:
+                pattern, build = factory()
+            except Exception as e:  # the author's factory: name it, not a traceback
+                raise ValueError(f"opsdk.{d.name}: fusion rule {name!r} failed to build its "
+                                 f"pattern: {type(e).__name__}: {e}") from e
+            out[name] = Rule(name, pattern, build)
+    return out
+
+
 #: Names of the fusion rules, in the order :func:`FuseIntoOps` applies them.
 FUSION_RULES: tuple[str, ...] = ("conv_bn", "layer_norm", "rms_norm", "bias_gelu")
 
@@ -277,7 +294,8 @@ def FuseIntoOps(
 ) -> tvm.transform.Pass:
     """Rewrite decomposed subgraphs into fused ops.
 
-    Rules (see :data:`FUSION_RULES`):
+    Rules (see :data:`FUSION_RULES`), then those of the registered ops (``OpDef.fusion``,
+    named ``fuse.<op>`` unless they say otherwise):
 
     - ``layer_norm``: ``x - mean(x)``, its square (``power(d, 2)`` or ``d * d``) averaged over
       the same trailing axes, ``+ eps`` (a constant scalar), ``sqrt`` and divide (or ``rsqrt``
@@ -322,12 +340,15 @@ def FuseIntoOps(
     >>> opsdk.transform.op_counts(mod)
     {'opsdk.bias_gelu': 1}
     """
-    names = list(FUSION_RULES) if rules is None else list(rules)
     table = _rules_by_name()
-    unknown = [n for n in names if n not in table]
+    ops = op_fusion_rules()
+    names = [*FUSION_RULES, *ops] if rules is None else list(rules)
+    unknown = [n for n in names if n not in table and n not in ops]
     if unknown:
-        raise ValueError(f"FuseIntoOps: unknown rules {unknown}; choose from {list(table)}")
+        raise ValueError(f"FuseIntoOps: unknown rules {unknown}; choose from "
+                         f"{[*table, *ops]} (an op's rules come with its OpDef.fusion)")
     selected = [r for n in FUSION_RULES if n in names for r in table[n]]
+    selected += [ops[n] for n in ops if n in names]
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.FuseIntoOps")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

@@ -379,6 +379,108 @@ def test_hand_written_layer_norm_fuses_on_the_documented_path():
     assert all(r.max_rel < 1e-5 for r in rows), rows
 
 
+def _user_ops():
+    """A hard-swish mapped from torch and a fused residual add + LayerNorm with its own
+    fusion rule: what an author writes in the op file."""
+    from tvm import te, tirx
+    from tvm.relax.dpl import is_op, wildcard
+
+    from opsdk.registry import decode_call
+    from opsdk.te_utils import acc, reduce_axes
+
+    @opsdk.op(reference=lambda x: x * np.clip(x + 3, 0, 6) / 6, domain={"x": (-6.0, 6.0)})
+    def user_hswish(x: opsdk.Tensor) -> te.Tensor:
+        def f(*i):
+            v = acc(x(*i))
+            return (v * tirx.min(tirx.max(v + 3.0, 0.0), 6.0) / 6.0).astype(x.dtype)
+
+        return te.compute(x.shape, f, name="user_hswish")
+
+    user_hswish.torch("hardswish.default")
+
+    def _ref(x, r, gamma, beta, *, epsilon=1e-5):
+        s = x + r
+        m = s.mean(-1, keepdims=True)
+        return (s - m) / np.sqrt(((s - m) ** 2).mean(-1, keepdims=True) + epsilon) * gamma + beta
+
+    @opsdk.op(reference=_ref, ranks=(2, 3),
+              input_shapes=lambda s, a: {"r": tuple(s), "gamma": (s[-1],), "beta": (s[-1],)})
+    def user_add_ln(x: opsdk.Tensor, r: opsdk.Tensor, gamma: opsdk.Tensor, beta: opsdk.Tensor,
+                    *, epsilon: float = 1e-5) -> te.Tensor:
+        s = te.compute(x.shape, lambda *i: acc(x(*i)) + acc(r(*i)), name="s")
+        k, k2, n = reduce_axes(x.shape[-1:], "k"), reduce_axes(x.shape[-1:], "k2"), x.shape[-1]
+        total = te.compute(x.shape[:-1], lambda *o: te.sum(s(*o, *k), axis=k), name="total")
+        mean = te.compute(x.shape[:-1], lambda *o: total(*o) / n, name="mean")
+        sq = te.compute(x.shape[:-1], lambda *o: te.sum(
+            (s(*o, *k2) - mean(*o)) * (s(*o, *k2) - mean(*o)), axis=k2), name="sq")
+        return te.compute(x.shape, lambda *i: ((s(*i) - mean(*i[:-1])) * tirx.rsqrt(
+            sq(*i[:-1]) / n + epsilon) * acc(gamma(i[-1])) + acc(beta(i[-1]))).astype(x.dtype),
+            name="user_add_ln")
+
+    @user_add_ln.fusion()
+    def _residual_then_layer_norm():
+        x, r, g, b = wildcard(), wildcard(), wildcard(), wildcard()
+        pattern = is_op("opsdk.layer_norm")(is_op("relax.add")(x, r), g, b)
+
+        def build(call, m):
+            _, _, attrs = decode_call(call)
+            if attrs["begin_axis"] not in (-1, len(m[x].ty.shape) - 1):
+                return None  # normalizes more than the last axis: not this op
+            return opsdk.relax.user_add_ln(m[x], m[r], m[g], m[b], epsilon=attrs["epsilon"])
+
+        return pattern, build
+
+    return user_hswish, user_add_ln
+
+
+class _PreNorm(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc, self.ln, self.act = nn.Linear(d, d), nn.LayerNorm(d), nn.Hardswish()
+
+    def forward(self, x, r):
+        return self.act(self.fc(self.ln(x + r)))
+
+
+def test_user_ops_come_into_a_model_through_their_own_mappings_and_fusions():
+    ops = _user_ops()
+    for d in ops:
+        opsdk.register(d, replace=True)
+    try:
+        m, args = _PreNorm().eval(), (torch.randn(4, 32), torch.randn(4, 32))
+        mod = opsdk.frontend.from_torch(torch.export.export(m, args))
+        assert opsdk.frontend.mapping_counts(mod) == {"hardswish.default": 1}
+        fused = opsdk.transform.FuseIntoOps()(mod)
+        assert op_counts(fused, "opsdk.") == {"opsdk.user_add_ln": 1, "opsdk.user_hswish": 1}
+        assert [s.rule for s in opsdk.transform.rewrite_sites(fused)] == ["fuse.user_add_ln"]
+        (got,) = _run(fused, *[a.numpy() for a in args])
+        _close(got, m(*args))
+        # only the named rules run when asked for
+        assert "opsdk.user_add_ln" not in op_counts(
+            opsdk.transform.FuseIntoOps(rules=["layer_norm"])(mod))
+    finally:
+        for d in ops:
+            opsdk.unregister(d)
+
+
+def test_script_prints_an_imported_model_with_its_constants():
+    # mod.script(show_meta=True) segfaults in TVM 0.27 on any module with a constant.
+    m = nn.Sequential(nn.Linear(8, 4), nn.LayerNorm(4)).eval()
+    mod = opsdk.frontend.from_torch(torch.export.export(m, (torch.randn(2, 8),)))
+    text = opsdk.transform.script(mod)
+    assert "opsdk.layer_norm" in text
+    w = m[0].weight.detach().numpy()  # Linear's weight, the first constant the text uses
+    line = next(ln for ln in text.splitlines() if ln.startswith("# [0] "))
+    assert "shape [4, 8] float32" in line and f"{w.reshape(-1)[0]:.4f}"[:6] in line, line
+
+
+def test_a_custom_mapping_that_converts_nothing_warns():
+    ep = torch.export.export(nn.Sequential(nn.Linear(8, 8), nn.Hardswish()).eval(),
+                             (torch.randn(2, 8),))
+    with pytest.warns(UserWarning, match=r"'hardswish' converted no node.*hardswish\.default"):
+        opsdk.frontend.from_torch(ep, custom_convert_map={"hardswish": lambda n, i: None})
+
+
 def test_drift_local_isolates_a_site_from_upstream_drift():
     """Two chained sites: the downstream one's local error is measured on the unfused
     upstream value, so it cannot exceed what that site alone does."""

@@ -1,0 +1,75 @@
+"""A printer for modules with constants: TVM 0.27's ``mod.script(show_meta=True)`` segfaults
+(in ``ToJSONGraph``) on any module holding a ``relax.Constant``, e.g. every imported model."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tvm
+from tvm import relax
+
+__all__ = ["script"]
+
+_REF = re.compile(r'metadata\["(ir\.GenericConst|relax\.expr\.Constant)"\]\[(\d+)\]')
+
+
+def _constants(mod: tvm.IRModule) -> list:
+    """Distinct constants in the order the printer meets them (functions by name)."""
+    seen: list[relax.Constant] = []
+
+    def visit(e: object) -> None:
+        if not isinstance(e, tvm.ir.expr.Constant):
+            return
+        if isinstance(getattr(e, "value", None), tvm.runtime.Tensor) and not any(
+                e.same_as(c) for c in seen):  # tensor constants (the metadata), not scalars
+            seen.append(e)
+
+    for gv in sorted(mod.get_global_vars(), key=lambda g: g.name_hint):
+        func = mod[gv]
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return seen
+
+
+def _summary(c: tvm.ir.expr.Constant, values: int) -> str:
+    a = c.value.numpy()
+    head = np.array2string(a.reshape(-1)[:values], precision=6, separator=", ",
+                           threshold=values, max_line_width=1 << 16)
+    more = " ..." if a.size > values else ""
+    stats = (f"  min {a.min():.6g} max {a.max():.6g} mean {a.astype(np.float64).mean():.6g}"
+             if a.size and np.issubdtype(a.dtype, np.number) else "")
+    return f"shape {list(a.shape)} {a.dtype}: {head[1:-1]}{more}{stats}"
+
+
+def script(mod: tvm.IRModule, *, show_meta: bool = True, values: int = 8) -> str:
+    """TVMScript of ``mod`` with its constants summarized (never the segfaulting metadata
+    dump): each ``metadata["ir.GenericConst"][i]`` the text refers to is listed after
+    it with its shape, dtype, first ``values`` values and range.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((2, 2), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     _ = bb.emit_func_output(bb.emit(relax.op.add(x, relax.const(np.ones((2, 2), "f4")))))
+    >>> print(opsdk.transform.script(bb.get()).splitlines()[-1])
+    # [0] shape [2, 2] float32: 1., 1., 1., 1.  min 1 max 1 mean 1
+    """
+    text = mod.script(show_meta=False)
+    if not show_meta:
+        return text
+    found = _REF.findall(text)
+    key = found[0][0] if found else "ir.GenericConst"
+    refs = sorted({int(i) for _, i in found})
+    consts = _constants(mod)
+    text = text.replace("# Metadata omitted. Use show_meta=True in script() method to show it.",
+                        "")
+    lines = [text.rstrip("\n"), "", f'# constants (metadata["{key}"][i]):']
+    if len(refs) == len(consts) and refs == list(range(len(consts))):
+        lines += [f"# [{i}] {_summary(c, values)}" for i, c in enumerate(consts)]
+    else:  # the printer's numbering could not be matched: list them without indices
+        lines += [f"# {_summary(c, values)}" for c in consts]
+    return "\n".join(lines)
