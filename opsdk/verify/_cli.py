@@ -56,6 +56,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-db", action="store_true",
                         help="do not read or write the example database")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--brief", action="store_true",
+                        help="failures without their lowered TIR (it stays in --report)")
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -120,6 +122,14 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
         raise _Usage("--examples must be >= 0")
     if args.tracker and not args.key:
         raise _Usage("--tracker needs --key")
+    import pathlib
+
+    if args.report and args.junit and (
+            pathlib.Path(args.report).resolve() == pathlib.Path(args.junit).resolve()):
+        raise _Usage(f"--report and --junit name the same file ({args.report}); give two paths")
+    for flag, path in (("--report", args.report), ("--junit", args.junit)):
+        if path and not pathlib.Path(path).resolve().parent.is_dir():
+            raise _Usage(f"{flag} {path}: its directory does not exist; create it first")
     return defs, tname, dtypes, layouts
 
 
@@ -196,7 +206,7 @@ def run_verify_command(args: argparse.Namespace) -> int:
     print(report.format_table())
     for f in report.failures:
         print()
-        print(f.format())
+        print(f.format(tir=not args.brief))
     for c in report.cells:
         if c.error:
             print(f"\nERROR {c.op} {c.dtype} {c.layout}: {c.error}")
@@ -243,16 +253,33 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
         print(f"pass: opsdk.{case.op} {case.dtype} {case.layout} {list(case.shape)} on {device} "
               f"({res.ratio:.2f} of the bound, {res.max_ulps:.3g} ulp)")
     else:
-        print(res.format())
+        print(res.format(tir=not args.brief))
     report = VerifyReport(target=case.target, device={"device": device})
     _write(args, json.dumps(res.to_dict(), indent=2), report.to_junit())
     return 0 if res.ok else 1
 
 
 def _write(args: argparse.Namespace, report_json: str, junit: str) -> None:
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(report_json)
-    if args.junit:
-        with open(args.junit, "w") as f:
-            f.write(junit)
+    for path, text in ((args.report, report_json), (args.junit, junit)):
+        if path:
+            _write_atomic(path, text)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write through a temporary file beside ``path``, then rename: a full disk or an
+    interrupt leaves the old file (or none), never half a report."""
+    import pathlib
+    import tempfile
+
+    target = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise

@@ -289,6 +289,10 @@ class VerifyReport:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
         out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+        out.append("(pass = every element within its bound: 'of bound' is the worst fraction "
+                   "used. 'worst ulp' and 'worst rel' are the largest over all elements, and are "
+                   "large for a correct kernel where the output is near zero or subnormal, e.g. "
+                   "gelu of large negative x.)")
         near = [c for c in self.cells if c.ok and c.ratio > NEAR_BOUND]
         thin = [c for c in near if not c.margin]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pathlib
 from xml.etree import ElementTree as ET
 
 import numpy as np
@@ -209,6 +210,25 @@ def test_near_bound_cells_say_why_when_the_margin_is_sound() -> None:
     (cell,) = report.cells  # float16 output: the output's own rounding dominates the bound
     assert cell.ratio > 0.9 and cell.margin == "rounding", (cell.ratio, cell.margin)
     assert f"softmax float16 last {cell.ratio:.3f} (rounding)" in report.format_table()
+
+
+def test_cli_brief_failures_and_report_paths(tmp_path, capsys, monkeypatch) -> None:
+    # --brief drops the TIR from a failure (the JSON keeps it); two reports on one path, or
+    # in a missing directory, are usage errors before any work.
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))  # verify_mutants
+    rep = tmp_path / "r.json"
+    rc = _cli(["mut_softmax_no_max", "--module", "verify_mutants", "--target", "x86",
+               "--dtypes", "float32", "--layouts", "last", "--examples", "0", "--brief",
+               "--no-db", "--quiet", "--seed", "0", "--report", str(rep)])
+    cap = capsys.readouterr()
+    out = cap.out
+    assert rc == 1 and "FAILED opsdk.mut_softmax_no_max" in out and "reproduce:" in out, cap
+    assert "lowered TIR" not in out and "'of bound' is the worst fraction" in out
+    assert json.loads(rep.read_text())["cells"][0]["failure"]["tir"]  # the TIR stays here
+    assert _cli(["gelu", "--report", str(rep), "--junit", str(rep), "--quiet"]) == 2
+    assert "same file" in capsys.readouterr().err
+    assert _cli(["gelu", "--report", str(tmp_path / "no" / "r.json"), "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_cli_case_reruns_one_case(capsys) -> None:
