@@ -210,7 +210,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--module", action="append",
         help="also load ops from this module (custom ops: compared with their unscheduled "
-        "lowering and the copy roofline; pass --shapes)",
+        "lowering, the copy roofline and, through an OpDef.torch mapping, torch eager; pass "
+        "--shapes)",
     )
     parser.add_argument(
         "--model", action="append", metavar="FILE",

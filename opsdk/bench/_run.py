@@ -263,12 +263,43 @@ def _torch_callable(case: Case, ins: dict[str, np.ndarray]) -> Callable[[], Any]
         return None
     tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     ts = [torch.from_numpy(a.astype(np.float32)).to(tdt[case.dtype]) for a in ins.values()]
+    if case.op not in SPECS:
+        return _mapped_torch_callable(case, ins, ts)
     fn = SPECS[case.op].torch_fn(ts, _attrs(case))
     try:
         fn()
     except (RuntimeError, NotImplementedError):  # e.g. a dtype torch has no CPU kernel for
         return None
     return fn
+
+
+def _mapped_torch_callable(case: Case, ins: dict[str, np.ndarray],
+                           ts: list) -> Callable[[], Any] | None:
+    """torch eager for an op without a bench spec: the aten op its ``OpDef.torch`` mapping
+    names, called with the inputs (and the attributes, if it takes them), used only when it
+    computes the op (close to the float64 reference), so a mapping that ignores an
+    attribute is not timed as if it were the op."""
+    import torch
+
+    d = get_op(case.op)
+    attrs = _attrs(case)
+    ref = np.asarray(d.run_reference({k: v.astype(np.float64) for k, v in ins.items()}, attrs))
+    scale = float(np.max(np.abs(ref), initial=0.0)) or 1.0
+    for aten in d.torch_maps:
+        base, _, overload = aten.partition(".")
+        fn_ = getattr(getattr(torch.ops.aten, base, None), overload or "default", None)
+        if fn_ is None:
+            continue
+        for kw in (attrs, {}):
+            def call(fn_=fn_, kw=kw):  # bound per candidate
+                return fn_(*ts, **kw)
+            try:
+                out = call().float().numpy().astype(np.float64)
+            except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+                continue
+            if out.shape == ref.shape and np.allclose(out, ref, rtol=2e-2, atol=1e-3 * scale):
+                return call
+    return None
 
 
 def _ort_callable(case: Case, ins: dict[str, np.ndarray], row: dict,
@@ -418,7 +449,7 @@ def _run_case(
         row["dlight_applied"] = applied
         vm = relax.VirtualMachine(tvm.compile(mod, target=tgt), dev)
         timers["dlight"], direct["dlight"] = _kernel_timer(mod, vm, targs, tgt, dev)
-    if "torch" in cands and case.op in SPECS:
+    if "torch" in cands and (case.op in SPECS or get_op(case.op).torch_maps):
         fn = _torch_callable(case, ins)
         if fn is not None:
             timers["torch"] = _Timer(_py_step(fn))

@@ -48,6 +48,35 @@ def test_bench_smoke_reports_sane_fields():
     assert slow == {}
 
 
+def test_bench_custom_op_gets_torch_through_its_mapping():
+    # An op without a bench spec is compared with the aten op its OpDef.torch mapping names,
+    # when that computes the op; a mapping to something else is not timed as the op.
+    from tvm import te, tirx
+
+    def hsw(x):
+        return x * np.clip(x + 3, 0, 6) / 6
+
+    def compute(x: opsdk.Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: (x(*i) * tirx.min(tirx.max(
+            x(*i) + 3.0, 0.0), 6.0) / 6.0), name="bench_hswish")
+
+    ok = opsdk.op(reference=hsw, dtypes=("float32",), name="bench_hswish")(compute)
+    wrong = opsdk.op(reference=hsw, dtypes=("float32",), name="bench_hswish_wrong")(compute)
+    ok.torch("hardswish.default")
+    wrong.torch("relu.default")
+    for d in (ok, wrong):
+        opsdk.register(d, replace=True)
+    try:
+        rows = run_bench(["bench_hswish", "bench_hswish_wrong"], shapes=[(64, 48)],
+                         dtypes=["float32"], repeats=1, budget_ms=1,
+                         candidates=["opsdk", "torch"])
+    finally:
+        for d in (ok, wrong):
+            opsdk.unregister(d)
+    assert rows[0]["torch_ms"] > 0 and rows[0]["speedup_torch"] > 0
+    assert rows[1]["torch_ms"] is None
+
+
 def test_bench_hot_slice_measures_in_cache_time():
     from opsdk.bench._run import _hot_case
 
