@@ -188,6 +188,74 @@ def _bias_gelu_rules() -> list[Rule]:
 
 
 # ---------------------------------------------------------------------------------------------
+# GroupNorm as exporters decompose it
+
+
+def _group_norm_rules() -> list[Rule]:
+    return [_group_norm_rule(affine=True), _group_norm_rule(affine=False)]
+
+
+def _group_norm_rule(affine: bool) -> Rule:
+    """``reshape(x, [N, G, -1])`` normalized over the last axis (mean, ``variance`` + eps,
+    sqrt, divide), optionally scaled / shifted by per-group ones / zeros (ONNX
+    InstanceNormalization's own parameters), reshaped back to ``x``'s NCHW shape, then ``*
+    gamma`` and ``+ beta`` per channel: what torch.onnx emits for GroupNorm at opset < 18."""
+    x, shp, back = wildcard(), wildcard(), wildcard()
+    r = is_op("relax.reshape")(x, shp)
+    mean = is_op("relax.mean")(r)
+    var = is_op("relax.variance")(r)
+    eps = is_const()
+    norm = is_op("relax.divide")(is_op("relax.subtract")(r, mean),
+                                 is_op("relax.sqrt")(_either("relax.add", var, eps)))
+    ones = is_const() | is_op("relax.reshape")(is_const(), wildcard())
+    zeros = is_const() | is_op("relax.reshape")(is_const(), wildcard())
+    inorm = _either("relax.add", _either("relax.multiply", norm, ones), zeros) | norm
+    restored = is_op("relax.reshape")(inorm, back)
+    gamma, beta = wildcard(), wildcard()
+    root = _either("relax.add", _either("relax.multiply", restored, gamma), beta) if affine \
+        else restored
+
+    def fused(orig: relax.Call, m: Any) -> relax.Expr | None:
+        xv = m[x]
+        ty = float_tensor(xv)
+        rs = shape_of(m[r])
+        if ty is None or ty.ndim != 4 or rs is None or len(rs) != 3:
+            return None
+        xs = shape_of(xv)
+        if not same_dims(shape_of(m[restored]), xs) or not same_dims(rs[:1], xs[:1]):
+            return None
+        for ax in (mean, var):
+            if _reduced_axes(m[ax], 3) != [2]:
+                return None
+        if call_attr(m[var], "unbiased", False):
+            return None  # a sample variance is not GroupNorm's
+        if not isinstance(rs[1], tvm.tirx.IntImm) or not isinstance(xs[1], tvm.tirx.IntImm):
+            return None
+        groups, channels = int(rs[1].value), int(xs[1].value)
+        if channels % groups:
+            return None
+        e = scalar_value(m[eps])
+        if e is None or e < 0:
+            return None
+        if ones in m and not np.all(const_value(m[ones]) == 1):
+            return None  # an InstanceNorm scale that is not 1: more than a GroupNorm
+        if zeros in m and not np.all(const_value(m[zeros]) == 0):
+            return None
+        params: list[relax.Expr] = []
+        for p in (gamma, beta) if affine else ():
+            ps = shape_of(m[p])
+            if ps is None or float_tensor(m[p]) is None or str(m[p].ty.dtype) != str(ty.dtype):
+                return None
+            dims = [int(d.value) if isinstance(d, tvm.tirx.IntImm) else -1 for d in ps]
+            if dims[-3:] != [channels, 1, 1] or any(d != 1 for d in dims[:-3]):
+                return None  # per channel (C, 1, 1) only
+            params.append(relax.op.reshape(m[p], [channels]))
+        return _ops.group_norm(xv, *params, num_groups=groups, epsilon=e, layout="NCHW")
+
+    return Rule("fuse.group_norm", root, fused)
+
+
+# ---------------------------------------------------------------------------------------------
 # conv2d + batch_norm folding
 
 
@@ -263,6 +331,7 @@ def _rules_by_name() -> dict[str, list[Rule]]:
         "layer_norm": _NormChain(center=True).rules(),
         "rms_norm": _NormChain(center=False).rules(),
         "bias_gelu": _bias_gelu_rules(),
+        "group_norm": _group_norm_rules(),
     }
 
 
@@ -284,7 +353,7 @@ def op_fusion_rules() -> dict[str, Rule]:
 
 
 #: Names of the fusion rules, in the order :func:`FuseIntoOps` applies them.
-FUSION_RULES: tuple[str, ...] = ("conv_bn", "layer_norm", "rms_norm", "bias_gelu")
+FUSION_RULES: tuple[str, ...] = ("conv_bn", "layer_norm", "rms_norm", "bias_gelu", "group_norm")
 
 
 def FuseIntoOps(
@@ -304,7 +373,11 @@ def FuseIntoOps(
     - ``bias_gelu``: ``gelu(x + bias)`` with ``bias`` of shape ``(C,)`` (or ``(1, .., C)``)
       ->  ``opsdk.bias_gelu``;
     - ``conv_bn``: inference ``batch_norm`` of a ``conv2d`` (+ bias) whose weights and BN
-      parameters are constants  ->  ``conv2d`` with folded weights plus a bias add.
+      parameters are constants  ->  ``conv2d`` with folded weights plus a bias add;
+    - ``group_norm``: a 4-D NCHW ``x`` reshaped to ``(N, G, -1)``, normalized over the last
+      axis with ``variance`` (ONNX InstanceNormalization as TVM imports it, its scale and
+      bias all ones and zeros), reshaped back, optionally ``* gamma + beta`` of shape
+      ``(C, 1, 1)``  ->  ``opsdk.group_norm`` (torch.onnx's GroupNorm below opset 18).
 
     Near misses are left alone: epsilon added after the square root, a centring mean over
     other axes than the variance, a variance over non-trailing axes, a non-constant epsilon

@@ -316,6 +316,27 @@ def test_onnx_decomposed_layer_norm_fuses_and_matches():
     _close(_run(fused, x)[0], _run(plain, x)[0])
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_onnx_group_norm_below_opset_18_fuses_and_matches(affine):
+    # torch.onnx writes GroupNorm at opset 17 as Reshape -> InstanceNormalization -> Reshape
+    # -> Mul -> Add; FuseIntoOps makes it one opsdk.group_norm again.
+    import io
+
+    onnx = pytest.importorskip("onnx")
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.GroupNorm(2, 8, affine=affine)).eval()
+    for p in m[1].parameters():
+        nn.init.normal_(p, 0.5, 0.5)
+    x = torch.randn(2, 4, 6, 6)
+    buf = io.BytesIO()
+    torch.onnx.export(m, (x,), buf, dynamo=False, opset_version=17)
+    model = onnx.load_from_string(buf.getvalue())
+    assert "InstanceNormalization" in [n.op_type for n in model.graph.node]
+    fused = opsdk.frontend.from_onnx(model, fuse=True)
+    counts = op_counts(fused, "opsdk.")
+    assert counts == {"opsdk.group_norm": 1}, counts
+    _close(_run(fused, x.numpy())[0], m(x))
+
+
 # ---------------------------------------------------------------------------------------------
 # drift
 
