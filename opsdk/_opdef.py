@@ -366,6 +366,19 @@ class OpDef:
                         f"shape {_fmt(pshape)} and attributes {_fmt_attrs(nattrs)}",
                         "reshape it or change the attributes",
                     )
+                unproven = [(a, b) for a, b in zip(shp, want) if not _dims_equal(a, b)]
+                if unproven:
+                    # Equal only at run time, maybe: the kernel would index one input with
+                    # the other's extent and read out of bounds when they differ.
+                    a, b = unproven[0]
+                    raise self.error(
+                        name,
+                        f"has shape {_fmt(shp)}, which must equal {_fmt(want)} for '{prim}' of "
+                        f"shape {_fmt(pshape)}, but {a} and {b} are different symbolic dims "
+                        "that cannot be proven equal",
+                        f"give both the same dim (e.g. R.match_cast '{name}' to shape "
+                        f"{_fmt(want)}), which TVM checks at run time",
+                    )
         if self.check is not None:
             try:
                 self.check(dict(shapes), dict(dtypes), nattrs)
@@ -527,6 +540,19 @@ class OpDef:
 
     def __repr__(self) -> str:
         return f"<opsdk op {self.name} ({self.source})>"
+
+
+def _dims_equal(a: Any, b: Any) -> bool:
+    """Whether two dims are provably equal (the same value, or a symbolic difference that
+    folds to 0)."""
+    ia = a.value if isinstance(a, tirx.IntImm) else a
+    ib = b.value if isinstance(b, tirx.IntImm) else b
+    if isinstance(ia, (int, np.integer)) and isinstance(ib, (int, np.integer)):
+        return int(ia) == int(ib)
+    from tvm.sym import Analyzer
+
+    diff = Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
+    return isinstance(diff, tirx.IntImm) and diff.value == 0
 
 
 def _dims_may_equal(a: Any, b: Any) -> bool:

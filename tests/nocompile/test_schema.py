@@ -173,6 +173,25 @@ def test_error_shape_mismatch():
     )
 
 
+@pytest.mark.parametrize(("op", "build"), [
+    ("layer_norm", lambda x, v: opsdk.relax.layer_norm(x, v, v)),
+    ("bias_gelu", lambda x, v: opsdk.relax.bias_gelu(x, v)),
+    ("quantize", lambda x, v: opsdk.relax.quantize(
+        x, v, relax.Var("zp", relax.TensorType((tirx.Var("c", "int64"),), "int32")),
+        axis=-1, per_channel=True)),
+])
+def test_symbolic_dims_that_may_differ_are_refused(op, build):
+    # x: (n, k), a parameter of shape (m,): equal only if k == m at run time; a kernel built
+    # from such a call would read one with the other's extent (out of bounds when m < k).
+    n, k, m = (tirx.Var(v, "int64") for v in "nkm")
+    x = relax.Var("x", relax.TensorType((n, k), "float32"))
+    v = relax.Var("v", relax.TensorType((m,), "float32"))
+    _err(lambda: build(x, v), f"opsdk.{op}", "cannot be proven equal", "R.match_cast")
+    same = relax.Var("v", relax.TensorType((k,), "float32"))
+    if op != "quantize":
+        assert relax.BlockBuilder().normalize(build(x, same)).ty.shape is not None
+
+
 def test_error_attribute_value_and_type():
     with pytest.raises(
         ValueError, match=r"opsdk\.gelu: argument 'approximate' is 'fast'.*'none', 'tanh'"
