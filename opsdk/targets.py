@@ -111,10 +111,41 @@ def target(name: str | dict | Target) -> Target:
     ('arm_cpu', 'cpu')
     """
     if isinstance(name, Target):
-        return name
+        return _checked(name)
     if isinstance(name, dict):
-        return Target(name)
+        if name.get("kind") == "llvm":  # before TVM: it only logs an unknown mcpu
+            _check_llvm(str(name.get("mtriple", "") or ""), str(name.get("mcpu", "") or ""))
+        try:
+            t = Target(name)
+        except Exception as e:  # TVM's own message, with the input named
+            raise ValueError(f"target {name!r} is not a valid TVM target: "
+                             f"{str(e).strip().splitlines()[-1]}") from None
+        return _checked(t)
     return Target(target_spec(name).config)
+
+
+def _checked(t: Target) -> Target:
+    """Refuse an LLVM target whose triple or CPU this LLVM does not know, before anything
+    asks LLVM about it (querying features of an unknown triple crashes the process)."""
+    if t.kind.name == "llvm":
+        _check_llvm(str(t.attrs.get("mtriple", "") or ""), str(t.attrs.get("mcpu", "") or ""))
+    return t
+
+
+def _check_llvm(triple: str, cpu: str) -> None:
+    if triple:
+        arch = triple.split("-")[0]
+        known = {str(a) for a in codegen.llvm_get_targets()}
+        aliases = {"arm64": "aarch64", "amd64": "x86_64"}
+        if aliases.get(arch, arch) not in known:
+            raise ValueError(
+                f"target mtriple {triple!r}: LLVM here has no {arch!r} back end; use a triple "
+                f"such as x86_64-linux-gnu or aarch64-linux-gnu (known architectures: "
+                f"{', '.join(sorted(known))})")
+    full = triple or str(codegen.llvm_get_system_triple())
+    if cpu and cpu != "native" and not codegen.llvm_is_valid_cpu(cpu, full):
+        raise ValueError(f"target mcpu {cpu!r} is not a CPU LLVM knows for {full}; name one "
+                         "(e.g. cortex-a76, neoverse-n1, x86-64-v4) or drop mcpu")
 
 
 def target_arch(t: Target) -> str:

@@ -338,6 +338,19 @@ def test_targets_resolve():
         opsdk.target("armv9")
 
 
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"kind": "llvm", "mtriple": "garbage"}, "no 'garbage' back end"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "nosuchcpu"}, "mcpu 'nosuchcpu'"),
+    ({"kind": "nosuch"}, "not a valid TVM target"),
+])
+def test_bad_target_dicts_are_refused_before_llvm_sees_them(spec, needle):
+    # an unknown triple used to crash the process in target_features (a segfault)
+    with pytest.raises(ValueError, match=needle):
+        opsdk.target(spec)
+    with pytest.raises(ValueError, match=needle):  # compile resolves through opsdk.target
+        opsdk.compile(tvm.IRModule(), spec)
+
+
 def test_output_dtype_contract_is_declared_and_validated():
     # built-ins: same as the input by default, a fixed dtype, or an attribute
     assert opsdk.get_op("layer_norm").declared_dtype({"x": "bfloat16"}, {}) == "bfloat16"
