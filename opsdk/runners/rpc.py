@@ -234,6 +234,49 @@ class RPCRunner(Runner):
             )
         return rpc.connect(self.host, self.port, key=self.key, session_timeout=self.session_timeout)
 
+    def preflight(self, timeout: float = 20.0) -> None:
+        """Check, within ``timeout`` seconds in all, that the server (or the tracker and a
+        device with the key) answers, so a wrong address fails at once with a clear
+        ``RuntimeError`` instead of every call waiting out its own time-out.
+
+        A refused or unroutable address fails in at most 5 s; a port that accepts but never
+        speaks TVM RPC (or a tracker with no free device for the key) after ``timeout``.
+        """
+        import socket
+        import threading
+
+        host, port = (self._tracker[0], self._tracker[1]) if self._tracker else (
+            self.host, self.port)
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(5.0, timeout)):
+                pass
+        except OSError as e:
+            raise RuntimeError(
+                f"{self._where()}: cannot connect ({e.strerror or e}); check HOST:PORT and "
+                "that the server runs there (python -m tvm.exec.rpc_server --host 0.0.0.0 "
+                f"--port {port} on the device)") from None
+        found: dict[str, Any] = {}
+
+        def attempt() -> None:
+            try:
+                found["session"] = self._connect()
+            except Exception as e:  # reported below, in the caller's thread
+                found["error"] = e
+
+        t = threading.Thread(target=attempt, name="opsdk-rpc-preflight", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            what = (f"no device with key {self._tracker[2]!r} became free"
+                    if self._tracker else "it did not answer the TVM RPC handshake")
+            raise RuntimeError(
+                f"{self._where()}: connected, but {what} within {timeout:.0f} s; is it a TVM "
+                "RPC server (or tracker), and is the device idle?")
+        if "error" in found:
+            raise RuntimeError(f"{self._where()}: {found['error']}") from None
+        found.clear()
+        gc.collect()  # drop the probe session before the first real one
+
     def _ensure_started(self) -> None:
         """Hook: make sure the server runs (emulated runner)."""
 

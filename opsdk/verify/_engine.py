@@ -171,7 +171,14 @@ def _runner_for(target_name: str, rpc: str | None = None, tracker: str | None = 
                 key: str | None = None) -> Any:
     from ..runners import runner_for
 
-    return runner_for(target_name, rpc=rpc, tracker=tracker, key=key)
+    runner = runner_for(target_name, rpc=rpc, tracker=tracker, key=key)
+    if rpc or tracker:
+        try:  # one bounded check up front, not a time-out per example
+            runner.preflight()
+        except RuntimeError as e:
+            runner.close()
+            raise ValueError(str(e)) from None
+    return runner
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,3 +69,32 @@ def test_any_module_can_be_imported_first():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         bad = [(s, r.stderr[-600:]) for s, r in pool.map(run, _FIRST_IMPORTS) if r.returncode]
     assert not bad, bad
+
+
+def test_rpc_preflight_fails_fast_and_clearly():
+    # A port that accepts and never answers, and one that refuses: both a clear error in a
+    # bounded time, not a 120 s wait per example (or forever, for a tracker).
+    import socket
+    import threading
+    import time
+
+    from opsdk.runners.rpc import RPCRunner
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    held = []
+    threading.Thread(target=lambda: held.extend(srv.accept() for _ in range(2)),
+                     daemon=True).start()
+    port = srv.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not answer the TVM RPC handshake within 1 s"):
+        RPCRunner("127.0.0.1", port, arch="x86_64").preflight(timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    closed = free.getsockname()[1]
+    free.close()
+    with pytest.raises(RuntimeError, match="cannot connect"):
+        RPCRunner.from_tracker("127.0.0.1", closed, "k", arch="x86_64").preflight(timeout=1.0)
+    srv.close()
