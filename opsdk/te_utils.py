@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 from ._vecmath import erf_f32, exp_f32
 
-__all__ = ["acc", "dtype_of", "erf_f32", "exp_f32", "prod", "reduce_axes"]
+__all__ = ["acc", "dtype_of", "erf_f32", "exp_f32", "prod", "reduce_axes", "rsqrt_finite"]
 
 
 def acc(value: tirx.PrimExpr, dtype: str = "float32") -> tirx.PrimExpr:
@@ -33,3 +33,23 @@ def prod(dims: Sequence[tirx.PrimExpr]) -> tirx.PrimExpr:
 def reduce_axes(shape: Sequence[tirx.PrimExpr], prefix: str) -> list[tirx.IterVar]:
     """One reduce axis per dim in ``shape``."""
     return [te.reduce_axis((0, d), name=f"{prefix}{i}") for i, d in enumerate(shape)]
+
+
+def rsqrt_finite(sum_sq: tirx.PrimExpr, count: tirx.PrimExpr, epsilon: float) -> tirx.PrimExpr:
+    """``rsqrt(sum_sq / count + epsilon)`` of a norm's sum of squares, NaN when that sum
+    overflowed float32 (``inf``: deviations beyond ~1.8e19 / sqrt(count)): plain ``rsqrt``
+    would give 0 there and the row would silently come out as zeros.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.te_utils import rsqrt_finite
+    >>> s = te.placeholder((4,), "float32", name="s")
+    >>> r = te.compute((4,), lambda i: rsqrt_finite(s[i], 16, 1e-5), name="r")
+    >>> str(r.dtype)
+    'float32'
+    """
+    v = sum_sq / count + epsilon
+    return tirx.Select(v < tirx.const(float("inf"), "float32"), tirx.rsqrt(v),
+                       tirx.const(float("nan"), "float32"))
+

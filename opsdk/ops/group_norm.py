@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from ..te_utils import acc
+from ..te_utils import acc, rsqrt_finite
 
 
 def _channel_axis(layout: str) -> int:
@@ -120,7 +120,7 @@ def group_norm(
 
     sq = te.compute((n, num_groups), dev2, name="sqsum")
     rstd = te.compute(
-        (n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon), name="rstd"
+        (n, num_groups), lambda nn, g: rsqrt_finite(sq(nn, g), count, epsilon), name="rstd"
     )
 
     if layout == "NHWC":

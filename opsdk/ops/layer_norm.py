@@ -7,11 +7,11 @@ for inputs with a large mean, where the one-pass ``E[x^2] - E[x]^2`` cancels cat
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
+from tvm import te
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
-from ..te_utils import acc, prod, reduce_axes
+from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
 
 
 def _reference(x, gamma=None, beta=None, *, begin_axis=-1, epsilon=1e-5):
@@ -76,7 +76,7 @@ def layer_norm(
         return te.sum(d * d, axis=r2)
 
     sq = te.compute(outer, dev2, name="sqsum")
-    rstd = te.compute(outer, lambda *o: tirx.rsqrt(sq(*o) / n + epsilon), name="rstd")
+    rstd = te.compute(outer, lambda *o: rsqrt_finite(sq(*o), n, epsilon), name="rstd")
     b = len(outer)
 
     def out(*i):

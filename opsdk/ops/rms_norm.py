@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
+from tvm import te
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
-from ..te_utils import acc, prod, reduce_axes
+from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
 
 
 def _reference(x, gamma=None, *, begin_axis=-1, epsilon=1e-6):
@@ -49,7 +49,7 @@ def rms_norm(
 
     ss = te.compute(outer, sq, name="sqsum")
     n = prod(inner)
-    scale = te.compute(outer, lambda *o: tirx.rsqrt(ss(*o) / n + epsilon), name="rrms")
+    scale = te.compute(outer, lambda *o: rsqrt_finite(ss(*o), n, epsilon), name="rrms")
     b = len(outer)
 
     def out(*i):

@@ -288,3 +288,37 @@ def test_scratch_moves_into_the_output_only_when_rows_read_their_own_row(shift):
     ev = xv.astype(np.float64) * 2
     ref = ev * np.roll(ev, -shift, axis=0).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-4)
+
+
+def _run1(op: str, x: np.ndarray, *extra: np.ndarray, **attrs) -> np.ndarray:
+    params = [relax.Var(f"a{i}", relax.TensorType(a.shape, "float32"))
+              for i, a in enumerate((x, *extra))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit_output(getattr(opsdk.relax, op)(*params, **attrs))
+        bb.emit_func_output(y)
+    vm = relax.VirtualMachine(opsdk.compile(bb.get(), "x86"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in (x, *extra)]).numpy()
+
+
+def test_special_values_follow_the_documented_semantics():
+    # docs/verification.md, "Infinities, NaN and huge inputs"
+    inf, nan = np.inf, np.nan
+    v = np.array([[-inf, -3e38, -1e37, -10, 0, 10, 3e38, inf, nan]], "float32")
+    for approx in ("none", "tanh"):
+        y = _run1("gelu", v, approximate=approx)[0]
+        assert np.isnan(y[0]) and np.isnan(y[-1]) and y[-2] == inf
+        assert np.all(y[1:3] == 0) and y[4] == 0 and y[5] == 10 and y[6] == np.float32(3e38)
+        assert -2e-6 < y[3] <= 0  # gelu(-10): tiny, negative or -0
+    rows = np.array([[-inf] * 4, [1, -inf, 2, -inf], [inf, 1, 2, 3], [1e38, 3e38, -3e38, 0],
+                     [nan, 1, 2, 3]], "float32")
+    p = _run1("softmax", rows, axis=-1)
+    assert np.isnan(p[[0, 2, 4]]).all()
+    np.testing.assert_allclose(p[1], [1 / (1 + np.e), 0, np.e / (1 + np.e), 0], rtol=1e-6)
+    assert np.array_equal(p[3], [0, 1, 0, 0])
+    big = np.array([[1e37, -1e37, 3e37, 0], [1, 2, 3, inf], [1, 2, 3, 4]], "float32")
+    ones = np.ones(4, "float32")
+    for op, extra in (("layer_norm", (ones, np.zeros(4, "float32"))), ("rms_norm", (ones,))):
+        y = _run1(op, big, *extra, begin_axis=-1, epsilon=1e-5)
+        assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), (op, y)
