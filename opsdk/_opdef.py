@@ -150,6 +150,9 @@ class OpDef:
     # framework mappings and fusion rules that carry models to this op (see :meth:`torch`,
     # :meth:`fusion`): aten overload -> converter (None: the default one), and
     # (rule name, factory returning (pattern, build))
+    # the reference follows the op's documented semantics for inf / NaN / huge inputs, so
+    # verify draws them too (the ``special`` data recipe)
+    special_values: bool = False
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)
     fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
 
@@ -609,6 +612,7 @@ def op(
     examples: Sequence[tuple[int, ...]] | None = None,
     name: str | None = None,
     output_dtype: str | Callable[[dict, dict], str] | None = None,
+    special_values: bool = False,
 ) -> Callable[[Callable[..., te.Tensor]], OpDef]:
     """Declare an op from its TE compute.
 
@@ -654,6 +658,11 @@ def op(
         default) promises the first input's dtype (a float16 op returns float16, whatever
         it accumulates in); a dtype (``"float32"`` for a dequantize); the name of a ``str``
         attribute that selects it (``"out_dtype"``); or ``f(dtypes, attrs) -> dtype``.
+    special_values
+        True when the reference follows the op's documented semantics for infinities, NaN
+        and huge inputs (as the float built-ins do, docs/verification.md): verify then draws
+        such inputs too (the ``special`` data recipe). Off by default, because a float64
+        reference rarely overflows where a float32 kernel must.
 
     Returns
     -------
@@ -765,6 +774,7 @@ def op(
             examples=tuple(examples or _default_examples(tuple(ranks))),
             module=fn.__module__,
             output_dtype=output_dtype,
+            special_values=bool(special_values),
         )
         _self_check(d)
         return d

@@ -24,6 +24,7 @@ def _reference(x, bias, *, approximate="none"):
     layouts={"erf": {"approximate": "none"}, "tanh": {"approximate": "tanh"}},
     domain={"x": (-4.0, 4.0), "bias": (-2.0, 2.0)},
     kind="elementwise",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 3, 8)],
 )
 def bias_gelu(

@@ -48,6 +48,7 @@ def _reference(x, *, approximate="none"):
     layouts={"erf": {"approximate": "none"}, "tanh": {"approximate": "tanh"}},
     domain={"x": (-6.0, 6.0)},
     kind="elementwise",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 3, 8)],
 )
 def gelu(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tensor:

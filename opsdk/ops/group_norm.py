@@ -16,14 +16,19 @@ def _channel_axis(layout: str) -> int:
     return 1 if layout == "NCHW" else 3
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _reference(x, gamma=None, beta=None, *, num_groups, epsilon=1e-5, layout="NCHW"):
     if layout == "NHWC":
         x = x.transpose(0, 3, 1, 2)
     n, c, h, w = x.shape
     g = x.reshape(n, num_groups, c // num_groups, h, w)
     mean = g.mean(axis=(2, 3, 4), keepdims=True)
-    var = ((g - mean) ** 2).mean(axis=(2, 3, 4), keepdims=True)
-    y = ((g - mean) / np.sqrt(var + epsilon)).reshape(n, c, h, w)
+    sq = ((g - mean) ** 2).sum(axis=(2, 3, 4), keepdims=True)
+    var = sq / ((c // num_groups) * h * w)
+    # The documented semantics: a group whose float32 sum of squares overflows is NaN.
+    y = np.where(sq > _F32_MAX, np.nan, (g - mean) / np.sqrt(var + epsilon)).reshape(n, c, h, w)
     if gamma is not None:
         y = y * gamma.reshape(1, c, 1, 1)
     if beta is not None:
@@ -66,6 +71,7 @@ def _check(shapes, dtypes, attrs):
     domain={"x": (-4.0, 4.0), "gamma": (-2.0, 2.0), "beta": (-2.0, 2.0)},
     attr_domain={"num_groups": [2, 1, 4], "epsilon": [1e-5, 1e-3]},
     kind="norm",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 8, 3, 8)],
 )
 def group_norm(

@@ -13,12 +13,16 @@ from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
 from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def _reference(x, gamma=None, beta=None, *, begin_axis=-1, epsilon=1e-5):
     axes = tuple(range(begin_axis, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + epsilon)
+    sq = ((x - mean) ** 2).sum(axis=axes, keepdims=True)
+    var = sq / np.prod([x.shape[a] for a in axes])
+    # The documented semantics: a row whose float32 sum of squares overflows is NaN.
+    y = np.where(sq > _F32_MAX, np.nan, (x - mean) / np.sqrt(var + epsilon))
     if gamma is not None:
         y = y * gamma
     if beta is not None:
@@ -46,6 +50,7 @@ def _check(shapes, dtypes, attrs):
     domain={"x": (-4.0, 4.0), "gamma": (-2.0, 2.0), "beta": (-2.0, 2.0)},
     attr_domain={"epsilon": [1e-5, 1e-6, 1e-3]},
     kind="norm",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 3, 8)],
 )
 def layer_norm(

@@ -9,10 +9,15 @@ from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
 from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def _reference(x, gamma=None, *, begin_axis=-1, epsilon=1e-6):
     axes = tuple(range(begin_axis, x.ndim))
-    y = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + epsilon)
+    sq = (x * x).sum(axis=axes, keepdims=True)
+    ms = sq / np.prod([x.shape[a] for a in axes])
+    # The documented semantics: a row whose float32 sum of squares overflows is NaN.
+    y = np.where(sq > _F32_MAX, np.nan, x / np.sqrt(ms + epsilon))
     return y if gamma is None else y * gamma
 
 
@@ -31,6 +36,7 @@ def _check(shapes, dtypes, attrs):
     domain={"x": (-4.0, 4.0), "gamma": (-2.0, 2.0)},
     attr_domain={"epsilon": [1e-6, 1e-5, 1e-3]},
     kind="norm",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 3, 8)],
 )
 def rms_norm(

@@ -23,6 +23,7 @@ def _reference(x, *, axis=-1):
     layouts={"last": {"axis": -1}, "axis1": {"axis": 1}},
     domain={"x": (-8.0, 8.0)},
     kind="reduction",
+    special_values=True,  # inf, NaN, huge inputs: docs/verification.md
     examples=[(2, 3, 8)],
 )
 def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:

@@ -56,6 +56,12 @@ AUX_RECIPES: tuple[str, ...] = ("domain", "ones", "mixed")
 #: every element one of the domain's ends or an end of the int8 / uint8 range inside it.
 INT_AUX_RECIPES: tuple[str, ...] = (*AUX_RECIPES, "edges")
 
+#: Data for ops that declare their semantics outside ordinary data (``special_values=True``):
+#: ``special``: the first row ordinary, then in turn rows with huge finite values (+-3e38,
+#: +-1e37: their squares overflow float32), one +-inf, one NaN, and a mix of these and -0.
+SPECIAL_RECIPES: tuple[str, ...] = ("special",)
+_SPECIALS = (np.inf, -np.inf, np.nan, 3e38, -3e38, 1e37, -1e37, -0.0)
+
 #: Exact grid points, used together by a corner case of ops with a scale-like input (a
 #: float input with a log-uniform domain, e.g. quantize's ``scale``): ``halfgrid`` puts the
 #: primary input on odd multiples of 1/16 and ``pow2`` the scale at 1/8 (or the power of two
@@ -200,12 +206,32 @@ def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
         v = 2.0 ** round(math.log2(min(max(0.125, lo), hi))) if hi > 0 else 0.125
         v = v * 2 if v < lo else v
         return np.full(shape, v / 2 if v > hi else v)
+    if recipe == "special":
+        a = rng.uniform(lo, hi, shape)
+        if a.ndim:
+            flat = a.reshape(-1, shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
+            for i, row in enumerate(flat):
+                # row 0 ordinary; then rows of huge finite values only (their squares
+                # overflow float32), one +-inf, one NaN, and a mix of everything
+                kind = 3 if flat.shape[0] == 1 else (i - 1) % 4 if i else -1
+                if kind == 0:
+                    hit = rng.random(row.shape) < 0.25
+                    hit[rng.integers(row.size)] = True
+                    row[hit] = rng.choice(np.asarray(_SPECIALS[3:7]), int(hit.sum()))
+                elif kind in (1, 2):
+                    row[rng.integers(row.size)] = (rng.choice([np.inf, -np.inf]) if kind == 1
+                                                   else np.nan)
+                elif kind == 3:
+                    hit = rng.random(row.shape) < 0.25
+                    row[hit] = rng.choice(np.asarray(_SPECIALS), int(hit.sum()))
+            a = flat.reshape(shape)
+        return a
     if recipe in ("midgrid", "midscale"):  # set jointly by make_inputs (_on_midpoints)
         return np.zeros(shape)
     if recipe == "edges":
         ends = sorted({lo, hi, *(v for v in _INT_EDGES if lo <= v <= hi)})
         return rng.choice(np.asarray(ends, dtype=np.float64), shape)
-    known = RECIPES + INT_AUX_RECIPES + GRID_RECIPES
+    known = RECIPES + INT_AUX_RECIPES + GRID_RECIPES + SPECIAL_RECIPES
     raise ValueError(f"unknown data recipe {recipe!r}; known: {known}")
 
 
@@ -548,6 +574,8 @@ def case_strategy(
     aux_recipes = {n: AUX_RECIPES if is_float(aux_dtypes[n]) else INT_AUX_RECIPES for n in aux}
     scales = _scale_inputs(d, dtype, aux) if is_float(dtype) else set()
     primary_recipes = (*_PRIMARY_ORDER, *_GRID_SCALE) if scales else _PRIMARY_ORDER
+    if d.special_values and is_float(dtype):
+        primary_recipes = (*primary_recipes, *SPECIAL_RECIPES)
     lengths = _lengths(lanes)
 
     @st.composite
@@ -687,6 +715,8 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     edges = {n for n, dt in input_dtypes(d, dtype, aux).items() if not is_float(dt)}
     # Rounding ties: x / scale exactly k + 1/2 (see GRID_RECIPES).
     scales = _scale_inputs(d, dtype, aux)
+    if d.special_values and is_float(dtype):  # inf, NaN, huge values (docs: semantics)
+        specs.append((shape_of(lanes + 1, 5), "special", optional, base_attrs))
     if scales and is_float(dtype):
         specs.append((shape_of(lanes + 1, 3), "halfgrid", optional, base_attrs))
         specs.append((shape_of(lanes + 3, 5), "midgrid", optional, base_attrs))

@@ -19,7 +19,7 @@ from tvm_ffi.structural import structural_mutate
 
 import opsdk
 from opsdk import Axis, Tensor
-from opsdk.te_utils import acc, prod, reduce_axes
+from opsdk.te_utils import acc, prod, reduce_axes, rsqrt_finite
 
 _LN = opsdk.get_op("layer_norm")
 _RMS = opsdk.get_op("rms_norm")
@@ -48,6 +48,7 @@ def _like(base: opsdk.OpDef, **over):
         attr_domain=base.attr_domain,
         kind=base.kind,
         examples=base.examples,
+        special_values=base.special_values,
     )
     kw.update(over)
     return opsdk.op(**kw)
@@ -84,10 +85,14 @@ def _layer_norm(x, gamma, beta, begin_axis, epsilon, *, bug: str, name: str) -> 
         var = te.compute(outer, lambda *o: sq(*o) / count, name="var")
     if bug == "eps_outside":
         rstd = te.compute(outer, lambda *o: 1.0 / (tirx.sqrt(var(*o)) + epsilon), name="rstd")
-    elif bug == "div_sqrt":
-        rstd = te.compute(outer, lambda *o: 1.0 / tirx.sqrt(var(*o) + epsilon), name="rstd")
-    else:
+    elif bug == "div_sqrt":  # with the documented NaN for an overflowed sum of squares
+        rstd = te.compute(outer, lambda *o: tirx.Select(
+            var(*o) < float("inf"), 1.0 / tirx.sqrt(var(*o) + epsilon), float("nan")),
+            name="rstd")
+    elif bug == "overflow_zero":  # rsqrt(inf) = 0: a row of zeros where NaN is documented
         rstd = te.compute(outer, lambda *o: tirx.rsqrt(var(*o) + epsilon), name="rstd")
+    else:
+        rstd = te.compute(outer, lambda *o: rsqrt_finite(var(*o), 1, epsilon), name="rstd")
     b = len(outer)
 
     def out(*i):
@@ -140,6 +145,7 @@ def _drop_partial_tile(sch: s_tir.Schedule, outer, n, factor: int) -> s_tir.Sche
 
 
 mut_ln_vec_tail = _ln_mutant("none", "mut_ln_vec_tail")
+mut_ln_overflow_zero = _ln_mutant("overflow_zero", "mut_ln_overflow_zero")
 eq_ln_gamma_folded = _ln_mutant("gamma_folded", "eq_ln_gamma_folded")
 eq_ln_div_sqrt = _ln_mutant("div_sqrt", "eq_ln_div_sqrt")
 
@@ -251,7 +257,7 @@ def mut_gn_nhwc_axis(
 
     sq = te.compute((n, num_groups), dev2, name="sqsum")
     rstd = te.compute(
-        (n, num_groups), lambda nn, g: tirx.rsqrt(sq(nn, g) / count + epsilon), name="rstd"
+        (n, num_groups), lambda nn, g: rsqrt_finite(sq(nn, g), count, epsilon), name="rstd"
     )
 
     def out(*i):
@@ -775,6 +781,7 @@ BUGS = {
     "mut_matmul_tile_edge": "matmul rule writes one column fewer per tile",
     "mut_conv_tile_edge": "conv2d rule writes one pixel row fewer per tile",
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
+    "mut_ln_overflow_zero": "layer_norm returns zeros, not NaN, when the sum of squares overflows",
 }
 
 #: Correct rewrites of built-ins (another evaluation order, a division for a reciprocal,
@@ -821,6 +828,7 @@ OPS = [
     mut_matmul_tile_edge,
     mut_conv_tile_edge,
     mut_softmax_merge_short,
+    mut_ln_overflow_zero,
     eq_ln_gamma_folded,
     eq_ln_div_sqrt,
     eq_softmax_divide,
