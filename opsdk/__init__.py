@@ -18,6 +18,7 @@ Examples
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and editors
@@ -67,9 +68,11 @@ def _load() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'opsdk' has no attribute {name!r}")
-    return _bind(name)  # only what was asked for: opsdk's own modules import each other
+    if name in _EXPORTS:
+        return _bind(name)  # only what was asked for: opsdk's own modules import each other
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f".{name}", __name__)  # opsdk.ops, opsdk.verify, ...
+    raise AttributeError(f"module 'opsdk' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

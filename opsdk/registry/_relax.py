@@ -44,6 +44,7 @@ def register(d: OpDef, *, replace: bool = False) -> OpDef:
     >>> opsdk.register(opsdk.get_op("gelu")).op_name
     'opsdk.gelu'
     """
+    _builtins()  # first: a built-in registered later would clash with a replacement
     old = _REGISTRY.get(d.name)
     if old is d:
         return d
@@ -59,6 +60,7 @@ def register(d: OpDef, *, replace: bool = False) -> OpDef:
 
 def unregister(name: str | OpDef) -> None:
     """Remove an op from opsdk (its TVM op stays, inert). Unknown names are ignored."""
+    _builtins()  # first: else the first lookup would register it again
     key = name.name if isinstance(name, OpDef) else name
     _REGISTRY.pop(key, None)
 
@@ -129,6 +131,7 @@ def _ensure_tvm_op(name: str) -> None:
 
 
 def _lookup(name: str) -> OpDef:
+    _builtins()
     d = _REGISTRY.get(name)
     if d is None:
         raise ValueError(f"opsdk.{name} is not registered (it was unregistered); register it again")
@@ -214,6 +217,7 @@ def builder(d: OpDef) -> Callable[..., relax.Call]:
     sig = inspect.signature(d.compute)
 
     def build(*args: Any, **kwargs: Any) -> relax.Call:
+        _builtins()
         if d.name not in _REGISTRY:
             raise ValueError(f"{d.op_name} is not registered; call opsdk.register(op) first")
         known = {p.name for p in d.params}

@@ -57,8 +57,9 @@ AUX_RECIPES: tuple[str, ...] = ("domain", "ones", "mixed")
 INT_AUX_RECIPES: tuple[str, ...] = (*AUX_RECIPES, "edges")
 
 #: Data for ops that declare their semantics outside ordinary data (``special_values=True``):
-#: ``special``: the first row ordinary, then in turn rows with huge finite values (+-3e38,
-#: +-1e37: their squares overflow float32), one +-inf, one NaN, and a mix of these and -0.
+#: ``special``: the first row ordinary, then in turn rows with huge finite values (+-1e37:
+#: their sum is finite, their squares overflow float32), one +-inf, one NaN, and a mix of
+#: these, +-3e38 and -0.
 SPECIAL_RECIPES: tuple[str, ...] = ("special",)
 _SPECIALS = (np.inf, -np.inf, np.nan, 3e38, -3e38, 1e37, -1e37, -0.0)
 
@@ -214,10 +215,10 @@ def _raw(recipe: str, shape: tuple[int, ...], lo: float, hi: float, dtype: str,
                 # row 0 ordinary; then rows of huge finite values only (their squares
                 # overflow float32), one +-inf, one NaN, and a mix of everything
                 kind = 3 if flat.shape[0] == 1 else (i - 1) % 4 if i else -1
-                if kind == 0:
+                if kind == 0:  # +-1e37: their sum stays finite, their squares overflow
                     hit = rng.random(row.shape) < 0.25
                     hit[rng.integers(row.size)] = True
-                    row[hit] = rng.choice(np.asarray(_SPECIALS[3:7]), int(hit.sum()))
+                    row[hit] = rng.choice(np.asarray(_SPECIALS[5:7]), int(hit.sum()))
                 elif kind in (1, 2):
                     row[rng.integers(row.size)] = (rng.choice([np.inf, -np.inf]) if kind == 1
                                                    else np.nan)

@@ -105,6 +105,8 @@ def _emulate(d, inputs, attrs, rng):
 
 
 def _check(d, case):
+    if case.data.get(d.primary) == "special":
+        return  # inf / NaN / overflow: documented semantics, compared exactly, not a model
     inputs = make_inputs(d, case)
     x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
            for p in d.tensor_params}
