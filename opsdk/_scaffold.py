@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 
+from ._files import new_file_mode
 from .registry import get_op, is_registered
 
 __all__ = ["KINDS", "TARGETS", "ScaffoldError", "ScaffoldResult", "new_op"]
@@ -242,8 +243,7 @@ def _write_all(paths: dict[pathlib.Path, str]) -> None:
     temps: dict[pathlib.Path, str] = {}
     backups: dict[pathlib.Path, bytes] = {}
     done: list[pathlib.Path] = []
-    umask = os.umask(0)
-    os.umask(umask)
+    fresh = new_file_mode()
     try:
         for p, text in paths.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
@@ -252,7 +252,7 @@ def _write_all(paths: dict[pathlib.Path, str]) -> None:
             temps[p] = tmp
             # mkstemp makes 0600 files; a source file gets the mode any editor would give it
             # (0644 under the usual umask), or keeps the one of the file it replaces.
-            mode = p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~umask
+            mode = p.stat().st_mode & 0o777 if p.exists() else fresh
             os.chmod(tmp, mode)
         for p, tmp in temps.items():
             if p.exists():

@@ -168,21 +168,9 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 
 
 def _write_json(path: str, data: object) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file (never half a file)."""
-    import os
-    import tempfile
+    from opsdk._files import write_text_atomic
 
-    target = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
-                               prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2))
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -327,8 +315,8 @@ _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s arguments are added (all of them when None is given
-    explicitly through ``_build_parser(ALL)``)."""
+    """The parser; only ``command``'s arguments are added (the others get their help line
+    only, so ``opsdk --help`` imports none of their modules)."""
     p = argparse.ArgumentParser(
         prog="opsdk", description=__doc__.split("\n")[0],
         epilog="`opsdk COMMAND --help` describes a command's arguments.")
@@ -336,12 +324,9 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, text in COMMANDS.items():
         s = sub.add_parser(name, help=text, description=text)
-        if command in (name, _ALL):
+        if command == name:
             _ARGS[name](s)
     return p
-
-
-_ALL = "*"
 
 
 def _command_of(argv: Sequence[str]) -> str | None:

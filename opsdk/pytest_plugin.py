@@ -51,6 +51,9 @@ import pytest
 __all__ = ["OpsdkFile", "OpsdkItem", "covers", "parse_op_spec"]
 
 _TARGETS_HELP = "x86, arm, arm-dotprod, arm-sve or host"
+# Per-run state on the config: op module file -> its specs, and the modules collected.
+_FILES = pytest.StashKey[dict]()
+_COLLECTED = pytest.StashKey[set]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -105,9 +108,8 @@ def _importable(config: pytest.Config) -> None:
 
 def _spec_files(config: pytest.Config) -> dict[pathlib.Path, list[str]]:
     """Source file of each configured op module -> its specs (cached on the config)."""
-    cached = getattr(config, "_opsdk_files", None)
-    if cached is not None:
-        return cached
+    if _FILES in config.stash:
+        return config.stash[_FILES]
     _importable(config)
     files: dict[pathlib.Path, list[str]] = {}
     for spec in config.getini("opsdk_ops"):
@@ -123,7 +125,7 @@ def _spec_files(config: pytest.Config) -> dict[pathlib.Path, list[str]]:
                 f"opsdk_ops: no module {mod!r} under the rootdir {config.rootpath} or on "
                 f"sys.path; name the module holding OPS = [...] (e.g. mypkg.ops)")
         files.setdefault(pathlib.Path(found.origin).resolve(), []).append(spec)
-    config._opsdk_files = files  # type: ignore[attr-defined]
+    config.stash[_FILES] = files
     return files
 
 
@@ -131,7 +133,7 @@ def covers(config: pytest.Config, module: str) -> bool:
     """Whether this run's collected items include the plugin's suite for the ops of
     ``module`` (the test ``opsdk new-op`` writes then skips itself instead of verifying
     them a second time)."""
-    return module in getattr(config, "_opsdk_collected", set())
+    return module in config.stash.get(_COLLECTED, set())
 
 
 def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector) -> pytest.File | None:
@@ -140,7 +142,7 @@ def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector) -> py
     specs = _spec_files(parent.config).get(file_path.resolve())
     if not specs:
         return None
-    collected = parent.config.__dict__.setdefault("_opsdk_collected", set())
+    collected = parent.config.stash.setdefault(_COLLECTED, set())
     collected.update(parse_op_spec(s)[0] for s in specs)
     return OpsdkFile.from_parent(parent, path=file_path, specs=specs)
 

@@ -260,26 +260,8 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
 
 
 def _write(args: argparse.Namespace, report_json: str, junit: str) -> None:
+    from .._files import write_text_atomic
+
     for path, text in ((args.report, report_json), (args.junit, junit)):
         if path:
-            _write_atomic(path, text)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Write through a temporary file beside ``path``, then rename: a full disk or an
-    interrupt leaves the old file (or none), never half a report."""
-    import pathlib
-    import tempfile
-
-    target = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+            write_text_atomic(path, text)

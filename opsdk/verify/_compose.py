@@ -128,10 +128,9 @@ def norm_model(
 
             G, B = per_channel(G), per_channel(B)
             split = (*shape[:c], g, C // g, *shape[c + 1:])
-            rest = _axes(m, axes, X.ndim, trailing=True)
-            red = (c + 1, *[a + 1 if a > c else a for a in rest if a != c])
+            rest = _axes(m, axes, X.ndim, trailing=True)  # axes of x; c splits in two
+            red = tuple(sorted({c + 1, *(a + 1 if a > c else a for a in rest if a != c)}))
             X, G, B = (None if t is None else t.reshape(split) for t in (X, G, B))
-            red = tuple(sorted(red))
         else:
             red = _axes(m, axes, X.ndim, trailing=True)
             G, B = (None if t is None else np.broadcast_to(t, shape) for t in (G, B))

@@ -104,13 +104,18 @@ def _emulate(d, inputs, attrs, rng):
     raise AssertionError(d.name)
 
 
-def _check(d, case):
-    if case.data.get(d.primary) == "special":
-        return  # inf / NaN / overflow: documented semantics, compared exactly, not a model
+def _case_data(d, case):
+    """(inputs as drawn, float64 inputs with None for absent ones, normalized attributes)."""
     inputs = make_inputs(d, case)
     x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
            for p in d.tensor_params}
-    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+    return inputs, x64, d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+
+
+def _check(d, case):
+    if case.data.get(d.primary) == "special":
+        return  # inf / NaN / overflow: documented semantics, compared exactly, not a model
+    inputs, x64, nattrs = _case_data(d, case)
     with np.errstate(all="ignore"):
         ref = d.run_reference(x64, case.attrs)
         emul = _emulate(d, inputs, nattrs, np.random.default_rng(case.seed))
@@ -191,10 +196,7 @@ def test_composed_norm_model_is_the_built_in_norms_model() -> None:
                 model = norm_model(axes=spatial, groups="num_groups", gamma="gamma",
                                    beta="beta", channel_axis=1 if layout == "NCHW" else 3)
             for case in corner_cases(d, "x86", "float32", layout, 16)[:6]:
-                inputs = make_inputs(d, case)
-                x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
-                       for p in d.tensor_params}
-                nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+                _, x64, nattrs = _case_data(d, case)
                 with np.errstate(all="ignore"):
                     m = ModelInput(d, x64, nattrs, d.run_reference(x64, case.attrs), U)
                     want = model_for(d)[1](m)
@@ -277,10 +279,7 @@ def test_composed_models_cover_emulated_user_ops(which: int) -> None:
     error_model(d)(model)
     try:
         def check(case):
-            inputs = make_inputs(d, case)
-            x64 = {p.name: (inputs[p.name].astype(np.float64) if p.name in inputs else None)
-                   for p in d.tensor_params}
-            nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
+            inputs, x64, nattrs = _case_data(d, case)
             with np.errstate(all="ignore"):
                 ref = d.run_reference(x64, case.attrs)
                 emul = _emulate_user(d.name, inputs, nattrs, np.random.default_rng(case.seed))
@@ -311,9 +310,8 @@ def test_composed_model_names_a_wrong_attribute() -> None:
 
     d = _user_ops()[0]
     case = corner_cases(d, "x86", "float32", "last", 16)[0]
-    x64 = {k: v.astype(np.float64) for k, v in make_inputs(d, case).items()}
-    nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
-    m = ModelInput(d, {"x": x64["x"], "gamma": x64.get("gamma")}, nattrs, x64["x"], U)
+    _, x64, nattrs = _case_data(d, case)
+    m = ModelInput(d, x64, nattrs, x64["x"], U)
     with pytest.raises(ValueError, match=r"user_l2norm.*'eps' names no attribute.*epsilon"):
         norm_model(epsilon="eps")(m)
     with pytest.raises(ValueError, match=r"'scale' is not an input.*x, gamma"):

@@ -1,0 +1,42 @@
+"""Writing files the user keeps: whole or not at all, with the mode an editor would give."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+__all__ = ["new_file_mode", "write_text_atomic"]
+
+
+def new_file_mode() -> int:
+    """The mode a new regular file gets under the current umask (0644 under the usual 022);
+    ``tempfile.mkstemp`` makes 0600 files, so a temporary file renamed into place needs it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, then rename: a full disk
+    or an interrupt leaves the old file (or none), never half a file.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from opsdk._files import write_text_atomic
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.json"
+    >>> write_text_atomic(p, "{}")
+    >>> p.read_text()
+    '{}'
+    """
+    target = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, new_file_mode())
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
