@@ -8,7 +8,7 @@ from tvm import te
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from ..te_utils import acc
+from ..te_utils import acc, narrow
 from .gelu import gelu_expr, gelu_reference
 
 
@@ -36,6 +36,6 @@ def bias_gelu(
     """
     return te.compute(
         x.shape,
-        lambda *i: gelu_expr(acc(x(*i)) + acc(bias(i[-1])), approximate).astype(x.dtype),
+        lambda *i: narrow(gelu_expr(acc(x(*i)) + acc(bias(i[-1])), approximate), x.dtype),
         name="bias_gelu",
     )

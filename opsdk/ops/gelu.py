@@ -10,8 +10,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Tensor, op
-from .._vecmath import erf_f32, exp_f32
-from ..te_utils import acc
+from ..te_utils import acc, bind, erf_f32, exp_f32, narrow
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -23,6 +22,10 @@ def gelu_expr(v: tirx.PrimExpr, approximate: str) -> tirx.PrimExpr:
     calls). The tanh form uses the identity ``0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))``: one
     exp and one division, and no cancellation in ``1 + tanh(u)`` for large negative inputs.
     """
+    return bind(v, "gelu_x", lambda v: _gelu(v, approximate))
+
+
+def _gelu(v: tirx.PrimExpr, approximate: str) -> tirx.PrimExpr:
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
         return v / (1.0 + exp_f32(-2.0 * inner))
@@ -57,5 +60,5 @@ def gelu(x: Tensor, *, approximate: Literal["none", "tanh"] = "none") -> te.Tens
     Computed in float32 for float16/bfloat16 inputs; the output has the input dtype.
     """
     return te.compute(
-        x.shape, lambda *i: gelu_expr(acc(x(*i)), approximate).astype(x.dtype), name="gelu"
+        x.shape, lambda *i: narrow(gelu_expr(acc(x(*i)), approximate), x.dtype), name="gelu"
     )

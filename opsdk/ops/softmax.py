@@ -7,8 +7,7 @@ from tvm import te, tirx
 
 from .._dtypes import FLOAT_DTYPES
 from .._opdef import Axis, Tensor, op
-from .._vecmath import exp_f32
-from ..te_utils import acc
+from ..te_utils import acc, exp_f32
 
 
 def _reference(x, *, axis=-1):

@@ -108,6 +108,36 @@ def test_math_accuracy_assumptions_of_the_models_hold() -> None:
         assert value <= MATH_ULPS[key], f"{name}: {value:.2f} u > assumed {MATH_ULPS[key]} u"
 
 
+def test_bfloat16_through_let_bound_math_is_exact_at_the_ends() -> None:
+    # exp_f32/erf_f32 bind their operands (Let) to keep the expression linear; TVM's
+    # bfloat16 storage pass does not rewrite a cast inside a Let value and its store rounding
+    # copies its operand, so the widening and the narrowing are written out by bits. Checked
+    # against float32 math rounded by ml_dtypes, with the vector and the scalar code path.
+    import ml_dtypes
+    import tvm
+
+    from opsdk.te_utils import acc, exp_f32, narrow
+
+    n = 77  # a vector tail too
+    xs = np.linspace(-9, 9, n).astype(ml_dtypes.bfloat16)
+    want = np.exp(xs.astype(np.float64)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    for widen in (acc, lambda v: v.astype("float32")):
+        x = te.placeholder((n,), "bfloat16", name="x")
+        y = te.compute((n,), lambda i: narrow(exp_f32(widen(x[i])), "bfloat16"), name="y")  # noqa: B023
+        for vector in (True, False):
+            sch = s_tir.Schedule(te.create_prim_func([x, y]))
+            if vector:
+                _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
+                sch.vectorize(inner)
+            ex = tvm.compile(sch.mod["main"], target=opsdk.target("host"))
+            out = tvm.runtime.empty((n,), "bfloat16")
+            ex["main"](tvm.runtime.tensor(xs), out)
+            got = out.numpy().astype(np.float32)
+            # exp_f32 is within 2 u of float32; rounded to bfloat16 that is at most 1 ulp.
+            ulp = np.spacing(want.astype(np.float32)) * 2.0**16
+            assert np.all(np.abs(got - want.astype(np.float32)) <= ulp), (vector, got, want)
+
+
 # ------------------------------------------------------------------------- lints
 
 
