@@ -414,7 +414,7 @@ class OpDef:
             raise OpDefinitionError(
                 f"op {self.name!r}: compute must return one te.Tensor, got {type(out).__name__}"
             )
-        return out
+        return _narrow_bf16_store(out)
 
     def declared_dtype(self, dtypes: Mapping[str, str], nattrs: Mapping[str, Any]) -> str:
         """The output dtype the op promises for these input dtypes and (bound) attributes.
@@ -901,3 +901,23 @@ def _self_check(d: OpDef) -> None:
                     f"op {d.name!r} (layout {layout!r}): compute fails on a symbolic leading "
                     f"dimension: {e}"
                 ) from e
+
+
+def _narrow_bf16_store(out: te.Tensor) -> te.Tensor:
+    # A compute's last ``.astype("bfloat16")`` of a result built with Let bindings (exp_f32,
+    # erf_f32, bind) is rewritten as te_utils.narrow: TVM's bfloat16 store rounding copies
+    # its operand, Let bindings and all, and its vectorizer then refuses the twice-bound
+    # variables (docs/authoring.md). Same rounding, so nothing else changes.
+    from tvm.te import _ffi_api as te_api
+
+    from ._vecmath import has_let
+    from .te_utils import narrow
+
+    op = out.op
+    if str(out.dtype) != "bfloat16" or not isinstance(op, te.ComputeOp) or len(op.body) != 1:
+        return out
+    body = op.body[0]
+    if not isinstance(body, tirx.Cast) or str(body.value.ty) != "float32" or not has_let(body):
+        return out
+    new = te_api.ComputeOp(op.name, op.tag, op.attrs, op.axis, [narrow(body.value, "bfloat16")])
+    return new.output(0)

@@ -9,6 +9,8 @@ plain arithmetic (FMA, floor, integer shift, bit cast), which vectorizes on ever
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.ir.expr import Call as _Call
+from tvm.ir.expr import Expr as _Expr
 
 __all__ = ["bind", "erf_f32", "exp_f32", "widen_bf16"]
 _LN2_HI = 0.693359375  # ln(2) split so that n * _LN2_HI is exact for |n| <= 2^10 (Cody-Waite)
@@ -46,10 +48,65 @@ def bind(value: tirx.PrimExpr, name: str, body) -> tirx.PrimExpr:
         value = value.asobject()
     if isinstance(value, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
         return body(value)
-    if isinstance(value, tirx.Cast) and str(value.value.ty) == "bfloat16":
-        value = widen_bf16(value.value).astype(str(value.ty))
+    value = widen_casts(value)
     v = tirx.Var(name, str(value.ty))
-    return tirx.Let(v, value, body(v))
+    return tirx.Let(v, value, widen_casts(body(v)))
+
+
+_BINARY = tuple(getattr(tirx, n) for n in (
+    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max",
+    "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or"))
+
+
+def _rebuild(e: tirx.PrimExpr, leaf) -> tirx.PrimExpr:
+    """``e`` with ``leaf(node)`` applied bottom-up; nodes whose children are unchanged are
+    kept (tensor reads and unknown nodes are never rebuilt)."""
+    def go(x):
+        if isinstance(x, _BINARY):
+            a, b = go(x.a), go(x.b)
+            x = x if a.same_as(x.a) and b.same_as(x.b) else type(x)(a, b)
+        elif isinstance(x, tirx.Not):
+            a = go(x.a)
+            x = x if a.same_as(x.a) else tirx.Not(a)
+        elif isinstance(x, tirx.Select):
+            c, t, f = go(x.condition), go(x.true_value), go(x.false_value)
+            if not (c.same_as(x.condition) and t.same_as(x.true_value)
+                    and f.same_as(x.false_value)):
+                x = tirx.Select(c, t, f)
+        elif isinstance(x, tirx.Cast):
+            v = go(x.value)
+            x = x if v.same_as(x.value) else tirx.Cast(str(x.ty), v)
+        elif isinstance(x, tirx.Let):
+            v, b = go(x.value), go(x.body)
+            x = x if v.same_as(x.value) and b.same_as(x.body) else tirx.Let(x.var, v, b)
+        elif isinstance(x, _Call) and getattr(x.op, "name", "").startswith("tirx."):
+            args = [go(a) if isinstance(a, _Expr) else a for a in x.args]
+            if not all(n.same_as(o) for n, o in zip(args, x.args)):
+                x = _Call(x.op, args, attrs=x.attrs, ret_ty=x.ty)
+        return leaf(x)
+    return go(e)
+
+
+def widen_casts(e: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``e`` with every bfloat16 -> float32 cast written by bits (:func:`widen_bf16`)."""
+    def leaf(x):
+        if (isinstance(x, tirx.Cast) and str(x.value.ty) == "bfloat16"
+                and str(x.ty) == "float32"):
+            return widen_bf16(x.value)
+        return x
+    return _rebuild(e, leaf)
+
+
+def has_let(e: tirx.PrimExpr) -> bool:
+    """True when ``e`` contains a ``Let`` (from :func:`bind`, ``exp_f32``, ``erf_f32``)."""
+    found = []
+
+    def leaf(x):
+        if isinstance(x, tirx.Let):
+            found.append(x)
+        return x
+    _rebuild(e, leaf)
+    return bool(found)
 
 
 def widen_bf16(value: tirx.PrimExpr) -> tirx.PrimExpr:

@@ -116,14 +116,18 @@ def test_bfloat16_through_let_bound_math_is_exact_at_the_ends() -> None:
     import ml_dtypes
     import tvm
 
+    from opsdk._opdef import _narrow_bf16_store
     from opsdk.te_utils import acc, exp_f32, narrow
 
     n = 77  # a vector tail too
     xs = np.linspace(-9, 9, n).astype(ml_dtypes.bfloat16)
     want = np.exp(xs.astype(np.float64)).astype(np.float32).astype(ml_dtypes.bfloat16)
-    for widen in (acc, lambda v: v.astype("float32")):
-        x = te.placeholder((n,), "bfloat16", name="x")
-        y = te.compute((n,), lambda i: narrow(exp_f32(widen(x[i])), "bfloat16"), name="y")  # noqa: B023
+    x = te.placeholder((n,), "bfloat16", name="x")
+    for widen, store in [(acc, narrow), (lambda v: v.astype("float32"), narrow),
+                         # an author's plain .astype: OpDef.call_compute rewrites it
+                         (acc, lambda v, dt: v.astype(dt))]:
+        y = te.compute((n,), lambda i: store(exp_f32(widen(x[i])), "bfloat16"), name="y")  # noqa: B023
+        y = _narrow_bf16_store(y)
         for vector in (True, False):
             sch = s_tir.Schedule(te.create_prim_func([x, y]))
             if vector:
