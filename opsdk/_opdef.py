@@ -146,13 +146,15 @@ class OpDef:
     rules: list = field(default_factory=list)
     # the output dtype contract (see :func:`op`): None = the first input's dtype, a dtype, the
     # name of an attribute holding it, or ``f(dtypes, attrs) -> dtype``
-    output_dtype: str | Callable[[dict, dict], str] | None = None
+    output_dtype: Any = None  # or a tuple of such rules, one per output
     # framework mappings and fusion rules that carry models to this op (see :meth:`torch`,
     # :meth:`fusion`): aten overload -> converter (None: the default one), and
     # (rule name, factory returning (pattern, build))
     # the reference follows the op's documented semantics for inf / NaN / huge inputs, so
     # verify draws them too (the ``special`` data recipe)
     special_values: bool = False
+    # outputs of the compute (a tuple of tensors when > 1), found by the definition-time trace
+    n_outputs: int = 1
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)
     fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
 
@@ -193,7 +195,10 @@ class OpDef:
 
         The decorated function takes no argument and returns ``(pattern, build)``: a
         ``tvm.relax.dpl`` pattern and ``build(matched_call, matchings) -> relax.Expr | None``
-        (None leaves a near miss alone). The rule is named ``fuse.<op>`` (or ``name``).
+        (None leaves a near miss alone). The rule is named ``fuse.<op>`` (or ``name``). For a
+        multi-output op, ``build`` returns ``(call, {expr: output_index})`` naming the output
+        that replaces the matched root and any other matched expression the op computes
+        (docs/authoring.md, "Ops with several outputs").
 
         Examples
         --------
@@ -407,14 +412,24 @@ class OpDef:
 
     def call_compute(
         self, tensors: Sequence[te.Tensor | None], nattrs: Mapping[str, Any]
-    ) -> te.Tensor:
-        """Call the compute with tensors (None for absent optionals) and normalized attributes."""
+    ) -> te.Tensor | tuple[te.Tensor, ...]:
+        """Call the compute with tensors (None for absent optionals) and normalized attributes.
+
+        Returns its tensor, or its tuple of tensors for a multi-output op.
+        """
         out = self.compute(*tensors, **nattrs)
-        if not isinstance(out, te.Tensor):
-            raise OpDefinitionError(
-                f"op {self.name!r}: compute must return one te.Tensor, got {type(out).__name__}"
-            )
-        return _narrow_bf16_store(out)
+        if isinstance(out, te.Tensor):
+            return _narrow_bf16_store(out)
+        if (isinstance(out, (tuple, list)) and len(out) >= 2
+                and all(isinstance(t, te.Tensor) for t in out)):
+            return tuple(_narrow_bf16_store(t) for t in out)
+        got = (f"a {type(out).__name__} of {len(out)}: "
+               f"{', '.join(type(t).__name__ for t in out)}"
+               if isinstance(out, (tuple, list)) else type(out).__name__)
+        raise OpDefinitionError(
+            f"op {self.name!r}: compute must return a te.Tensor or a tuple of two or more "
+            f"te.Tensor (one per output), got {got}"
+        )
 
     def declared_dtype(self, dtypes: Mapping[str, str], nattrs: Mapping[str, Any]) -> str:
         """The output dtype the op promises for these input dtypes and (bound) attributes.
@@ -427,21 +442,39 @@ class OpDef:
         >>> opsdk.get_op("quantize").declared_dtype({"x": "float32"}, {"out_dtype": "uint8"})
         'uint8'
         """
-        rule = self.output_dtype
-        if rule is None:
-            return str(dtypes[self.primary])
-        if callable(rule):
-            return str(rule(dict(dtypes), dict(nattrs)))
-        return str(nattrs[rule]) if self._names_attr(rule) else rule
+        return self.declared_dtypes(dtypes, nattrs)[0]
+
+    def declared_dtypes(self, dtypes: Mapping[str, str], nattrs: Mapping[str, Any]
+                        ) -> list[str]:
+        """The promised dtype of each output (``output_dtype`` may give one rule per output;
+        a single rule applies to all of them).
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> opsdk.get_op("gelu").declared_dtypes({"x": "bfloat16"}, {"approximate": "none"})
+        ['bfloat16']
+        """
+        rules = self.output_dtype
+        if not isinstance(rules, (tuple, list)):
+            rules = [rules] * self.n_outputs
+        out = []
+        for rule in rules:
+            if rule is None:
+                out.append(str(dtypes[self.primary]))
+            elif callable(rule):
+                out.append(str(rule(dict(dtypes), dict(nattrs))))
+            else:
+                out.append(str(nattrs[rule]) if self._names_attr(rule) else rule)
+        return out
 
     def output_dtype_rule(self) -> str:
         """The output dtype contract in words (for reports and error messages)."""
         rule = self.output_dtype
-        if rule is None:
-            return f"same as input '{self.primary}'"
-        if callable(rule):
-            return f"{getattr(rule, '__name__', 'a function')}(dtypes, attrs)"
-        return f"given by attribute '{rule}'" if self._names_attr(rule) else f"always {rule}"
+        if isinstance(rule, (tuple, list)):
+            return "per output: " + ", ".join(
+                _dtype_rule_words(self, r) for r in rule)
+        return _dtype_rule_words(self, rule)
 
     def _names_attr(self, rule: str) -> bool:
         return any(p.name == rule for p in self.attr_params)
@@ -449,13 +482,24 @@ class OpDef:
     def result_type(
         self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
     ) -> tuple[tuple, str]:
-        """Output (shape, dtype): the author's ``infer_type`` if given, else the traced compute."""
+        """Output (shape, dtype): the author's ``infer_type`` if given, else the traced compute.
+        A multi-output op has one per output: :meth:`result_types`."""
+        if self.n_outputs != 1:
+            raise TypeError(f"{self.op_name} has {self.n_outputs} outputs: use result_types")
+        return self.result_types(shapes, dtypes, attrs)[0]
+
+    def result_types(
+        self, shapes: Mapping[str, tuple], dtypes: Mapping[str, str], attrs: Mapping[str, Any]
+    ) -> list[tuple[tuple, str]]:
+        """(shape, dtype) of each output: the author's ``infer_type`` (one pair, or a list of
+        pairs for a multi-output op) if given, else the traced compute."""
         if self.infer_type is not None:
             nattrs = self.validate(shapes, dtypes, attrs)
-            shape, dtype = self.infer_type(dict(shapes), dict(dtypes), nattrs)
-            return tuple(shape), str(dtype)
-        out = self.trace(shapes, dtypes, attrs)
-        return _shape_tuple(out), str(out.dtype)
+            got = self.infer_type(dict(shapes), dict(dtypes), nattrs)
+            pairs = [got] if self.n_outputs == 1 else list(got)
+            return [(tuple(shape), str(dtype)) for shape, dtype in pairs]
+        return [(_shape_tuple(t), str(t.dtype))
+                for t in as_outputs(self.trace(shapes, dtypes, attrs))]
 
     # ------------------------------------------------------------------ examples
     def example_shapes(
@@ -527,7 +571,13 @@ class OpDef:
                 if a.dtype.kind == "f" or a.dtype == np_dtype("bfloat16"):
                     a = a.astype(np.float64)
             args.append(a)
-        return np.asarray(self.reference(*args, **nattrs))
+        out = self.reference(*args, **nattrs)
+        if self.n_outputs == 1:
+            return np.asarray(out)
+        if not isinstance(out, (tuple, list)):
+            raise TypeError(f"{self.op_name}: the reference returned a {type(out).__name__}, "
+                            f"not a tuple of {self.n_outputs} arrays (one per output)")
+        return tuple(np.asarray(o) for o in out)
 
     def rule(self, target_key: str, **kwargs: Any) -> Callable:
         """Decorator: register a schedule rule for this op (see :func:`opsdk.schedules.rule`)."""
@@ -543,6 +593,37 @@ class OpDef:
 
     def __repr__(self) -> str:
         return f"<opsdk op {self.name} ({self.source})>"
+
+
+def _check_dtype_rule(opname: str, rule: Any, attr_names: set[str]) -> None:
+    if isinstance(rule, str):
+        if rule not in attr_names:
+            try:
+                np_dtype(rule)
+            except Exception:
+                raise OpDefinitionError(
+                    f"op {opname!r}: output_dtype={rule!r} is neither a dtype nor "
+                    f"an attribute (attributes: {sorted(attr_names) or 'none'}); pass e.g. "
+                    "'float32', an attribute name, or a function (dtypes, attrs) -> dtype"
+                ) from None
+    elif rule is not None and not callable(rule):
+        raise OpDefinitionError(
+            f"op {opname!r}: output_dtype must be a dtype, an attribute name or a "
+            f"function (or a tuple of them, one per output), got {type(rule).__name__}"
+        )
+
+
+def _dtype_rule_words(d: OpDef, rule: Any) -> str:
+    if rule is None:
+        return f"same as input '{d.primary}'"
+    if callable(rule):
+        return f"{getattr(rule, '__name__', 'a function')}(dtypes, attrs)"
+    return f"given by attribute '{rule}'" if d._names_attr(rule) else f"always {rule}"
+
+
+def as_outputs(out: te.Tensor | Sequence[te.Tensor]) -> tuple[te.Tensor, ...]:
+    """A compute's result as a tuple of its outputs (one element for a single-output op)."""
+    return (out,) if isinstance(out, te.Tensor) else tuple(out)
 
 
 def _dims_equal(a: Any, b: Any) -> bool:
@@ -611,7 +692,7 @@ def op(
     kind: str = "elementwise",
     examples: Sequence[tuple[int, ...]] | None = None,
     name: str | None = None,
-    output_dtype: str | Callable[[dict, dict], str] | None = None,
+    output_dtype: Any = None,
     special_values: bool = False,
 ) -> Callable[[Callable[..., te.Tensor]], OpDef]:
     """Declare an op from its TE compute.
@@ -657,7 +738,13 @@ def op(
         The output dtype contract, which ``opsdk verify`` checks on every cell: None (the
         default) promises the first input's dtype (a float16 op returns float16, whatever
         it accumulates in); a dtype (``"float32"`` for a dequantize); the name of a ``str``
-        attribute that selects it (``"out_dtype"``); or ``f(dtypes, attrs) -> dtype``.
+        attribute that selects it (``"out_dtype"``); or ``f(dtypes, attrs) -> dtype``. A
+        multi-output op may give a tuple with one such rule per output.
+
+    The compute returns one ``te.Tensor``, or a tuple of them for an op with several outputs
+    (a fused residual add + LayerNorm returning the sum too); the reference then returns a
+    tuple of arrays in the same order, ``infer_type`` one ``(shape, dtype)`` per output, and
+    the Relax call's value is a tuple.
     special_values
         True when the reference follows the op's documented semantics for infinities, NaN
         and huge inputs (as the float built-ins do, docs/verification.md): verify then draws
@@ -738,22 +825,10 @@ def op(
         for dt in (*primary_dtypes, *(d for v in per_input.values() for d in v)):
             np_dtype(dt)  # raises for unknown dtypes
         _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
-        if isinstance(output_dtype, str):
-            attr_names = {p.name for p in params if p.kind == "attr"}
-            if output_dtype not in attr_names:
-                try:
-                    np_dtype(output_dtype)
-                except Exception:
-                    raise OpDefinitionError(
-                        f"op {opname!r}: output_dtype={output_dtype!r} is neither a dtype nor "
-                        f"an attribute (attributes: {sorted(attr_names) or 'none'}); pass e.g. "
-                        "'float32', an attribute name, or a function (dtypes, attrs) -> dtype"
-                    ) from None
-        elif output_dtype is not None and not callable(output_dtype):
-            raise OpDefinitionError(
-                f"op {opname!r}: output_dtype must be a dtype, an attribute name or a "
-                f"function, got {type(output_dtype).__name__}"
-            )
+        attr_names = {p.name for p in params if p.kind == "attr"}
+        rules = output_dtype if isinstance(output_dtype, (tuple, list)) else [output_dtype]
+        for rule in rules:
+            _check_dtype_rule(opname, rule, attr_names)
         d = OpDef(
             name=opname,
             compute=fn,
@@ -830,6 +905,7 @@ def _self_check(d: OpDef) -> None:
     Checks that the compute builds, that a hand-written ``infer_type`` agrees with it, and
     that the reference returns the traced shape. Raises :class:`OpDefinitionError`.
     """
+    first = True
     for layout, lattrs in d.layouts.items():
         attrs = {**d.default_attrs(), **lattrs}
         try:
@@ -864,16 +940,33 @@ def _self_check(d: OpDef) -> None:
                             "particular extents (an even last axis, channels divisible by the "
                             "groups), pass examples=[(...), ...] to opsdk.op")
                     raise OpDefinitionError(f"{where}: compute failed: {e}{hint}") from e
-                traced = (_shape_tuple(out), str(out.dtype))
+                outs = as_outputs(out)
+                if first:
+                    d.n_outputs, first = len(outs), False
+                    _check_output_rules(d)
+                elif len(outs) != d.n_outputs:
+                    raise OpDefinitionError(
+                        f"{where}: compute returns {len(outs)} outputs here but {d.n_outputs} "
+                        "elsewhere; an op has one output count for every dtype and layout"
+                    )
+                traced_all = [(_shape_tuple(t), str(t.dtype)) for t in outs]
                 if d.infer_type is not None:
-                    declared = d.result_type(shapes, dts, attrs)
-                    declared = (tuple(int(s) for s in declared[0]), declared[1])
-                    if declared != traced:
+                    try:
+                        declared_all = d.result_types(shapes, dts, attrs)
+                    except (TypeError, ValueError) as e:
                         raise OpDefinitionError(
-                            f"{where}: declared type (infer_type) gives shape {declared[0]} "
-                            f"dtype {declared[1]}, but the compute produces shape {traced[0]} "
-                            f"dtype {traced[1]}"
-                        )
+                            f"{where}: infer_type must return (shape, dtype)"
+                            + (f", one per output ({d.n_outputs})" if d.n_outputs > 1 else "")
+                            + f": {e}") from e
+                    for k, (declared, traced) in enumerate(zip(declared_all, traced_all)):
+                        declared = (tuple(int(s) for s in declared[0]), declared[1])
+                        if declared != traced:
+                            which = f" output {k}" if d.n_outputs > 1 else ""
+                            raise OpDefinitionError(
+                                f"{where}: declared type (infer_type){which} gives shape "
+                                f"{declared[0]} dtype {declared[1]}, but the compute produces "
+                                f"shape {traced[0]} dtype {traced[1]}"
+                            )
                 if dt == d.dtypes[0]:
                     rng = np.random.default_rng(0)
                     ins = {
@@ -884,12 +977,25 @@ def _self_check(d: OpDef) -> None:
                         ).astype(np_dtype(dts[k]))
                         for k, v in shapes.items()
                     }
-                    ref = d.run_reference(ins, attrs)
-                    if tuple(ref.shape) != traced[0]:
+                    try:
+                        refs = d.run_reference(ins, attrs)
+                    except TypeError as e:  # a single array where a tuple was due
                         raise OpDefinitionError(
-                            f"{where}: reference returns shape {tuple(ref.shape)} but the compute "
-                            f"produces {traced[0]}"
+                            f"{where}: the reference must return one array per output "
+                            f"({d.n_outputs}): {e}") from e
+                    refs = [refs] if d.n_outputs == 1 else list(refs)
+                    if len(refs) != d.n_outputs:
+                        raise OpDefinitionError(
+                            f"{where}: the reference returns {len(refs)} arrays but the "
+                            f"compute has {d.n_outputs} outputs"
                         )
+                    for k, (ref, traced) in enumerate(zip(refs, traced_all)):
+                        if tuple(ref.shape) != traced[0]:
+                            which = f" (output {k})" if d.n_outputs > 1 else ""
+                            raise OpDefinitionError(
+                                f"{where}: reference returns shape {tuple(ref.shape)}{which} "
+                                f"but the compute produces {traced[0]}"
+                            )
             # A symbolic leading dim must survive tracing (Relax keeps it in the type).
             n = tirx.Var("n", "int64")
             shapes = d.example_shapes((n, *shape[1:]), attrs)
@@ -901,6 +1007,15 @@ def _self_check(d: OpDef) -> None:
                     f"op {d.name!r} (layout {layout!r}): compute fails on a symbolic leading "
                     f"dimension: {e}"
                 ) from e
+
+
+def _check_output_rules(d: OpDef) -> None:
+    rules = d.output_dtype
+    if isinstance(rules, (tuple, list)) and len(rules) != d.n_outputs:
+        raise OpDefinitionError(
+            f"op {d.name!r}: output_dtype gives {len(rules)} rules but the compute has "
+            f"{d.n_outputs} outputs; give one per output, or a single rule for all"
+        )
 
 
 def _narrow_bf16_store(out: te.Tensor) -> te.Tensor:

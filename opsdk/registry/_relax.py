@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tvm
-from tvm import relax
+from tvm import relax, te
 
 from .._opdef import OpDef
 
@@ -168,11 +168,13 @@ def _types(d: OpDef, args: dict[str, Any]) -> tuple[dict, dict]:
     return shapes, dtypes
 
 
-def _infer_type(name: str, call: relax.Call) -> relax.TensorType:
+def _infer_type(name: str, call: relax.Call) -> relax.TensorType | relax.TupleType:
     d, args, attrs = decode_call(call)
     shapes, dtypes = _types(d, args)
-    shape, dtype = d.result_type(shapes, dtypes, attrs)
-    return relax.TensorType(list(shape), dtype)
+    outs = [relax.TensorType(list(shape), dtype)
+            for shape, dtype in d.result_types(shapes, dtypes, attrs)]
+    # A multi-output op's call is a tuple (its outputs in the compute's order).
+    return outs[0] if d.n_outputs == 1 else relax.TupleType(outs)
 
 
 #: TVM's fusion pattern kOpaque: FuseOps never merges such a kernel with its neighbours.
@@ -189,7 +191,8 @@ def _legalize(name: str, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr
 
     def te_fn(*tensors):
         by_name = dict(zip(present, tensors))
-        return d.call_compute([by_name.get(p.name) for p in d.tensor_params], nattrs)
+        out = d.call_compute([by_name.get(p.name) for p in d.tensor_params], nattrs)
+        return out if isinstance(out, te.Tensor) else list(out)
 
     out = bb.call_te(
         te_fn,

@@ -195,8 +195,10 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         try:
             sch = r.fn(func, target)
         except Exception as e:  # a broken rule must not break compilation
-            warnings.warn(f"opsdk: schedule rule {r.name} failed on {op.name}: {e}", stacklevel=2)
-            ch.reasons.append(f"{r.name}: raised {type(e).__name__}: {e}")
+            brief = _brief_error(e)
+            warnings.warn(f"opsdk: schedule rule {r.name} failed on {op.name}: {brief} "
+                          "(generic lowering or the next rule used)", stacklevel=2)
+            ch.reasons.append(f"{r.name}: raised {type(e).__name__}: {brief}")
             continue
         if sch is None:
             ch.reasons.append(f"{r.name}: declined (returned None)")
@@ -210,6 +212,15 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         return ch
     ch.reasons.append("no rule applied: generic lowering")
     return ch
+
+
+def _brief_error(e: Exception) -> str:
+    # A ScheduleError carries the whole IR; its first line and its "Error message" say it.
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    msg = next((ln for ln in lines if ln.startswith("Error message:")), "")
+    return lines[0] + (f" ({msg})" if msg and msg != lines[0] else "")
 
 
 _LOG: list[Choice] = []

@@ -537,6 +537,14 @@ def schedule_rows(
     if not blocks or not any(b.is_reduction for b in blocks) or blocks[-1].is_reduction:
         return None
     out = blocks[-1]
+    # Side outputs of a multi-output op (a residual add + norm also returning the sum): TVM
+    # cannot compute an output block inside the row loop, so each is a parallel, vectorized
+    # loop nest of its own (one more pass over its inputs).
+    side = [b for b in blocks[:-1] if _is_side_output(sch, b, out)]
+    if side:
+        if split_out is not None:
+            return None
+        blocks = [b for b in blocks if b not in side]
     out_ext = list(out.extents)
     if split_out is not None:
         axis, factor = split_out
@@ -579,9 +587,13 @@ def schedule_rows(
         # blocks vectorization: parallelize the outer row loop, anchor at the inner one.
         sch.parallel(loops[0])
         row = loops[rows - 1]
-    producers = sch.get_child_blocks(sch.get_sblock("root"))[:-1]
+    side_names = {b.name for b in side}
+    producers = [rv for rv in sch.get_child_blocks(sch.get_sblock("root"))[:-1]
+                 if sch.get(rv).name_hint not in side_names]
     for rv in reversed(producers):
         sch.compute_at(rv, row, preserve_unit_loops=True)
+    for b in side:
+        _schedule_side_output(sch, sch.get_sblock(b.name), rows, target)
     # 3. Partial sums: predicate back, (reduce, lanes) order, vector lanes, hoisted init.
     for info in rfs:
         if not info.exact:
@@ -607,6 +619,30 @@ def schedule_rows(
     if scratch is not None:
         return _scratch_in_output(sch, *scratch)
     return sch
+
+
+def _is_side_output(sch: s_tir.Schedule, b: BlockInfo,
+                    out: BlockInfo) -> bool:
+    """A spatial block, not the last, that writes one of the function's output buffers with
+    the last block's extents and feeds no other block."""
+    blk = sch.get(b.rv)
+    if b.is_reduction or len(blk.writes) != 1 or sch.get_consumers(b.rv):
+        return False
+    buf = blk.writes[0].source
+    root = sch.get(sch.get_sblock("root"))
+    if any(buf.same_as(a) for a in root.alloc_buffers):  # scratch, not a function output
+        return False
+    return len(b.extents) == len(out.extents) and all(
+        _same(x, y) for x, y in zip(b.extents, out.extents))
+
+
+def _schedule_side_output(sch: s_tir.Schedule, rv, rows: int, target: Target) -> None:
+    loops = sch.get_loops(rv)
+    sch.parallel(_fuse(sch, loops[:rows]))
+    inner = loops[rows:]
+    if inner:
+        vectorize_loop(sch, _fuse(sch, inner[-MAX_FUSE:]),
+                       vector_lanes(target, _dtype_bits(sch, rv)))
 
 
 def schedule_whole(

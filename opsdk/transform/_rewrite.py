@@ -42,7 +42,14 @@ class RewriteSite:
 @dataclass(frozen=True)
 class Rule:
     """A rewrite rule: when ``pattern`` matches, ``build(orig, matchings)`` returns the
-    replacement, or None to leave the match alone (a near miss)."""
+    replacement, or None to leave the match alone (a near miss).
+
+    A rule into a multi-output op returns ``(call, {expr: output_index})``: the op's call
+    and, for the matched root ``orig`` and any other matched expression the op also
+    computes (the ``x + r`` of a residual add + norm), which output replaces it. Uses of
+    those expressions after the call then read the call's output, and their own
+    computation goes away when nothing else needs it.
+    """
 
     name: str
     pattern: DFPattern
@@ -128,8 +135,9 @@ def apply_rules(mod: tvm.IRModule, rules: Sequence[Rule]) -> tvm.IRModule:
         new = func
         for rule in rules:
             matched: list[relax.Expr] = []
+            shared: list[tuple[relax.Expr, list[tuple[relax.Expr, int]]]] = []
 
-            def callback(orig, matchings, rule=rule, matched=matched):
+            def callback(orig, matchings, rule=rule, matched=matched, shared=shared):
                 if isinstance(orig, relax.Var):
                     # An alias binding (``gv = lv``) matched through the var: rewrite the
                     # binding that computes the value instead, once.
@@ -137,11 +145,15 @@ def apply_rules(mod: tvm.IRModule, rules: Sequence[Rule]) -> tvm.IRModule:
                 out = rule.build(orig, matchings)
                 if out is None:
                     return orig
+                if isinstance(out, tuple):
+                    out = _multi_output(rule, orig, out, shared)
                 matched.append(orig)
                 return out
 
             before = new
             new = rewrite_call(rule.pattern, callback, new)
+            if shared:
+                new = _use_outputs(new, before, shared)
             if matched:
                 by_value = [(b.var, b.value) for b in _bindings(before)]
                 kept = {b.var for b in _bindings(new)}
@@ -162,6 +174,56 @@ def apply_rules(mod: tvm.IRModule, rules: Sequence[Rule]) -> tvm.IRModule:
     return out.with_attr(SITES_ATTR, _dedupe(sites))
 
 
+def _multi_output(rule: Rule, orig: relax.Expr, out: tuple,
+                  shared: list[tuple[relax.Expr, list[tuple[relax.Expr, int]]]]) -> relax.Expr:
+    call, outputs = out
+    root = [k for e, k in outputs.items() if e.same_as(orig)]
+    if not isinstance(call, relax.Call) or len(root) != 1:
+        raise ValueError(f"fusion rule {rule.name}: a multi-output build returns (call, "
+                         "{expr: output_index}) with the matched root among the keys")
+    shared.append((call, [(e, k) for e, k in outputs.items() if not e.same_as(orig)]))
+    return relax.TupleGetItem(call, root[0])
+
+
+def _use_outputs(func: relax.Function, before: relax.Function,
+                 shared: list[tuple[relax.Expr, list[tuple[relax.Expr, int]]]]
+                 ) -> relax.Function:
+    """After each multi-output call, later uses of the other expressions it computes read
+    its outputs; bindings left unused (the add the op now does) are removed."""
+    by_value = [(b.var, b.value) for b in _bindings(before)]
+
+    def var_of(e: relax.Expr) -> relax.Var | None:
+        if isinstance(e, relax.Var):
+            return e
+        return next((v for v, val in by_value if val.same_as(e)), None)
+
+    plan = [(call, [(v, k) for v, k in ((var_of(e), k) for e, k in extra) if v is not None])
+            for call, extra in shared]
+
+    @relax.expr_functor.mutator
+    class _Outputs(relax.PyExprMutator):
+        def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+            # The same bound variable (rewrite sites and drift identify bindings by it).
+            value = self.visit_expr(binding.value)
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+            for call, extra in plan:
+                if _same_call(binding.value, call):
+                    t = binding.var
+                    for v, k in extra:
+                        self.set_var_remap(v, self.builder_.emit(relax.TupleGetItem(t, k)))
+
+    out = _Outputs().visit_expr(func)
+    return relax.analysis.remove_all_unused(out)
+
+
+def _same_call(a: relax.Expr, b: relax.Call) -> bool:
+    # The normalizer may rebuild the call it binds; same op, same argument objects.
+    if a.same_as(b):
+        return True
+    return (isinstance(a, relax.Call) and a.op.same_as(b.op) and len(a.args) == len(b.args)
+            and all(x.same_as(y) for x, y in zip(a.args, b.args)))
+
+
 def _as_dict(s: RewriteSite) -> dict[str, Any]:
     d: dict[str, Any] = {"func": s.func, "var": s.var, "rule": s.rule, "op": s.op}
     if s.binding is not None:
@@ -174,6 +236,9 @@ def _site(func: str, var: relax.Var, rule: str, new_func: relax.Function) -> dic
     for b in _bindings(new_func):
         if b.var.same_as(var):
             v = b.value
+            if isinstance(v, relax.TupleGetItem):  # an output of a multi-output op
+                v = next((c.value for c in _bindings(new_func)
+                          if c.var.same_as(v.tuple_value)), v)
             op = (
                 str(v.op.name) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) else "?"
             )

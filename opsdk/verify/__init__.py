@@ -16,7 +16,7 @@ True
 
 from __future__ import annotations
 
-from ._compose import norm_model, reduction_model
+from ._compose import norm_model, per_output, reduction_model, rounding_model
 from ._engine import (
     PROFILES,
     Profile,
@@ -55,7 +55,9 @@ __all__ = [
     "model_for",
     "norm_model",
     "output_bound",
+    "per_output",
     "reduction_model",
+    "rounding_model",
     "run_case",
     "verify",
     "verify_op",

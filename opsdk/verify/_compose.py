@@ -20,7 +20,7 @@ from ._tolerance import (
     softmax_bound,
 )
 
-__all__ = ["norm_model", "reduction_model"]
+__all__ = ["norm_model", "per_output", "reduction_model", "rounding_model"]
 
 REDUCTIONS = ("sum", "mean", "max", "min", "logsumexp", "softmax")
 
@@ -71,6 +71,7 @@ def norm_model(
     x: str = "x", *, axes: AxisSpec = "begin_axis", center: bool = True,
     mean_square: bool = True, epsilon: str | float = "epsilon", gamma: str | None = None,
     beta: str | None = None, groups: str | int | None = None, channel_axis: int = 1,
+    residual: str | None = None,
 ) -> ErrorModel:
     """Error model of ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` over ``axes``.
 
@@ -100,6 +101,11 @@ def norm_model(
         over its channels and ``axes``.
     channel_axis : int
         The channel axis of a group norm.
+    residual : str, optional
+        An input added to ``x`` first (a fused residual add + norm): the norm is of
+        ``x + residual``, summed in float32, and the bound adds that sum's rounding carried
+        through the norm (first order: ``|gamma| rstd (d_i + mean(d) + |y_i| mean(|y| d))``
+        with ``d = u |x + residual|``). Not with ``groups``.
 
     Examples
     --------
@@ -111,9 +117,15 @@ def norm_model(
     def model(m: ModelInput) -> np.ndarray:
         X = _input(m, x, "x")
         assert X is not None
+        R = _input(m, residual, "residual")
+        if R is not None:
+            X = X + R
         eps = float(_value(m, epsilon, "epsilon"))
         G, B = _input(m, gamma, "gamma"), _input(m, beta, "beta")
         shape = X.shape
+        if groups is not None and R is not None:
+            raise ValueError(f"error model of op {m.op.name!r}: residual= with groups= is "
+                             "not supported; write the model by hand")
         if groups is not None:
             g = int(_value(m, groups, "groups"))
             c = channel_axis % X.ndim
@@ -137,10 +149,65 @@ def norm_model(
         Xr, perm = _rows(X, red)
         Gr, Br = (None if t is None else _rows(t, red)[0] for t in (G, B))
         E = _norm_rows(Xr, Gr, Br, eps, center, m.u, mean_square)
+        if R is not None:
+            E = E + _rounded_input_rows(Xr, Gr, eps, center, m.u, mean_square)
         E = E.reshape([X.shape[p] for p in perm]).transpose(np.argsort(perm))
         return E.reshape(shape)
 
     model._opsdk_label = "composed norm"  # type: ignore[attr-defined]
+    return model
+
+
+def _rounded_input_rows(S: np.ndarray, G: np.ndarray | None, eps: float, center: bool,
+                        u: float, mean_square: bool) -> np.ndarray:
+    """First-order error of a norm over the rows of ``S`` when ``S`` itself was rounded
+    (relative ``u`` per element) before the norm."""
+    d = u * np.abs(S)
+    agg = np.mean if mean_square else np.sum
+    dev = S - S.mean(axis=1, keepdims=True) if center else S
+    rstd = 1.0 / np.sqrt(agg(dev * dev, axis=1, keepdims=True) + eps)
+    yh = np.abs(dev * rstd)
+    t = d + (d.mean(axis=1, keepdims=True) if center else 0.0)
+    t = t + yh * agg(yh * d, axis=1, keepdims=True)
+    E = t * rstd
+    return E if G is None else E * np.abs(G)
+
+
+def rounding_model(k: int = 1) -> ErrorModel:
+    """``k`` roundings of the accumulation dtype relative to the result: the model of an
+    output that is a few float32 operations of exact inputs (a residual sum, a scaled copy).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.verify import rounding_model
+    >>> callable(rounding_model(1))
+    True
+    """
+    def model(m: ModelInput) -> np.ndarray:
+        return k * m.u * np.abs(m.ref)
+
+    model._opsdk_label = f"composed rounding x{k}"  # type: ignore[attr-defined]
+    return model
+
+
+def per_output(*models: ErrorModel) -> ErrorModel:
+    """The error model of a multi-output op: one model per output, in the compute's order.
+
+    Examples
+    --------
+    >>> from opsdk.verify import error_model, norm_model, per_output, rounding_model
+    >>> _ = error_model("demo_add_norm")(per_output(
+    ...     rounding_model(1), norm_model(residual="r", gamma="gamma", beta="beta")))
+    """
+    def model(m: ModelInput) -> np.ndarray:
+        if m.output >= len(models):
+            raise ValueError(f"error model of op {m.op.name!r}: per_output has "
+                             f"{len(models)} models, output {m.output} has none")
+        return models[m.output](m)
+
+    labels = [getattr(f, "_opsdk_label", "model") for f in models]
+    model._opsdk_label = "per output: " + ", ".join(labels)  # type: ignore[attr-defined]
     return model
 
 

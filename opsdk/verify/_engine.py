@@ -34,7 +34,7 @@ from hypothesis.errors import Flaky
 from tvm import relax, tirx
 
 from .._dtypes import accum_dtype, np_dtype
-from .._opdef import OpDef
+from .._opdef import OpDef, as_outputs
 from ..registry import builder, get_op, is_registered, register, unregister
 from ..schedules import GENERIC, choose, generic_only
 from ..schedules._common import vector_lanes
@@ -190,7 +190,7 @@ class _Build:
     params: list[str]
     dims: list[Any]
     free: dict[str, Any]
-    out_shape: list[Any]
+    out_shape: list[Any]  # the first output's (the only one of most ops)
     out_dtype: str
     ex: Any
     ex_generic: Any
@@ -200,6 +200,7 @@ class _Build:
     seconds: float
     mod: tvm.IRModule | None = None
     tgt: Any = None
+    outs: list[tuple[list[Any], str]] = field(default_factory=list)  # every output's type
 
     def lower_generic(self) -> tvm.IRModule:
         with generic_only():
@@ -317,13 +318,16 @@ def _get_builds(d: OpDef, cases: Sequence[Case], tgt: Any, *,
         mod, y = _relax_module(d, shapes, case.dtype, case.attrs)
         lowered = LowerOps(tgt)(mod)
         prim_name, prim = _prim_of(lowered, d.name)
-        ty = y.ty
+        tys = list(y.ty.fields) if isinstance(y.ty, relax.TupleType) else [y.ty]
+        outs = [(list(t.shape.values) if t.shape is not None else [], str(t.dtype))
+                for t in tys]
         b = _Build(
             params=list(shapes),
             dims=dims,
             free={k: v for k, v in free.items() if isinstance(v, tirx.Var)},
-            out_shape=list(ty.shape.values) if ty.shape is not None else [],
-            out_dtype=str(ty.dtype),
+            out_shape=outs[0][0],
+            out_dtype=outs[0][1],
+            outs=outs,
             ex=None,
             ex_generic=None,
             prim=prim,
@@ -362,7 +366,9 @@ def _get_build(d: OpDef, case: Case, tgt: Any, *, generic: bool = True) -> _Buil
     return _get_builds(d, [case], tgt, generic=generic)[0]
 
 
-def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int]) -> tuple[int, ...]:
+def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int],
+                out_shape: Sequence[Any] | None = None) -> tuple[int, ...]:
+    """An output's shape (the first output's by default) for concrete input dims."""
     from tvm.sym import Analyzer
 
     an = Analyzer()
@@ -372,7 +378,7 @@ def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int]) -> tup
     for k, v in b.free.items():
         an.bind(v, tirx.const(int(free[k]), "int64"))
     out = []
-    for e in b.out_shape:
+    for e in (b.out_shape if out_shape is None else out_shape):
         s = an.simplify(e) if not isinstance(e, int) else e
         if isinstance(s, tirx.IntImm):
             s = s.value
@@ -386,11 +392,10 @@ def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int]) -> tup
 # One example
 
 
-def _run(runner: Any, ex: Any, args: Sequence[np.ndarray]) -> np.ndarray:
+def _run(runner: Any, ex: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
     # An output element a kernel forgets to write shows whatever its memory held (garbage,
     # or zeros in fresh pages): never the right value, since nothing ever computed it.
-    (out,) = runner.run(ex, list(args))
-    return np.asarray(out)
+    return [np.asarray(o) for o in runner.run(ex, list(args))]
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -436,93 +441,135 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         b = _get_build(d, case, tgt, generic=generic)
         res.rule, res.tir = b.rule, b.prim.script()
         args = [inputs[n] for n in b.params]
-        got = _run(runner, b.ex, args)
+        gots = _run(runner, b.ex, args)
     except Exception as e:  # a claimed cell must build and run
         res.status, res.message = "error", f"{type(e).__name__}: {e}".split("\n")[0][:2000]
         return res
-    want_shape = _eval_shape(b, case.shape, {**free_defaults(d), **case.free})
-    want_dtype = np_dtype(b.out_dtype)
-    if tuple(got.shape) != want_shape or got.dtype != want_dtype:
+    n_out = len(b.outs)
+    if len(gots) != n_out:
         res.status = "type"
-        res.message = (
-            f"inferred type R.Tensor({list(want_shape)}, {b.out_dtype}) but the kernel returned "
-            f"shape {list(got.shape)} dtype {got.dtype}"
-        )
+        res.message = f"the kernel returned {len(gots)} outputs, its type says {n_out}"
         return res
+    free = {**free_defaults(d), **case.free}
     nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
-    promised = d.declared_dtype(d.dtypes_for(case.dtype), nattrs)
-    if b.out_dtype != promised:
-        # The contract, not the trace: a float16 op that computes and returns float32 has a
-        # self-consistent type but breaks what its callers were promised.
-        res.status = "type"
-        res.message = (
-            f"{d.op_name} ({case.dtype}, layout {case.layout!r}): the output dtype rule "
-            f"({d.output_dtype_rule()}) promises {promised}, but the compute returns "
-            f"{b.out_dtype}; cast the result to {promised} (e.g. .astype(x.dtype)) or declare "
-            "output_dtype= in @opsdk.op"
-        )
-        return res
+    promised = d.declared_dtypes(d.dtypes_for(case.dtype), nattrs)
+    for k, (got, (oshape, odtype)) in enumerate(zip(gots, b.outs)):
+        which = f" output {k}" if n_out > 1 else ""
+        want_shape = _eval_shape(b, case.shape, free, oshape)
+        if tuple(got.shape) != want_shape or got.dtype != np_dtype(odtype):
+            res.status = "type"
+            res.message = (
+                f"inferred type{which} R.Tensor({list(want_shape)}, {odtype}) but the kernel "
+                f"returned shape {list(got.shape)} dtype {got.dtype}"
+            )
+            return res
+        if odtype != promised[k]:
+            # The contract, not the trace: a float16 op that computes and returns float32 has
+            # a self-consistent type but breaks what its callers were promised.
+            res.status = "type"
+            res.message = (
+                f"{d.op_name} ({case.dtype}, layout {case.layout!r}){which}: the output dtype "
+                f"rule ({d.output_dtype_rule()}) promises {promised[k]}, but the compute "
+                f"returns {odtype}; cast the result to {promised[k]} (e.g. .astype(x.dtype)) "
+                "or declare output_dtype= in @opsdk.op"
+            )
+            return res
     full = {p.name: inputs.get(p.name) for p in d.tensor_params}
     x64 = {k: (None if v is None else v.astype(np.float64)) for k, v in full.items()}
     with np.errstate(all="ignore"):  # e.g. exp overflow in a reference on "large" data
-        ref = np.asarray(d.run_reference(x64, case.attrs), dtype=np.float64)
-    if ref.shape != got.shape:
-        res.status = "type"
-        res.message = f"reference returns shape {list(ref.shape)}, kernel {list(got.shape)}"
-        return res
-    m = ModelInput(op=d, inputs=x64, attrs=nattrs, ref=ref, u=_unit(accum_dtype(b.out_dtype)),
-                   dtype=case.dtype)
-    tol, res.model = output_bound(d, m, b.out_dtype)
+        refs = d.run_reference(x64, case.attrs)
+    refs = [refs] if n_out == 1 else list(refs)
+    refs = [np.asarray(r, dtype=np.float64) for r in refs]
+    for k, (ref, got) in enumerate(zip(refs, gots)):
+        if ref.shape != got.shape:
+            res.status = "type"
+            res.message = (f"reference returns shape {list(ref.shape)}"
+                           + (f" for output {k}" if n_out > 1 else "")
+                           + f", kernel {list(got.shape)}")
+            return res
+    # Every output against its reference; the worst one (by its bound) is reported.
+    checks = [_compare(d, x64, nattrs, case, k, ref, got, odtype)
+              for k, (ref, got, (_, odtype)) in enumerate(zip(refs, gots, b.outs))]
+    worst = max(range(n_out), key=lambda k: checks[k]["ratio_max"])
+    c = checks[worst]
+    y, ref, tol, err, ratio, rel, odtype = (c[n] for n in (
+        "y", "ref", "tol", "err", "ratio", "rel", "dtype"))
+    res.model = c["model"]
+    which = f" (output {worst} of {n_out})" if n_out > 1 else ""
+    got = gots[worst]
+    if ref.size:
+        idx = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        res.ratio = float(ratio[idx])
+        res.max_abs = float(err.max())
+        res.max_rel = float(rel.max())
+        res.max_ulps = float(ulps(odtype, ref, err).max())
+        res.index = tuple(int(i) for i in idx)
+        res.got, res.expected, res.bound = float(y[idx]), float(ref[idx]), float(tol[idx])
+        res.margin = margin_reason(res.expected, res.got,
+                                   float(ulps(odtype, ref[idx], err[idx])))
+    if res.ratio > 1.0:
+        res.status = "mismatch"
+        res.message = (
+            f"kernel (rule {b.rule}){which} is {res.ratio:.3g}x outside the error bound of the "
+            "float64 reference"
+        )
+    if generic or not res.ok:
+        try:
+            if b.ex_generic is None:
+                b = _get_build(d, case, tgt, generic=True)
+            ygs = ([c["y"] for c in checks] if b.ex_generic is b.ex else
+                   [g.astype(np.float64) for g in _run(runner, b.ex_generic, args)])
+        except Exception as e:
+            res.message += f" (generic lowering failed: {type(e).__name__}: {e})".split("\n")[0]
+            ygs = None
+        if ygs is not None:
+            res.generic_ok = True
+            inv_worst = None
+            for k, (cc, yg) in enumerate(zip(checks, ygs)):
+                with np.errstate(all="ignore"):
+                    err_g = _errors(yg, cc["ref"])
+                    ok_g = np.where(err_g == 0, 0.0, err_g / cc["tol"]).max(initial=0) <= 1
+                    res.generic_ok = bool(res.generic_ok and ok_g)
+                    inv = _errors(cc["y"], yg)
+                    ratio_inv = np.where(inv == 0, 0.0, inv / (2 * cc["tol"]))
+                if ratio_inv.size and (inv_worst is None
+                                       or float(ratio_inv.max()) > inv_worst[0]):
+                    inv_worst = (float(ratio_inv.max()), k, ratio_inv, inv, yg)
+            if res.ok and inv_worst is not None and inv_worst[0] > 1.0:
+                _, k, ratio_inv, inv, yg = inv_worst
+                cc = checks[k]
+                wk = f" (output {k} of {n_out})" if n_out > 1 else ""
+                res.status = "invariance"
+                j = np.unravel_index(int(np.argmax(ratio_inv)), ratio_inv.shape)
+                res.index = tuple(int(i) for i in j)
+                res.got, res.expected = float(cc["y"][j]), float(yg[j])
+                res.message = (
+                    f"scheduled kernel (rule {b.rule}){wk} and generic lowering differ by "
+                    f"{float(inv[j]):.3g} > 2x the bound {2 * float(cc['tol'][j]):.3g} at "
+                    f"{res.index}"
+                )
+                got = gots[k]
+    if res.status != "pass" and res.index is not None:
+        res.worst_inputs = _inputs_at(inputs, res.index, got.shape)
+    return res
+
+
+def _compare(d: OpDef, x64: Mapping[str, Any], nattrs: Mapping[str, Any], case: Case,
+             k: int, ref: np.ndarray, got: np.ndarray, odtype: str) -> dict[str, Any]:
+    """Output ``k`` against its float64 reference: its bound, errors and their ratios."""
+    m = ModelInput(op=d, inputs=dict(x64), attrs=dict(nattrs), ref=ref,
+                   u=_unit(accum_dtype(odtype)), dtype=case.dtype, output=k)
+    tol, model = output_bound(d, m, odtype)
     y = got.astype(np.float64)
     err = _errors(y, ref)
     with np.errstate(all="ignore"):
         ratio = np.where(err == 0, 0.0, err / tol)
         # Relative error where it means something: not where the reference is zero or
         # below the output dtype's normal range (a correct kernel may flush it to zero).
-        rel = np.where((err == 0) | (np.abs(ref) < _smallest_normal(b.out_dtype)), 0.0,
+        rel = np.where((err == 0) | (np.abs(ref) < _smallest_normal(odtype)), 0.0,
                        err / np.abs(ref))
-    if ref.size:
-        idx = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        res.ratio = float(ratio[idx])
-        res.max_abs = float(err.max())
-        res.max_rel = float(rel.max())
-        res.max_ulps = float(ulps(b.out_dtype, ref, err).max())
-        res.index = tuple(int(i) for i in idx)
-        res.got, res.expected, res.bound = float(y[idx]), float(ref[idx]), float(tol[idx])
-        res.margin = margin_reason(res.expected, res.got,
-                                   float(ulps(b.out_dtype, ref[idx], err[idx])))
-    if res.ratio > 1.0:
-        res.status = "mismatch"
-        res.message = (
-            f"kernel (rule {b.rule}) is {res.ratio:.3g}x outside the error bound of the float64 "
-            "reference"
-        )
-    if generic or not res.ok:
-        try:
-            if b.ex_generic is None:
-                b = _get_build(d, case, tgt, generic=True)
-            yg = y if b.ex_generic is b.ex else _run(runner, b.ex_generic, args).astype(np.float64)
-        except Exception as e:
-            res.message += f" (generic lowering failed: {type(e).__name__}: {e})".split("\n")[0]
-            yg = None
-        if yg is not None:
-            with np.errstate(all="ignore"):
-                err_g = _errors(yg, ref)
-                res.generic_ok = bool(np.where(err_g == 0, 0.0, err_g / tol).max(initial=0) <= 1)
-                inv = _errors(y, yg)
-                ratio_inv = np.where(inv == 0, 0.0, inv / (2 * tol))
-            if res.ok and ratio_inv.size and float(ratio_inv.max()) > 1.0:
-                res.status = "invariance"
-                j = np.unravel_index(int(np.argmax(ratio_inv)), ratio_inv.shape)
-                res.index = tuple(int(i) for i in j)
-                res.got, res.expected = float(y[j]), float(yg[j])
-                res.message = (
-                    f"scheduled kernel (rule {b.rule}) and generic lowering differ by "
-                    f"{float(inv[j]):.3g} > 2x the bound {2 * float(tol[j]):.3g} at {res.index}"
-                )
-    if res.status != "pass" and res.index is not None:
-        res.worst_inputs = _inputs_at(inputs, res.index, got.shape)
-    return res
+    return {"y": y, "ref": ref, "tol": tol, "err": err, "ratio": ratio, "rel": rel,
+            "dtype": odtype, "model": model, "ratio_max": float(ratio.max(initial=0.0))}
 
 
 def margin_reason(expected: float, got: float, ulps_off: float) -> str:
@@ -716,9 +763,11 @@ def capabilities(d: OpDef, targets: Sequence[str] | None = None, *, rules: bool 
                 cpu = tgt.kind.name in ("llvm", "c")
                 if shape is not None and (rules or not cpu):
                     shapes = _present_shapes(d, shape, attrs, optional)
-                    outt = d.trace(shapes, input_dtypes(d, dtype, list(shapes)), attrs)
-                    ins = [t for t in _placeholders(outt)]
-                    func = te.create_prim_func([*ins, outt])
+                    outs = as_outputs(d.trace(shapes, input_dtypes(d, dtype, list(shapes)),
+                                              attrs))
+                    ins = sorted({t.op.name: t for o in outs for t in _placeholders(o)}.values(),
+                                 key=lambda p: p.op.name)
+                    func = te.create_prim_func([*ins, *outs])
                     rule = choose(d, func, tgt).rule
                 claimed = cpu or rule not in (None, GENERIC)
                 out.append({"target": tname, "dtype": dtype, "layout": layout, "rule": rule,

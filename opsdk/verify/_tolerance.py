@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from .._dtypes import accum_dtype, eps, is_float, np_dtype
-from .._opdef import OpDef
+from .._opdef import OpDef, as_outputs
 
 __all__ = [
     "MATH_ULPS",
@@ -64,7 +64,8 @@ class ModelInput:
 
     ``inputs`` holds float64 copies of the (already rounded) inputs, None for absent
     optionals; ``attrs`` the normalized attributes; ``ref`` the float64 reference; ``u`` the
-    unit roundoff of the accumulation dtype; ``dtype`` the primary input's dtype.
+    unit roundoff of the accumulation dtype; ``dtype`` the primary input's dtype; ``output``
+    the output ``ref`` belongs to (always 0 for a single-output op).
     """
 
     op: OpDef
@@ -73,6 +74,12 @@ class ModelInput:
     ref: np.ndarray
     u: float
     dtype: str = "float32"  # the primary input's dtype (the cell's)
+    output: int = 0  # which output ``ref`` is (a multi-output op is checked output by output)
+
+    def reference(self, inputs: Mapping[str, np.ndarray | None]) -> np.ndarray:
+        """The op's float64 reference of this output on other inputs (e.g. perturbed)."""
+        out = self.op.run_reference(inputs, self.attrs)
+        return np.asarray(out if self.op.n_outputs == 1 else out[self.output])
 
 
 ErrorModel = Callable[[ModelInput], np.ndarray]
@@ -389,7 +396,7 @@ def _sensitivity(m: ModelInput, signs: Mapping[str, np.ndarray] | None = None) -
         step = _H * np.where(x == 0, 1.0, np.abs(x)) * s
         pert = dict(m.inputs)
         pert[name] = x + step
-        yp = m.op.run_reference(pert, m.attrs)
+        yp = m.reference(pert)
         total = total + np.abs(yp - m.ref) / _H
     return total
 
@@ -402,7 +409,7 @@ def _fallback_elementwise(m: ModelInput) -> np.ndarray:
 def _reduction_length(m: ModelInput) -> int:
     shapes = {k: v.shape for k, v in m.inputs.items() if v is not None}
     out = m.op.trace(shapes, m.op.dtypes_for(m.dtype, list(shapes)), m.attrs)
-    best, stack, seen = 1, [out], []
+    best, stack, seen = 1, list(as_outputs(out)), []
     while stack:
         t = stack.pop()
         op = t.op

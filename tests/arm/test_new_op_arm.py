@@ -48,3 +48,24 @@ def test_scaffold_verifies_on_emulated_arm(tmp_path: pathlib.Path, name, kind, f
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "qemu-aarch64" in r.stdout and "PASS" in r.stdout
     assert f"[{name}.neon]" in r.stdout
+
+
+def test_multi_output_example_verifies_on_emulated_arm(tmp_path: pathlib.Path):
+    # examples/ops/add_layer_norm.py (residual add + LayerNorm, two outputs), in a fresh
+    # folder: both outputs checked, scheduled by the NEON row rule.
+    import json
+    import shutil
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples/ops/add_layer_norm.py"
+    shutil.copy(example, tmp_path / "add_layer_norm.py")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "opsdk", "verify", "add_layer_norm", "--module",
+         "add_layer_norm", "--target", "arm", "--profile", "ci", "--examples", "4",
+         "--report", str(tmp_path / "r.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cells = json.loads((tmp_path / "r.json").read_text())["cells"]
+    assert {c["dtype"] for c in cells} == {"float32", "float16", "bfloat16"}
+    assert all(c["rules"] == ["neon.rows"] and c["status"] == "pass" for c in cells)

@@ -1,0 +1,130 @@
+"""Multi-output ops end to end, on the example ``examples/ops/add_layer_norm.py`` copied into a
+fresh package: definition checks, Relax type, verify of every output (and a broken output
+caught), the fusion rule on a torch.export model (op in place, later uses of ``x + r`` read
+its first output) and agreement with torch."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, te
+
+import opsdk
+from opsdk import OpDefinitionError
+from opsdk.verify import verify_op
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ops" / "add_layer_norm.py"
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory):
+    pkg = tmp_path_factory.mktemp("userpkg")
+    shutil.copy(EXAMPLE, pkg / "add_layer_norm.py")
+    sys.path.insert(0, str(pkg))
+    try:
+        opsdk.load_plugins(["add_layer_norm"])
+        yield opsdk.get_op("add_layer_norm")
+    finally:
+        sys.path.remove(str(pkg))
+        opsdk.unregister("add_layer_norm")
+        sys.modules.pop("add_layer_norm", None)
+
+
+def test_relax_call_is_a_tuple_of_both_outputs(op):
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float16"))
+    g = relax.Var("g", relax.TensorType((16,), "float16"))
+    ty = relax.BlockBuilder().normalize(op(x, x, g, g)).ty
+    assert isinstance(ty, relax.TupleType) and len(ty.fields) == 2
+    assert [str(f.dtype) for f in ty.fields] == ["float16", "float16"]
+    assert op.n_outputs == 2 and op.declared_dtypes({"x": "float16"}, {}) == ["float16"] * 2
+
+
+def test_verify_checks_every_output_and_catches_a_broken_one(op):
+    rep = verify_op(op, target="x86", dtypes=["float32", "float16"], max_examples=6, seed=1,
+                    database=None)
+    assert rep.ok, [f.format(tir=False) for f in rep.failures]
+    assert all(c.model.startswith("author's (per output") for c in rep.cells)
+    # Output 0 forgets the residual: only the first output is wrong, and verify says so.
+    broken = opsdk.op(reference=op.reference, ranks=(2, 4), input_shapes=op.input_shapes,
+                      domain=op.domain, kind="norm", examples=[(2, 3, 8)],
+                      name="add_layer_norm_broken")(_drop_residual(op))
+    opsdk.register(broken)
+    try:
+        bad = verify_op(broken, target="x86", dtypes=["float32"], max_examples=4, seed=1,
+                        database=None)
+    finally:
+        opsdk.unregister(broken)
+    assert not bad.ok
+    assert "(output 0 of 2)" in bad.failures[0].format(tir=False)
+
+
+def _drop_residual(op):
+    def add_layer_norm_broken(x: opsdk.Tensor, r: opsdk.Tensor, gamma: opsdk.Tensor,
+                              beta: opsdk.Tensor, *, epsilon: float = 1e-5):
+        _, y = op.compute(x, r, gamma, beta, epsilon=epsilon)
+        return te.compute(x.shape, lambda *i: x(*i), name="residual"), y
+    return add_layer_norm_broken
+
+
+class _PreLN(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x, r):
+        h = x + r
+        return h + self.fc(self.ln(h))
+
+
+def test_torch_model_compiles_with_the_fused_op_and_matches_torch(op):
+    torch.manual_seed(0)
+    model = _PreLN(32).eval()
+    with torch.no_grad():
+        model.ln.weight.uniform_(0.5, 1.5)
+        model.ln.bias.uniform_(-0.5, 0.5)
+    x, r = torch.randn(4, 32), torch.randn(4, 32)
+    mod = opsdk.frontend.from_torch(torch.export.export(model, (x, r)))
+    fused = opsdk.transform.FuseIntoOps()(mod)
+    counts = opsdk.transform.op_counts(fused)
+    assert counts.get("opsdk.add_layer_norm") == 1 and "opsdk.layer_norm" not in counts
+    # x + r is computed once: the later residual add reads the op's first output.
+    assert counts.get("relax.add", 0) == opsdk.transform.op_counts(mod)["relax.add"] - 1
+    sites = opsdk.transform.rewrite_sites(fused)
+    assert [s.op for s in sites if s.rule == "fuse.add_layer_norm"] == ["opsdk.add_layer_norm"]
+    ex = opsdk.compile(fused, "x86")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(r.numpy()))
+    got = got[0] if isinstance(got, (tuple, list)) or hasattr(got, "__getitem__") else got
+    with torch.no_grad():
+        want = model(x, r).numpy()
+    np.testing.assert_allclose(np.asarray(got.numpy()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_definition_errors_name_the_op_and_the_fix():
+    def ref_one(x):
+        return x
+
+    with pytest.raises(OpDefinitionError, match=r"one array per output|returns 1 arrays"):
+        @opsdk.op(reference=ref_one, name="two_out_bad_ref")
+        def two_out_bad_ref(x: opsdk.Tensor):
+            return (te.compute(x.shape, lambda *i: x(*i), name="a"),
+                    te.compute(x.shape, lambda *i: x(*i), name="b"))
+
+    with pytest.raises(OpDefinitionError, match=r"output_dtype gives 2 rules but the "
+                                                r"compute has 1 outputs"):
+        @opsdk.op(reference=ref_one, name="one_out_two_rules", output_dtype=(None, "float32"))
+        def one_out_two_rules(x: opsdk.Tensor):
+            return te.compute(x.shape, lambda *i: x(*i), name="a")
+
+    with pytest.raises(OpDefinitionError, match=r"tuple of two or more te\.Tensor"):
+        @opsdk.op(reference=ref_one, name="list_of_one")
+        def list_of_one(x: opsdk.Tensor):
+            return [te.compute(x.shape, lambda *i: x(*i), name="a"), 3]
