@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -300,6 +301,10 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
     out = out.with_attr("opsdk.rule", ch.rule)
     if ch.rule != GENERIC:
         out = out.with_attr("tir.is_scheduled", True)
+        # A body with Let bindings (exp_f32, erf_f32, bind) that a rule inlined into two
+        # blocks, or split into a main loop and a tail, binds one variable twice: renamed
+        # here, so the function stays well-formed TIR (a new Schedule of it would refuse it).
+        out = tirx.transform.ConvertSSA()(tvm.IRModule({"main": out}))["main"]
     return out
 
 
