@@ -6,7 +6,7 @@ import os
 import pathlib
 import tempfile
 
-__all__ = ["new_file_mode", "write_text_atomic"]
+__all__ = ["new_file_mode", "write_bytes_atomic", "write_text_atomic"]
 
 
 def new_file_mode() -> int:
@@ -30,11 +30,16 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     >>> p.read_text()
     '{}'
     """
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """:func:`write_text_atomic` for bytes (a PNG plot)."""
     target = pathlib.Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, new_file_mode())
         os.replace(tmp, target)
     except BaseException:

@@ -60,7 +60,13 @@ def _env() -> jinja2.Environment:
     )
 
 
-def _check_name(name: str) -> None:
+_MAX_NAME = 64  # test_NAME_schedules.py stays far below the 255-byte file name limit
+
+
+def _check_name(name: str, own: pathlib.Path | None = None) -> None:
+    """Refuse names that cannot be an op module. ``own`` is the ``NAME.py`` this scaffold
+    writes: a module found there is the user's earlier scaffold (replaced with ``--force``,
+    else refused as an existing file), not a clash."""
     if not name or os.sep in name or "/" in name or "\\" in name or "." in name:
         raise ScaffoldError(
             f"op name {name!r} must be a plain Python identifier (no path separators or dots); "
@@ -68,6 +74,9 @@ def _check_name(name: str) -> None:
         )
     if not name.isidentifier() or not name.isascii():
         raise ScaffoldError(f"op name {name!r} is not a valid Python identifier; try e.g. 'my_op'")
+    if len(name) > _MAX_NAME:
+        raise ScaffoldError(f"op name {name[:20]!r}... is {len(name)} characters; keep it to "
+                            f"{_MAX_NAME} or fewer")
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         raise ScaffoldError(f"op name {name!r} is a Python keyword; pick another name")
     if name.startswith("_"):
@@ -82,11 +91,32 @@ def _check_name(name: str) -> None:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         spec = None
+    if spec is not None and own is not None and spec.origin and (
+            pathlib.Path(spec.origin).resolve() == own.resolve()):
+        spec = None  # an earlier scaffold: the existing-files check decides
     if spec is not None:
         raise ScaffoldError(
             f"op name {name!r} would shadow the installed module {name!r} ({spec.origin}); "
             "pick another name"
         )
+
+
+def _check_shadowing(name: str, src: str) -> None:
+    """The op's function would replace a module-level name its own file uses (``te``,
+    ``np``, ``acc`` ...), and the generated op would then fail."""
+    import ast
+
+    taken: set[str] = set()
+    for node in ast.parse(src).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            taken |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef) and node.name != name:
+            taken.add(node.name)
+        elif isinstance(node, ast.Assign):
+            taken |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if name in taken:
+        raise ScaffoldError(f"op name {name!r} would shadow {name!r}, which the generated "
+                            f"{name}.py uses; pick another name (e.g. 'my_{name}')")
 
 
 def _module_path(directory: pathlib.Path, name: str) -> tuple[str, pathlib.Path]:
@@ -207,7 +237,8 @@ def new_op(
     >>> sorted(p.name for p in r.files)
     ['demo_swish.py', 'demo_swish_schedules.py', 'test_demo_swish.py']
     """
-    _check_name(name)
+    folder = pathlib.Path(directory)
+    _check_name(name, folder / f"{name}.py")
     if from_op is not None:
         try:
             base = get_op(from_op)
@@ -221,20 +252,34 @@ def new_op(
         raise ScaffoldError(
             f"--targets {','.join(bad)}: supported targets are {', '.join(TARGETS)}"
         )
-    folder = pathlib.Path(directory)
     if not folder.is_dir():
         raise ScaffoldError(f"--dir {folder}: no such directory; create it first")
     folder = folder.resolve()
     module, root = _module_path(folder, name)
     files = _render(name, kind, from_op, targets, module)
+    _check_shadowing(name, files[f"{name}.py"])
     paths = {folder / f: text for f, text in files.items()}
+    dirs = [p for p in paths if p.is_dir()]
+    if dirs:
+        raise ScaffoldError(f"{dirs[0]} is a directory; move it or pick another op name")
+    try:  # a read-only folder, /proc, a full disk: say so before anything is written
+        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ScaffoldError(f"--dir {folder}: cannot create files there "
+                            f"({e.strerror or e})") from None
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise ScaffoldError(
             "refusing to overwrite existing files (pass --force to replace them): "
             + ", ".join(str(p) for p in existing)
         )
-    _write_all(paths)
+    try:
+        _write_all(paths)
+    except OSError as e:  # e.g. the disk filled up: every file is as it was
+        raise ScaffoldError(f"could not write the scaffold in {folder} ({e.strerror or e}); "
+                            "nothing was changed") from None
     return ScaffoldResult(name, module, list(paths), existing, root)
 
 

@@ -13,6 +13,8 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
+from opsdk._cliargs import output_path
+
 __all__ = ["main"]
 
 
@@ -159,8 +161,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _parse_shape(text: str) -> tuple[int, ...]:
     """``4096x768`` (as ``opsdk bench --shapes`` writes it) or ``4096,768``."""
     try:
-        dims = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
-    except ValueError:
+        dims = tuple(int(s) for s in text.replace("x", ",").split(","))
+    except ValueError:  # also an empty part: "4096,,768"
         dims = ()
     if not dims or any(d <= 0 for d in dims):
         raise UsageError(f"--shape {text!r}: write positive dims like 4096x768")
@@ -243,7 +245,8 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
                    help="keyword argument of the entry function (default: DEFAULT_ARGS)")
-    s.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    s.add_argument("--json", metavar="PATH", type=output_path,
+                   help="also write the report as JSON")
     s.add_argument("--no-profile", action="store_true",
                    help="with --model: skip timing the kernels")
     s.add_argument("--strict", action="store_true",

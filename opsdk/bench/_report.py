@@ -10,6 +10,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .._cliargs import output_path, positive_float, positive_int
+from .._files import write_text_atomic
+
 __all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
 
 
@@ -155,7 +158,13 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     ax.legend(fontsize=8, ncols=3)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    import io
+
+    from .._files import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    write_bytes_atomic(path, buf.getvalue())
     plt.close(fig)
 
 
@@ -199,14 +208,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DTYPE",
         help="dtypes (default: float32 float16)",
     )
-    parser.add_argument("--repeats", type=int, default=15, help="interleaved samples per case")
+    parser.add_argument("--repeats", type=positive_int, default=15,
+                        help="interleaved samples per case")
     parser.add_argument(
         "--budget-ms",
-        type=float,
+        type=positive_float,
         default=20.0,
         help="length of one timed batch of calls (default 20 ms)",
     )
-    parser.add_argument("--threads", type=int, help="threads for torch (default: all cores)")
+    parser.add_argument("--threads", type=positive_int,
+                        help="threads for torch (default: all cores)")
     parser.add_argument(
         "--module", action="append",
         help="also load ops from this module (custom ops: compared with their unscheduled "
@@ -234,8 +245,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32 GEMM x[M,K] @ w[K,N] vs torch.matmul in GFLOPS (no shapes: 1024x1024x1024 "
         "and 128x3072x768)",
     )
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
+    parser.add_argument("--json", metavar="PATH", type=output_path,
+                        help="write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", type=output_path,
+                        help="write a PNG bar chart")
     parser.add_argument(
         "--no-check",
         action="store_true",
@@ -299,10 +312,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
             limit = f"; at the copy's speed it would be {ceil:.1f}x" if ceil else ""
             print(f"  below 8x tvm: {item['case']} {item['speedup_tvm']:.1f}x{limit}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"rows": rows, "summary": [summary(rows, d) for d in args.dtypes]}, f, indent=2
-            )
+        write_text_atomic(args.json, json.dumps(
+            {"rows": rows, "summary": [summary(rows, d) for d in args.dtypes]}, indent=2))
     if args.plot:
         plot(rows, args.plot)
     return 0
@@ -334,8 +345,7 @@ def _bench_qdense(args: argparse.Namespace) -> int:
     print(f"threads: torch {rows[0]['threads']}, TVM {rows[0]['tvm_threads']}; medians of "
           f"{rows[0]['repeats']} interleaved rounds; int8 -> int8 per-channel")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2, default=list)
+        write_text_atomic(args.json, json.dumps(rows, indent=2, default=list))
     return 0
 
 
@@ -395,6 +405,5 @@ def _bench_models(args: argparse.Namespace) -> int:
         print(f"opsdk bench: error: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write_text_atomic(args.json, json.dumps(out, indent=2))
     return 0

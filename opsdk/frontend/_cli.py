@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import tvm
 
+from .._cliargs import output_path
+from .._files import write_text_atomic
+
 __all__ = ["add_drift_arguments", "run_drift_command"]
 
 _REWRITES = ("replace", "fuse")
@@ -65,7 +68,8 @@ def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=None,
         help="exit 1 when a site's local max_rel exceeds this",
     )
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write rows as JSON")
+    parser.add_argument("--json", default=None, metavar="PATH", type=output_path,
+                        help="also write rows as JSON")
     return parser
 
 
@@ -194,7 +198,7 @@ def run_drift_command(args: argparse.Namespace) -> int:
     print("opsdk ops: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"))
     print(drift.format(rows))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
+        write_text_atomic(args.json, json.dumps([r.as_dict() for r in rows], indent=2))
     if args.max_rel is not None:
         worst = [r for r in rows if r.rule != "output" and r.max_rel > args.max_rel]
         if worst:

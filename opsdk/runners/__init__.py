@@ -166,7 +166,6 @@ def runner_for(
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {addr!r}")
-    return host.strip("[]"), int(port)
+    from .._cliargs import split_host_port
+
+    return split_host_port(addr)

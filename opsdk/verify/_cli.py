@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from .._cliargs import host_port, nonneg_int, output_path
+
 __all__ = ["add_verify_arguments", "run_verify_command"]
 
 
@@ -34,17 +36,21 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                         help="only these dtypes (space or comma separated)")
     parser.add_argument("--layouts", nargs="+", metavar="LAYOUT", help="only these layouts")
-    parser.add_argument("--examples", type=int, metavar="N",
+    parser.add_argument("--examples", type=nonneg_int, metavar="N",
                         help="random examples per cell after the corner cases (profile default)")
     parser.add_argument("--profile", default=None, choices=["dev", "ci", "thorough"],
                         help="how hard to search (default: dev)")
     parser.add_argument("--seed", type=int, help="hypothesis seed (reproducible runs)")
-    parser.add_argument("--report", metavar="OUT.json", help="write the full report as JSON")
-    parser.add_argument("--junit", metavar="OUT.xml", help="write a JUnit XML report")
+    parser.add_argument("--report", metavar="OUT.json", type=output_path,
+                        help="write the full report as JSON")
+    parser.add_argument("--junit", metavar="OUT.xml", type=output_path,
+                        help="write a JUnit XML report")
     parser.add_argument("--case", metavar="JSON",
                         help="re-run exactly one case (as printed by a failure)")
-    parser.add_argument("--rpc", metavar="HOST:PORT", help="run kernels on a TVM RPC server")
-    parser.add_argument("--tracker", metavar="HOST:PORT", help="TVM RPC tracker to get a device")
+    parser.add_argument("--rpc", metavar="HOST:PORT", type=host_port,
+                        help="run kernels on a TVM RPC server")
+    parser.add_argument("--tracker", metavar="HOST:PORT", type=host_port,
+                        help="TVM RPC tracker to get a device")
     parser.add_argument("--key", help="device key (with --tracker)")
     parser.add_argument("--module", action="append", metavar="MODULE",
                         help="also load ops from this module (OPS = [...])")

@@ -98,3 +98,36 @@ def test_rpc_preflight_fails_fast_and_clearly():
     with pytest.raises(RuntimeError, match="cannot connect"):
         RPCRunner.from_tracker("127.0.0.1", closed, "k", arch="x86_64").preflight(timeout=1.0)
     srv.close()
+
+
+# One table per boundary: each bad argument is a usage error (exit 2) that names the flag and
+# says what was wrong, before any work (none of these loads TVM's kernels or runs anything).
+BAD_ARGUMENTS = [
+    (["bench", "gelu", "--repeats", "0"], "--repeats: must be a whole number >= 1"),
+    (["bench", "gelu", "--repeats", "-3"], "--repeats: must be a whole number >= 1"),
+    (["bench", "gelu", "--threads", "0"], "--threads: must be a whole number >= 1"),
+    (["bench", "gelu", "--budget-ms", "-5"], "--budget-ms: must be a finite number > 0"),
+    (["bench", "gelu", "--budget-ms", "nan"], "--budget-ms: must be a finite number > 0"),
+    (["bench", "gelu", "--json", "/nonexistent/r.json"], "its directory does not exist"),
+    (["bench", "gelu", "--plot", "/proc/r.png"], "cannot create files in /proc"),
+    (["verify", "gelu", "--rpc", ""], "--rpc: expected HOST:PORT"),
+    (["verify", "gelu", "--rpc", "127.0.0.1:99999"], "port 99999 of '127.0.0.1:99999' is outside"),
+    (["verify", "gelu", "--tracker", "host"], "--tracker: expected HOST:PORT"),
+    (["verify", "gelu", "--examples", "-1"], "--examples: must be a whole number >= 0"),
+    (["verify", "gelu", "--report", "/tmp"], "/tmp is a directory"),
+    (["verify", "gelu", "--junit", "/nonexistent/j.xml"], "its directory does not exist"),
+    (["explain", "gelu", "--json", "/proc/e.json"], "cannot create files in /proc"),
+    (["explain", "gelu", "--shape", "4096,,768"], "--shape '4096,,768': write positive dims"),
+    (["drift", "m.py", "--json", "/nonexistent/d.json"], "its directory does not exist"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS,
+                         ids=[" ".join(a)[:48] for a, _ in BAD_ARGUMENTS])
+def test_bad_arguments_are_usage_errors_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        rc = main(argv)
+        raise SystemExit(rc)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"opsdk {argv[0]}: error:" in err and message in err, err

@@ -102,7 +102,7 @@ def test_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", flaky)
     before = _snapshot(tmp_path)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ScaffoldError, match=r"disk full.*nothing was changed"):
         new_op("half", directory=tmp_path, force=True)
     assert _snapshot(tmp_path) == before  # restored, no temp files left
 
@@ -135,3 +135,34 @@ def test_from_builtin_copy_has_no_relative_imports(tmp_path, op):
     src = (tmp_path / f"copy_{op}.py").read_text()
     assert not re.findall(r"^\s*from \.", src, flags=re.M)
     compile(src, f"copy_{op}.py", "exec")
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("te", "would shadow 'te', which the generated te.py uses"),
+    ("np", "would shadow 'np'"),
+    ("acc", "would shadow 'acc'"),
+    ("a" * 250, "is 250 characters; keep it to 64 or fewer"),
+])
+def test_names_the_op_file_cannot_have_are_refused(tmp_path, name, message):
+    with pytest.raises(ScaffoldError, match=message):
+        new_op(name, directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_folder_problems_are_refused_before_writing(tmp_path):
+    (tmp_path / "zz.py").mkdir()
+    with pytest.raises(ScaffoldError, match=r"zz\.py is a directory"):
+        new_op("zz", directory=tmp_path, force=True)
+    with pytest.raises(ScaffoldError, match="cannot create files there"):
+        new_op("ok_name", directory="/proc")
+
+
+def test_force_replaces_an_earlier_scaffold_found_on_the_path(tmp_path, monkeypatch):
+    # ./swash.py is importable from the current directory: it is the user's own earlier
+    # scaffold, refused as an existing file without --force, replaced with it.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    new_op("swash", directory=tmp_path)
+    with pytest.raises(ScaffoldError, match="refusing to overwrite existing files"):
+        new_op("swash", directory=tmp_path)
+    assert new_op("swash", directory=tmp_path, force=True).replaced

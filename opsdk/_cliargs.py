@@ -1,0 +1,103 @@
+"""Argument types shared by the subcommands: a bad value is a usage error (exit 2) that
+names the flag, what was wrong and the fix, before any work starts; an output path is
+checked up front, so a long run never ends in a lost result."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import tempfile
+
+__all__ = ["host_port", "nonneg_int", "output_path", "positive_float", "positive_int",
+           "split_host_port"]
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``--repeats``, ``--threads``).
+
+    Examples
+    --------
+    >>> positive_int("3")
+    3
+    """
+    v = _int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0 (``--examples``)."""
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``--budget-ms``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) split and checked: a host, a port in 1..65535.
+
+    Examples
+    --------
+    >>> split_host_port("192.168.1.7:9090")
+    ('192.168.1.7', 9090)
+    """
+    host, sep, port = addr.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 192.168.1.7:9090), got {addr!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} of {addr!r} is outside 1..65535")
+    return host, int(port)
+
+
+def host_port(text: str) -> str:
+    """An argparse type for ``--rpc`` / ``--tracker``: checked, returned as given."""
+    try:
+        split_host_port(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
+
+
+def output_path(text: str) -> str:
+    """A file to write at the end of a run: checked before the run (its folder exists and is
+    writable, it is not a folder), so a long run never loses its result."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a file path")
+    p = pathlib.Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path in it")
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its directory does not exist; create it "
+                                         "first")
+    # Try it: permission bits say nothing to root, and /proc or a read-only mount refuse
+    # files whatever the bits say. The file itself is written atomically beside this probe.
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
+    except OSError as e:
+        raise argparse.ArgumentTypeError(
+            f"{text}: cannot create files in {parent} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return text
