@@ -516,6 +516,11 @@ class OpDef:
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(primary_shape))
         out = {self.primary: tuple(primary_shape)}
         derived = self.input_shapes(tuple(primary_shape), nattrs) if self.input_shapes else {}
+        unknown = [k for k in derived if k not in {p.name for p in self.tensor_params[1:]}]
+        if unknown:
+            raise OpDefinitionError(
+                f"op {self.name!r}: input_shapes returned {unknown[0]!r}, which is not a tensor "
+                f"input after the first (inputs: {', '.join(p.name for p in self.tensor_params)})")
         sizes = {k: min(hi, max(lo, 8)) for k, (lo, hi) in self.free_dims.items()}
         sizes.update(free or {})
         for p in self.tensor_params[1:]:
@@ -793,6 +798,7 @@ def op(
             params.append(_parse_param(opname, p, hints[p.name]))
         if not params or params[0].kind != "tensor" or params[0].optional:
             raise OpDefinitionError(f"op {opname!r}: the first parameter must be a required Tensor")
+        _check_declaration(opname, params, reference, dtypes, ranks, kind, domain, attr_domain)
         seen_optional = False
         for p in params:
             if p.kind == "tensor":
@@ -855,6 +861,58 @@ def op(
         return d
 
     return wrap
+
+
+#: Op kinds the generic rules and error models know (see :func:`op`).
+OP_KINDS = ("elementwise", "reduction", "norm", "dense")
+
+
+def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dtypes: Any,
+                       ranks: Any, kind: Any, domain: Any, attr_domain: Any) -> None:
+    """The decorator's arguments, before anything is traced: each mistake names the op, the
+    argument and the fix (a typo would otherwise be ignored, or fail far away)."""
+    where = f"op {opname!r}"
+    if not callable(reference):
+        raise OpDefinitionError(f"{where}: reference= must be a function (the float64 numpy "
+                                f"reference), got {type(reference).__name__}")
+    if isinstance(dtypes, Mapping):
+        if not dtypes or any(not v for v in dtypes.values()):
+            raise OpDefinitionError(f"{where}: dtypes= gives an input no dtype; list at least "
+                                    "one per input, e.g. {'x': ('float32',)}")
+    elif isinstance(dtypes, str) or not dtypes:
+        raise OpDefinitionError(f"{where}: dtypes= must be a non-empty sequence of dtypes, "
+                                f"e.g. ('float32', 'float16'), got {dtypes!r}")
+    if (not isinstance(ranks, (tuple, list)) or len(ranks) != 2
+            or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+            or not 1 <= ranks[0] <= ranks[1]):
+        raise OpDefinitionError(
+            f"{where}: ranks={ranks!r} must be (min, max) with 1 <= min <= max, the ranks the "
+            "first input may have (a scalar is a shape-(1,) tensor)")
+    if kind not in OP_KINDS:
+        import difflib
+
+        near = difflib.get_close_matches(str(kind), OP_KINDS, n=1)
+        raise OpDefinitionError(f"{where}: kind={kind!r} is not one of {', '.join(OP_KINDS)}"
+                                + (f" (did you mean {near[0]!r}?)" if near else ""))
+    tensors = [p.name for p in params if p.kind == "tensor"]
+    attrs = [p.name for p in params if p.kind == "attr"]
+    for name, dom in dict(domain or {}).items():
+        if name not in tensors:
+            raise OpDefinitionError(
+                f"{where}: domain= names {name!r}, which is not a tensor input (inputs: "
+                f"{', '.join(tensors)}); attribute values go in attr_domain=")
+        if isinstance(dom, (tuple, list)):
+            if len(dom) != 2 or not all(isinstance(v, (int, float)) for v in dom):
+                raise OpDefinitionError(f"{where}: domain[{name!r}] = {dom!r}: give (lo, hi)")
+            lo, hi = (float(v) for v in dom)
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+                raise OpDefinitionError(
+                    f"{where}: domain[{name!r}] = {dom!r}: needs finite lo <= hi")
+    for name in dict(attr_domain or {}):
+        if name not in attrs:
+            raise OpDefinitionError(
+                f"{where}: attr_domain= names {name!r}, which is not an attribute "
+                f"(attributes: {', '.join(attrs) or 'none'}); tensor ranges go in domain=")
 
 
 def _check_domains(opname: str, params: Sequence[Param], domain: Mapping[str, Any],
@@ -927,9 +985,9 @@ def _self_check(d: OpDef) -> None:
             )
         for shape in fitting:
             for dt in d.dtypes:
-                shapes = d.example_shapes(shape, attrs)
-                dts = d.dtypes_for(dt, shapes)
                 where = f"op {d.name!r} ({dt}, layout {layout!r}, {d.primary} shape {shape})"
+                shapes = _user_call(where, "input_shapes", d.example_shapes, shape, attrs)
+                dts = d.dtypes_for(dt, shapes)
                 try:
                     out = d.trace(shapes, dts, attrs)
                 except OpDefinitionError:
@@ -953,11 +1011,12 @@ def _self_check(d: OpDef) -> None:
                 if d.infer_type is not None:
                     try:
                         declared_all = d.result_types(shapes, dts, attrs)
-                    except (TypeError, ValueError) as e:
+                    except Exception as e:
                         raise OpDefinitionError(
-                            f"{where}: infer_type must return (shape, dtype)"
+                            f"{where}: infer_type raised {type(e).__name__}: {e}; it takes "
+                            "(shapes, dtypes, attrs) and returns (shape, dtype)"
                             + (f", one per output ({d.n_outputs})" if d.n_outputs > 1 else "")
-                            + f": {e}") from e
+                        ) from e
                     for k, (declared, traced) in enumerate(zip(declared_all, traced_all)):
                         declared = (tuple(int(s) for s in declared[0]), declared[1])
                         if declared != traced:
@@ -979,10 +1038,15 @@ def _self_check(d: OpDef) -> None:
                     }
                     try:
                         refs = d.run_reference(ins, attrs)
-                    except TypeError as e:  # a single array where a tuple was due
+                    except Exception as e:
+                        if d.n_outputs > 1 and isinstance(e, TypeError):  # one array, not a tuple
+                            raise OpDefinitionError(
+                                f"{where}: the reference must return one array per output "
+                                f"({d.n_outputs}): {e}") from e
                         raise OpDefinitionError(
-                            f"{where}: the reference must return one array per output "
-                            f"({d.n_outputs}): {e}") from e
+                            f"{where}: the reference raised {type(e).__name__}: {e}; it is "
+                            "called with float64 numpy arrays (None for absent optional "
+                            "inputs) and the attributes as keywords") from e
                     refs = [refs] if d.n_outputs == 1 else list(refs)
                     if len(refs) != d.n_outputs:
                         raise OpDefinitionError(
@@ -1001,12 +1065,34 @@ def _self_check(d: OpDef) -> None:
             shapes = d.example_shapes((n, *shape[1:]), attrs)
             dts = d.dtypes_for(d.dtypes[0], shapes)
             try:
-                d.trace(shapes, dts, attrs)
+                sym = as_outputs(d.trace(shapes, dts, attrs))
             except Exception as e:
                 raise OpDefinitionError(
                     f"op {d.name!r} (layout {layout!r}): compute fails on a symbolic leading "
                     f"dimension: {e}"
                 ) from e
+            if d.infer_type is not None:  # (7, 4) for (n, 4) must not pass
+                where = f"op {d.name!r} (layout {layout!r}, {d.primary} shape (n, ...))"
+                declared_all = _user_call(where, "infer_type", d.result_types, shapes, dts,
+                                          attrs)
+                for k, ((dshape, _), t) in enumerate(zip(declared_all, sym)):
+                    tshape = _shape_tuple(t)
+                    if len(dshape) != len(tshape) or not all(
+                            _dims_equal(_as_dim(a), _as_dim(b)) for a, b in zip(dshape, tshape)):
+                        which = f" output {k}" if d.n_outputs > 1 else ""
+                        raise OpDefinitionError(
+                            f"{where}: declared type (infer_type){which} gives shape "
+                            f"{_fmt(dshape)}, but the compute produces {_fmt(tshape)}; "
+                            "infer_type must follow symbolic dims too")
+
+
+def _user_call(where: str, what: str, fn: Callable, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except OpDefinitionError:
+        raise
+    except Exception as e:  # the author's function: name it, not a traceback
+        raise OpDefinitionError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
 
 
 def _check_output_rules(d: OpDef) -> None:

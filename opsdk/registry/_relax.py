@@ -44,6 +44,10 @@ def register(d: OpDef, *, replace: bool = False) -> OpDef:
     >>> opsdk.register(opsdk.get_op("gelu")).op_name
     'opsdk.gelu'
     """
+    if not isinstance(d, OpDef):
+        hint = (f"; to look one up use opsdk.get_op({d!r})" if isinstance(d, str) else
+                "; define it with @opsdk.op")
+        raise TypeError(f"opsdk.register takes an OpDef, got {type(d).__name__} {d!r}{hint}")
     _builtins()  # first: a built-in registered later would clash with a replacement
     old = _REGISTRY.get(d.name)
     if old is d:

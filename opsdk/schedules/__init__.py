@@ -139,6 +139,7 @@ def rule(
             kinds.append(it[5:])
         else:
             ops.append(it if isinstance(it, str) else it.name)
+    _check_rule_args(name, target_key, kinds, requires, claims)
 
     def deco(fn: Callable) -> Callable:
         r = Rule(
@@ -158,6 +159,42 @@ def rule(
         return fn
 
     return deco
+
+
+#: TVM target keys a rule may be keyed by (``Target(...).keys``).
+TARGET_KEYS = ("cpu", "arm_cpu", "cuda", "gpu", "rocm", "opencl", "vulkan", "metal",
+               "hexagon", "webgpu")
+_RULE_KINDS = ("elementwise", "reduction", "norm", "dense", "any", "matmul", "conv2d", "pool",
+               "opaque")
+
+
+def _check_rule_args(name: str | None, target_key: str, kinds: Sequence[str],
+                     requires: Sequence[str], claims: Sequence[str]) -> None:
+    import difflib
+    import re
+
+    who = f"schedule rule {name or '(unnamed)'}"
+
+    def near(x: str, pool: Sequence[str]) -> str:
+        m = difflib.get_close_matches(x, pool, n=1)
+        return f" (did you mean {m[0]!r}?)" if m else ""
+
+    if target_key not in TARGET_KEYS:
+        raise ValueError(f"{who}: target key {target_key!r} is not a TVM target key "
+                         f"({', '.join(TARGET_KEYS)}){near(target_key, TARGET_KEYS)}")
+    for k in kinds:
+        if k not in _RULE_KINDS:
+            raise ValueError(f"{who}: 'kind:{k}' names no op kind ({', '.join(_RULE_KINDS)})"
+                             f"{near(k, _RULE_KINDS)}")
+    for f in requires:
+        ok = re.fullmatch(r"(kind:[a-z_]+|arch:[a-z0-9_]+|[a-z0-9_.\-]+)", str(f))
+        if not ok:
+            raise ValueError(f"{who}: requires={f!r} is not a feature name (e.g. 'avx512f', "
+                             "'dotprod', 'arch:aarch64', 'kind:llvm')")
+    for c in claims:
+        if c not in ("vectorize", "parallel") and not re.fullmatch(r"insn:[a-z0-9_.]+", str(c)):
+            raise ValueError(f"{who}: claim {c!r} is not one of 'vectorize', 'parallel', "
+                             "'insn:<mnemonic>'" + near(str(c), ("vectorize", "parallel")))
 
 
 def load_builtin_rules() -> None:
@@ -203,6 +240,11 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
             continue
         if sch is None:
             ch.reasons.append(f"{r.name}: declined (returned None)")
+            continue
+        if not isinstance(sch, s_tir.Schedule):
+            warnings.warn(f"opsdk: schedule rule {r.name} returned a {type(sch).__name__} on "
+                          f"{op.name}; a rule returns an s_tir.Schedule or None", stacklevel=2)
+            ch.reasons.append(f"{r.name}: returned {type(sch).__name__}, not a Schedule")
             continue
         ch.rule, ch.claims, ch.func, ch.schedule = r.name, r.claims, sch.mod["main"], sch
         ch.reasons.append(

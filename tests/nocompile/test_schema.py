@@ -370,3 +370,80 @@ def test_output_dtype_contract_is_declared_and_validated():
     d = opsdk.op(reference=ref, output_dtype=lambda dts, attrs: dts["x"], name="fn_out")(body)
     assert d.declared_dtype({"x": "float16"}, {}) == "float16"
     assert d.output_dtype_rule() == "<lambda>(dtypes, attrs)"
+
+
+def _copy_compute(x: Tensor) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+
+def _sym_infer(shapes, dtypes, attrs):  # static 7 where the input has a symbolic dim
+    return tuple(int(v) if isinstance(v, int) else 7 for v in shapes["x"]), dtypes["x"]
+
+
+# Each definition mistake is an OpDefinitionError that names the op and the argument.
+BAD_DEFINITIONS = [
+    ({"domain": {"zz": (0, 1)}}, "domain= names 'zz', which is not a tensor input"),
+    ({"attr_domain": {"zz": [1]}}, "attr_domain= names 'zz', which is not an attribute"),
+    ({"kind": "elementwize"}, "did you mean 'elementwise'"),
+    ({"domain": {"x": (1, 0)}}, "needs finite lo <= hi"),
+    ({"domain": {"x": (float("nan"), 1)}}, "needs finite lo <= hi"),
+    ({"ranks": (0, 0)}, "1 <= min <= max"),
+    ({"ranks": (3, 1)}, "1 <= min <= max"),
+    ({"ranks": (-1, 2)}, "1 <= min <= max"),
+    ({"dtypes": ()}, "dtypes= must be a non-empty sequence"),
+    ({"reference": None}, "reference= must be a function"),
+    ({"input_shapes": lambda s, a: {"zz": s}}, "input_shapes returned 'zz'"),
+    ({"input_shapes": lambda s, a: 1 / 0}, "input_shapes raised ZeroDivisionError"),
+    ({"infer_type": lambda s, d, a: 1 / 0}, "infer_type raised ZeroDivisionError"),
+    ({"reference": lambda x: 1 / 0}, "the reference raised ZeroDivisionError"),
+    ({"ranks": (2, 2), "infer_type": _sym_infer}, "infer_type must follow symbolic dims"),
+    ({"output_dtype": ("float32", "float16")}, "output_dtype gives 2 rules"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_DEFINITIONS,
+                         ids=[m[:40] for _, m in BAD_DEFINITIONS])
+def test_definition_mistakes_name_the_op_and_argument(kwargs, message):
+    args = {"reference": lambda x: x, **kwargs}
+    with pytest.raises(OpDefinitionError, match="op 'bad_def'") as e:
+        opsdk.op(**args, name="bad_def")(_copy_compute)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"target_key": "cpux"}, "target key 'cpux' is not a TVM target key"),
+    ({"target_key": "cpu", "claims": ("vectorise",)}, "did you mean 'vectorize'"),
+    ({"target_key": "cpu", "requires": ("AVX 512",)}, "is not a feature name"),
+    ({"op_or_kinds": "kind:nrom", "target_key": "cpu"}, "'kind:nrom' names no op kind"),
+])
+def test_rule_registration_mistakes_are_refused(kwargs, message):
+    from opsdk.schedules import rule
+
+    with pytest.raises(ValueError, match="schedule rule") as e:
+        rule(**{"op_or_kinds": "kind:norm", **kwargs})
+    assert message in str(e.value)
+
+
+def test_register_takes_an_op_definition():
+    with pytest.raises(TypeError, match=r"opsdk\.get_op\('gelu'\)"):
+        opsdk.register("gelu")
+
+
+def test_a_rule_returning_nonsense_is_skipped_with_a_warning():
+    from opsdk import schedules
+
+    d = opsdk.get_op("gelu")
+    x = te.placeholder((4, 8), "float32", name="x")
+    func = te.create_prim_func([x, d.call_compute([x], d.default_attrs())])
+
+    @schedules.rule("gelu", "cpu", name="test.returns_42", priority=10_000)
+    def _bad(func, target):
+        return 42
+
+    try:
+        with pytest.warns(UserWarning, match="returned a int"):
+            ch = schedules.choose(d, func, opsdk.target("x86"))
+    finally:
+        schedules._RULES[:] = [r for r in schedules._RULES if r.name != "test.returns_42"]
+    assert ch.rule != "test.returns_42"
+    assert any("returned int, not a Schedule" in r for r in ch.reasons)
