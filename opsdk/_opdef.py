@@ -195,10 +195,11 @@ class OpDef:
 
         The decorated function takes no argument and returns ``(pattern, build)``: a
         ``tvm.relax.dpl`` pattern and ``build(matched_call, matchings) -> relax.Expr | None``
-        (None leaves a near miss alone). The rule is named ``fuse.<op>`` (or ``name``). For a
-        multi-output op, ``build`` returns ``(call, {expr: output_index})`` naming the output
-        that replaces the matched root and any other matched expression the op computes
-        (docs/authoring.md, "Ops with several outputs").
+        (None leaves a near miss alone), or a list of such pairs tried in order (the
+        spellings of one subgraph: with and without a bias, say). The rule is named
+        ``fuse.<op>`` (or ``name``). For a multi-output op, ``build`` returns ``(call,
+        {expr: output_index})`` naming the output that replaces the matched root and any other
+        matched expression the op computes (docs/authoring.md, "Ops with several outputs").
 
         Examples
         --------

@@ -44,8 +44,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     _load_ops(args.module)
     load_builtin_rules()
-    builtin_fusions = {"layer_norm": ["fuse.layer_norm"], "rms_norm": ["fuse.rms_norm"],
-                       "bias_gelu": ["fuse.bias_gelu"]}
     rows = []
     for d in opsdk.list_ops():
         rules = [r.name for r in rules_for(d)]
@@ -59,8 +57,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 "layouts": list(d.layouts),
                 "rules": rules,
                 "torch": [*(TORCH_OPS.get(d.name, ()) if builtin else ()), *d.torch_maps],
-                "fusions": [*(builtin_fusions.get(d.name, []) if builtin else []),
-                            *(n for n, _ in d.fusions)],
+                "fusions": [n for n, _ in d.fusions],
             }
         )
     if args.json:

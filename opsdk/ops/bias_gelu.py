@@ -39,3 +39,12 @@ def bias_gelu(
         lambda *i: narrow(gelu_expr(acc(x(*i)) + acc(bias(i[-1])), approximate), x.dtype),
         name="bias_gelu",
     )
+
+
+@bias_gelu.fusion()
+def _decomposed():
+    # gelu(x + bias) with a per-feature bias, for relax.nn.gelu, gelu_tanh and
+    # opsdk.gelu
+    from ..transform._fuse import bias_gelu_patterns
+
+    return bias_gelu_patterns()

@@ -164,3 +164,11 @@ def group_norm(
         return y.astype(x.dtype)
 
     return te.compute(x.shape, out, name="group_norm")
+
+
+@group_norm.fusion()
+def _decomposed():
+    # ONNX's InstanceNormalization form of GroupNorm (torch.onnx below opset 18)
+    from ..transform._fuse import group_norm_patterns
+
+    return group_norm_patterns()

@@ -93,3 +93,12 @@ def layer_norm(
         return y.astype(x.dtype)
 
     return te.compute(x.shape, out, name="layer_norm")
+
+
+@layer_norm.fusion()
+def _decomposed():
+    # the decomposed LayerNorm as exporters spell it (x - mean, its mean square, + eps,
+    # sqrt and divide or rsqrt and multiply, optional gamma / beta)
+    from ..transform._fuse import layer_norm_patterns
+
+    return layer_norm_patterns()

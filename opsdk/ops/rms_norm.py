@@ -65,3 +65,11 @@ def rms_norm(
         return y.astype(x.dtype)
 
     return te.compute(x.shape, out, name="rms_norm")
+
+
+@rms_norm.fusion()
+def _decomposed():
+    # the decomposed RMSNorm (x * rsqrt(mean(x^2) + eps), optional gamma)
+    from ..transform._fuse import rms_norm_patterns
+
+    return rms_norm_patterns()

@@ -325,31 +325,52 @@ def _conv_bn_rule() -> Rule:
     return Rule("fuse.conv_bn", root, fused)
 
 
-def _rules_by_name() -> dict[str, list[Rule]]:
-    return {
-        "conv_bn": [_conv_bn_rule()],
-        "layer_norm": _NormChain(center=True).rules(),
-        "rms_norm": _NormChain(center=False).rules(),
-        "bias_gelu": _bias_gelu_rules(),
-        "group_norm": _group_norm_rules(),
-    }
+# The matchers of the built-in ops' fusion rules: each op registers its own in its file
+# (``@layer_norm.fusion()`` in ``opsdk/ops/layer_norm.py``), calling these.
 
 
-def op_fusion_rules() -> dict[str, Rule]:
-    """The fusion rules of the registered ops (``OpDef.fusion``), by rule name, ops in name
-    order; they run after the built-in rules."""
+def layer_norm_patterns() -> list[tuple[DFPattern, Any]]:
+    """The decomposed LayerNorm chain (with gamma and beta, gamma only, neither)."""
+    return [(r.pattern, r.build) for r in _NormChain(center=True).rules()]
+
+
+def rms_norm_patterns() -> list[tuple[DFPattern, Any]]:
+    """The decomposed RMSNorm chain (with gamma, without)."""
+    return [(r.pattern, r.build) for r in _NormChain(center=False).rules()]
+
+
+def bias_gelu_patterns() -> list[tuple[DFPattern, Any]]:
+    """``gelu(x + bias)`` for TVM's two GELUs and opsdk.gelu."""
+    return [(r.pattern, r.build) for r in _bias_gelu_rules()]
+
+
+def group_norm_patterns() -> list[tuple[DFPattern, Any]]:
+    """GroupNorm in ONNX's InstanceNormalization form (affine and not)."""
+    return [(r.pattern, r.build) for r in _group_norm_rules()]
+
+
+def _graph_rules() -> dict[str, list[Rule]]:
+    """Rules that produce no opsdk op (so no op file owns them)."""
+    return {"conv_bn": [_conv_bn_rule()]}
+
+
+def op_fusion_rules() -> dict[str, list[Rule]]:
+    """The fusion rules of the registered ops (``OpDef.fusion``), by rule name: the built-in
+    ops' first (in :data:`FUSION_RULES` order), then the others' in op-name order."""
     from ..registry import registered_ops
 
-    out: dict[str, Rule] = {}
+    out: dict[str, list[Rule]] = {}
     for d in registered_ops():
         for name, factory in d.fusions:
             try:
-                pattern, build = factory()
+                made = factory()
+                pairs = made if isinstance(made, list) else [made]
+                out[name] = [Rule(name, pattern, build) for pattern, build in pairs]
             except Exception as e:  # the author's factory: name it, not a traceback
                 raise ValueError(f"opsdk.{d.name}: fusion rule {name!r} failed to build its "
                                  f"pattern: {type(e).__name__}: {e}") from e
-            out[name] = Rule(name, pattern, build)
-    return out
+    first = [f"fuse.{n}" for n in FUSION_RULES if f"fuse.{n}" in out]
+    return {n: out[n] for n in [*first, *(n for n in out if n not in first)]}
 
 
 #: Names of the fusion rules, in the order :func:`FuseIntoOps` applies them.
@@ -413,15 +434,19 @@ def FuseIntoOps(
     >>> opsdk.transform.op_counts(mod)
     {'opsdk.bias_gelu': 1}
     """
-    table = _rules_by_name()
+    graph = _graph_rules()
     ops = op_fusion_rules()
-    names = [*FUSION_RULES, *ops] if rules is None else list(rules)
-    unknown = [n for n in names if n not in table and n not in ops]
+
+    def full(n: str) -> str:  # "layer_norm" names the built-in op's rule "fuse.layer_norm"
+        return n if n in graph or n in ops else f"fuse.{n}"
+
+    names = [*graph, *ops] if rules is None else [full(n) for n in rules]
+    unknown = [n for n in names if n not in graph and n not in ops]
     if unknown:
         raise ValueError(f"FuseIntoOps: unknown rules {unknown}; choose from "
-                         f"{[*table, *ops]} (an op's rules come with its OpDef.fusion)")
-    selected = [r for n in FUSION_RULES if n in names for r in table[n]]
-    selected += [ops[n] for n in ops if n in names]
+                         f"{[*graph, *ops]} (an op's rules come with its OpDef.fusion)")
+    selected = [r for n in graph if n in names for r in graph[n]]
+    selected += [r for n in ops if n in names for r in ops[n]]
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.FuseIntoOps")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

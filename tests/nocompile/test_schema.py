@@ -447,3 +447,14 @@ def test_a_rule_returning_nonsense_is_skipped_with_a_warning():
         schedules._RULES[:] = [r for r in schedules._RULES if r.name != "test.returns_42"]
     assert ch.rule != "test.returns_42"
     assert any("returned int, not a Schedule" in r for r in ch.reasons)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "bias_gelu", "group_norm"])
+def test_builtin_fusion_rules_are_rules_of_their_ops(op):
+    # One op, one file: the decomposed-subgraph rule is registered by the op itself and
+    # FuseIntoOps takes it from there, as it does an author's.
+    from opsdk.transform._fuse import op_fusion_rules
+
+    d = opsdk.get_op(op)
+    assert [n for n, _ in d.fusions] == [f"fuse.{op}"]
+    assert op_fusion_rules()[f"fuse.{op}"]  # at least one pattern
