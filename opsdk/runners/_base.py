@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["DeviceCrash", "DeviceTimeout", "OutputSpec", "Runner"]
+__all__ = ["DeviceCrash", "DeviceTimeout", "OutputSpec", "Runner", "RunnerUnavailable"]
 
 OutputSpec = tuple[tuple[int, ...], str]
 _T = TypeVar("_T")
@@ -26,6 +26,11 @@ except ImportError:  # pragma: no cover
 
 class DeviceCrash(RuntimeError):
     """The process executing the kernel died (illegal instruction, segmentation fault, ...)."""
+
+
+class RunnerUnavailable(RuntimeError):
+    """The device could not be started or reached (emulator set-up, RPC connection): an
+    environment problem to report in one line, not a failed check."""
 
 
 class DeviceTimeout(RuntimeError):

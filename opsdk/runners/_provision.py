@@ -140,7 +140,12 @@ def _stamp_ok(root: Path) -> bool:
         stamp = json.loads((root / "stamp.json").read_text())
     except (OSError, ValueError):
         return False
-    return all(stamp.get(k) == v for k, v in _wanted().items()) and (root / "python3").is_file()
+    if not isinstance(stamp, dict):  # garbage that happens to parse
+        return False
+    # The files a run needs: a partial copy or a deleted file is as good as no set-up.
+    needed = (root / "python3", root / "sysroot" / "usr" / "bin" / f"python{_PY}")
+    return all(stamp.get(k) == v for k, v in _wanted().items()) and all(
+        p.is_file() and p.stat().st_size > 0 for p in needed)
 
 
 def arm_ready() -> bool:
@@ -157,11 +162,21 @@ def arm_env() -> ArmEnv:
         If :func:`setup_arm` has not completed for the installed TVM version.
     """
     root = _root()
-    qemu = find_qemu()
-    if qemu is None or not _stamp_ok(root):
+    override = os.environ.get("OPSDK_QEMU")
+    if override and not (os.path.isfile(override) and os.access(override, os.X_OK)):
+        found = find_qemu()
         raise RuntimeError(
-            f"the aarch64 emulation environment is not set up in {root}: run "
-            "`opsdk setup arm` (or opsdk.runners.setup_arm()) first"
+            f"OPSDK_QEMU={override} is not an executable file; unset it"
+            + (f" to use {found}" if found else "")
+            + " or point it at qemu-aarch64(-static)")
+    qemu = override or find_qemu()
+    if qemu is None:
+        raise RuntimeError("qemu-aarch64 (qemu-user) is not installed: run `opsdk setup arm` "
+                           "(it installs qemu-user-static and the cross compiler with apt)")
+    if not _stamp_ok(root):
+        raise RuntimeError(
+            f"the aarch64 emulation environment in {root} is missing, incomplete or damaged: "
+            "run `opsdk setup arm` (`--force` rebuilds it; or opsdk.runners.setup_arm())"
         )
     return ArmEnv(root=root, sysroot=root / "sysroot", python=root / "python3", qemu=qemu)
 

@@ -283,7 +283,8 @@ class _GuestServer:
                 self.stop()
                 raise RuntimeError(
                     f"the emulated RPC server exited with status {rc} during start-up "
-                    f"(qemu: {self.env.qemu}); log tail:\n{tail}"
+                    f"(qemu: {self.env.qemu}); if the environment in {self.env.root} is "
+                    "damaged, rebuild it with `opsdk setup arm --force`; log tail:\n{tail}"
                 )
             time.sleep(0.05)
         tail = self.log_tail()

@@ -178,11 +178,13 @@ def run_verify_command(args: argparse.Namespace) -> int:
     >>> run_verify_command(p.parse_args(["no_such_op", "--quiet"]))
     2
     """
+    from ..runners._base import RunnerUnavailable
+
     try:
         defs, tname, dtypes, layouts = _check_usage(args)
         if args.case:
             return _run_case(args, defs, tname)
-    except _Usage as e:
+    except (_Usage, RunnerUnavailable) as e:
         print(f"opsdk verify: error: {e}", file=sys.stderr)
         return 2
     from ._engine import verify
@@ -204,7 +206,7 @@ def run_verify_command(args: argparse.Namespace) -> int:
             tracker=args.tracker,
             key=args.key,
         )
-    except ValueError as e:
+    except (ValueError, RunnerUnavailable) as e:
         progress.close()
         print(f"opsdk verify: error: {e}", file=sys.stderr)
         return 2
@@ -242,6 +244,9 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
                 raise ValueError(f"the case is for op {raw['op']!r}, not {args.ops}")
         raw.setdefault("target", tname)
         case = Case.from_dict(raw)
+        from ..targets import target as resolve_target
+
+        resolve_target(case.target)  # an unknown target is a usage error, not a traceback
     except (ValueError, TypeError, KeyError) as e:
         raise _Usage(f"bad --case: {e}") from None
     import opsdk
@@ -250,9 +255,15 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
         d = opsdk.get_op(case.op)
     except KeyError as e:
         raise _Usage(str(e).strip("'\"")) from None
+    from ..runners._base import RunnerUnavailable
     from ._engine import _runner_for
 
-    with _runner_for(case.target, args.rpc, args.tracker, args.key) as runner:
+    runner = _runner_for(case.target, args.rpc, args.tracker, args.key)
+    try:
+        runner.__enter__()
+    except (RuntimeError, OSError) as e:
+        raise RunnerUnavailable(f"cannot start the {case.target} runner: {e}") from e
+    with runner:
         res = run_case(case, runner=runner, op=d)
         device = runner.device_info().get("device", "?")
     if res.ok:

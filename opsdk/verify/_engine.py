@@ -1003,9 +1003,14 @@ def verify(
     runner = runner or _runner_for(tname, rpc, tracker, key)
     done = [0]
     try:
-        if own and hasattr(runner, "__enter__"):
-            runner.__enter__()
-        report.device = dict(runner.device_info())
+        try:
+            if own and hasattr(runner, "__enter__"):
+                runner.__enter__()
+            report.device = dict(runner.device_info())
+        except (RuntimeError, OSError) as e:
+            from ..runners._base import RunnerUnavailable
+
+            raise RunnerUnavailable(f"cannot start the {tname} runner: {e}") from e
         for d in defs:
             claimed = {(c["dtype"], c["layout"])
                        for c in capabilities(d, [tname], rules=False) if c["claimed"]}
