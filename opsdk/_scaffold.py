@@ -25,13 +25,14 @@ from .registry import get_op, is_registered
 
 __all__ = ["KINDS", "TARGETS", "ScaffoldError", "ScaffoldResult", "new_op"]
 
-KINDS = ("elementwise", "binary", "reduction", "norm")
+KINDS = ("elementwise", "binary", "reduction", "norm", "residual_norm")
 TARGETS = ("x86", "arm")
 _CLAIMS = {
     "elementwise": ("vectorize", "parallel"),
     "binary": ("vectorize", "parallel"),
     "reduction": ("parallel",),
     "norm": ("vectorize", "parallel"),
+    "residual_norm": ("vectorize", "parallel"),
 }
 
 

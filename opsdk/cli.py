@@ -264,10 +264,12 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
 def _args_new_op(s: argparse.ArgumentParser) -> None:
     s.add_argument("name", help="op name (a Python identifier)")
     s.add_argument(
-        "--kind", default="elementwise", choices=["elementwise", "binary", "reduction", "norm"],
+        "--kind", default="elementwise",
+        choices=["elementwise", "binary", "reduction", "norm", "residual_norm"],
         help="the template: elementwise (one input), binary (two inputs, broadcasting), "
-        "reduction (over one axis, the axis dropped) or norm (over trailing axes, with a "
-        "scale); default elementwise",
+        "reduction (over one axis, the axis dropped), norm (over trailing axes, with a "
+        "scale) or residual_norm (x + r and its LayerNorm, two outputs, with a fusion "
+        "rule); default elementwise",
     )
     s.add_argument(
         "--from",

@@ -28,6 +28,7 @@ def _arm_env():
         ("gated", "binary", None),
         ("lse", "reduction", None),
         ("l2n", "norm", None),
+        ("resln", "residual_norm", None),
         ("ln_like", None, "layer_norm"),
     ],
 )

@@ -14,7 +14,7 @@ import pytest
 
 from opsdk._scaffold import new_op
 
-KINDS = ["elementwise", "binary", "reduction", "norm"]
+KINDS = ["elementwise", "binary", "reduction", "norm", "residual_norm"]
 
 
 def _package(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -43,6 +43,8 @@ def test_scaffold_of_each_kind_verifies_without_edits(tmp_path, kind):
     assert f"[{name}.x86]" in r.stdout  # its own rule was chosen and linted
     if kind in ("norm", "reduction"):  # held to a composed model, not the heuristic fallback
         assert "author's (composed" in r.stdout and "fallback" not in r.stdout
+    if kind == "residual_norm":  # two outputs, each held to its own composed model
+        assert "author's (per output: composed rounding x1, composed norm)" in r.stdout
 
 
 def test_scaffold_from_builtin_verifies(tmp_path):
