@@ -136,6 +136,9 @@ def _from_source(from_op: str, name: str) -> str:
     src = inspect.getsource(mod)
     if not d.module.startswith("opsdk.ops."):
         raise ScaffoldError(f"--from {from_op}: only built-in ops can be copied (it is {d.source})")
+    # The built-in's fusion rule (decomposed subgraph -> the built-in) stays the built-in's:
+    # a copy that also claimed it would compete with it.
+    src = _drop_fusion_rules(src, from_op)
     src = re.sub(r"from \.\._dtypes import", "from opsdk import", src)
     src = re.sub(r"from \.\._opdef import", "from opsdk import", src)
     src = re.sub(r"from \.\._domains import", "from opsdk import", src)
@@ -145,6 +148,26 @@ def _from_source(from_op: str, name: str) -> str:
     if f"def {name}(" not in src:
         raise ScaffoldError(f"--from {from_op}: could not find its compute function to rename")
     return src
+
+
+def _drop_fusion_rules(src: str, op: str) -> str:
+    lines = src.split("\n")
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line.startswith(f"@{op}.fusion("):
+            skipping = True
+            while out and not out[-1].strip():
+                out.pop()
+            continue
+        if skipping:
+            top = line and not line[0].isspace() and not line.startswith(("def ", ")"))
+            if not top:
+                continue
+            skipping = False
+            out += ["", ""]
+        out.append(line)
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _render(
