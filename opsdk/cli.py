@@ -339,6 +339,14 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # Ctrl-C at any point, start-up (importing TVM) included: a word, not a traceback
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     parser = _build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if args.version:
@@ -354,9 +362,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

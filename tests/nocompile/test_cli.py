@@ -131,3 +131,14 @@ def test_bad_arguments_are_usage_errors_naming_the_flag(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"opsdk {argv[0]}: error:" in err and message in err, err
+
+
+def test_ctrl_c_during_start_up_is_a_word_not_a_traceback(monkeypatch, capsys):
+    import opsdk.cli as cli
+
+    def interrupted(command):
+        raise KeyboardInterrupt  # as if Ctrl-C landed while TVM was being imported
+
+    monkeypatch.setattr(cli, "_build_parser", interrupted)
+    assert cli.main(["verify", "gelu"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
