@@ -865,7 +865,7 @@ def op(
 
 
 #: Op kinds the generic rules and error models know (see :func:`op`).
-OP_KINDS = ("elementwise", "reduction", "norm", "dense")
+OP_KINDS = ("elementwise", "reduction", "norm", "dense", "matmul", "conv2d", "pool")
 
 
 def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dtypes: Any,
@@ -900,8 +900,8 @@ def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dty
     for name, dom in dict(domain or {}).items():
         if name not in tensors:
             raise OpDefinitionError(
-                f"{where}: domain= names {name!r}, which is not a tensor input (inputs: "
-                f"{', '.join(tensors)}); attribute values go in attr_domain=")
+                f"{where}: domain= names {name!r}, but {name!r} is not a tensor input "
+                f"(inputs: {', '.join(tensors)}); attribute values go in attr_domain=")
         if isinstance(dom, (tuple, list)):
             if len(dom) != 2 or not all(isinstance(v, (int, float)) for v in dom):
                 raise OpDefinitionError(f"{where}: domain[{name!r}] = {dom!r}: give (lo, hi)")
@@ -912,7 +912,7 @@ def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dty
     for name in dict(attr_domain or {}):
         if name not in attrs:
             raise OpDefinitionError(
-                f"{where}: attr_domain= names {name!r}, which is not an attribute "
+                f"{where}: attr_domain= names {name!r}, but {name!r} is not an attribute "
                 f"(attributes: {', '.join(attrs) or 'none'}); tensor ranges go in domain=")
 
 

@@ -38,7 +38,8 @@ def test_new_op_kind_has_help(capsys):
     with pytest.raises(SystemExit):
         main(["new-op", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--kind {elementwise,binary,reduction,norm}" in out and "the template:" in out
+    assert "--kind {elementwise,binary,reduction,norm,residual_norm}" in out
+    assert "the template:" in out
 
 
 def test_unknown_op_next_to_its_file_says_how_to_load_it(tmp_path, capsys, monkeypatch):

@@ -382,8 +382,8 @@ def _sym_infer(shapes, dtypes, attrs):  # static 7 where the input has a symboli
 
 # Each definition mistake is an OpDefinitionError that names the op and the argument.
 BAD_DEFINITIONS = [
-    ({"domain": {"zz": (0, 1)}}, "domain= names 'zz', which is not a tensor input"),
-    ({"attr_domain": {"zz": [1]}}, "attr_domain= names 'zz', which is not an attribute"),
+    ({"domain": {"zz": (0, 1)}}, "domain= names 'zz', but 'zz' is not a tensor input"),
+    ({"attr_domain": {"zz": [1]}}, "attr_domain= names 'zz', but 'zz' is not an attribute"),
     ({"kind": "elementwize"}, "did you mean 'elementwise'"),
     ({"domain": {"x": (1, 0)}}, "needs finite lo <= hi"),
     ({"domain": {"x": (float("nan"), 1)}}, "needs finite lo <= hi"),
