@@ -156,6 +156,8 @@ class OpDef:
     # outputs of the compute (a tuple of tensors when > 1), found by the definition-time trace
     n_outputs: int = 1
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)
+    # ONNX op types -> converter (None: the default one), used by opsdk.frontend.from_onnx
+    onnx_maps: dict[str, Callable | None] = field(default_factory=dict)
     fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ models
@@ -186,6 +188,35 @@ class OpDef:
                     f"op {self.name!r}: torch mapping {name!r} is not an aten overload name; "
                     "pass e.g. 'hardswish.default' (node.target.__name__ in an exported graph)")
             self.torch_maps[name] = convert
+        return self
+
+    def onnx(self, *op_types: str, convert: Callable | None = None) -> OpDef:
+        """Map ONNX operator types (``"HardSwish"``) to this op in
+        :func:`opsdk.frontend.from_onnx`: each such node is converted straight to the op,
+        instead of TVM's own (often decomposed) import.
+
+        The default converter passes the node's inputs as the op's tensor inputs, in order,
+        and its attributes named like the op's attributes as those; ``convert(inputs,
+        attrs) -> relax.Expr`` (the Relax inputs and the node's attributes) does anything
+        else. Each import records how many nodes every mapping converted
+        (:func:`opsdk.frontend.onnx_mapping_counts`). Returns the op, so it chains.
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> from tvm import te
+        >>> @opsdk.op(reference=lambda x: x * 2)
+        ... def twice_onnx(x: opsdk.Tensor) -> te.Tensor:
+        ...     return te.compute(x.shape, lambda *i: x(*i) * 2, name="twice")
+        >>> sorted(twice_onnx.onnx("Double").onnx_maps)
+        ['Double']
+        """
+        for name in op_types:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise OpDefinitionError(
+                    f"op {self.name!r}: ONNX mapping {name!r} is not an ONNX operator type; "
+                    "pass e.g. 'HardSwish' (node.op_type in the model)")
+            self.onnx_maps[name] = convert
         return self
 
     def fusion(self, name: str | None = None) -> Callable:

@@ -57,6 +57,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 "layouts": list(d.layouts),
                 "rules": rules,
                 "torch": [*(TORCH_OPS.get(d.name, ()) if builtin else ()), *d.torch_maps],
+                "onnx": list(d.onnx_maps),
                 "fusions": [n for n, _ in d.fusions],
             }
         )
@@ -69,6 +70,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
           "models")
     for r in rows:
         models = [f"torch:{','.join(r['torch'])}"] if r["torch"] else []
+        models += [f"onnx:{','.join(r['onnx'])}"] if r["onnx"] else []
         models += [f"fusion:{','.join(r['fusions'])}"] if r["fusions"] else []
         print(
             f"{r['name']:<{w}}  {r['kind']:<11}  {','.join(r['dtypes']):<26}  "

@@ -16,7 +16,7 @@ Examples
 
 from __future__ import annotations
 
-from ._onnx import ONNX_OPS, from_onnx
+from ._onnx import ONNX_OPS, from_onnx, onnx_mapping_counts
 from ._params import bind_params
 from ._torch import (
     TORCH_OPS,
@@ -34,5 +34,6 @@ __all__ = [
     "from_onnx",
     "from_torch",
     "mapping_counts",
+    "onnx_mapping_counts",
     "torch_convert_map",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,7 @@ from ..transform import FuseIntoOps, ReplaceTVMOps
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ONNX_OPS", "from_onnx"]
+__all__ = ["ONNX_OPS", "from_onnx", "onnx_mapping_counts"]
 
 #: ONNX operator -> the TVM op its importer emits -> the opsdk op it becomes. The opset is the
 #: first one whose version TVM 0.27's importer implements.
@@ -88,10 +90,82 @@ def from_onnx(
 
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model))
-    mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset, **kwargs)
+    with _op_mappings() as hits:
+        mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset,
+                            **kwargs)
+    if any(hits.values()):
+        mod = mod.with_attr("opsdk.onnx_mappings", {k: n for k, n in hits.items() if n})
     names = None if ops is None else list(ops)
     if names is None or names:
         mod = ReplaceTVMOps(names)(mod)
     if fuse:
         mod = FuseIntoOps()(mod)
     return mod
+
+
+def onnx_mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """How many nodes each ONNX mapping (an op's ``OpDef.onnx``) converted when
+    :func:`from_onnx` made ``mod``.
+
+    Examples
+    --------
+    >>> import tvm, opsdk
+    >>> opsdk.frontend.onnx_mapping_counts(tvm.IRModule())
+    {}
+    """
+    counts = (mod.attrs or {}).get("opsdk.onnx_mappings", {}) if mod.attrs else {}
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+@contextlib.contextmanager
+def _op_mappings():
+    """TVM's ONNX importer has no custom converter hook: its table of converters is
+    extended, for this import only, with the registered ops' ``OpDef.onnx`` mappings."""
+    from tvm.relax.frontend.onnx import onnx_frontend as fe
+
+    from ..registry import builder, registered_ops
+
+    hits: dict[str, int] = {}
+    extra: dict[str, Any] = {}
+    for d in registered_ops():
+        for op_type, fn in d.onnx_maps.items():
+            hits[op_type] = 0
+            extra[op_type] = _converter(d, op_type, fn, builder(d), hits)
+    if not extra:
+        yield hits
+        return
+    original = fe._get_convert_map
+    with _LOCK:
+        fe._get_convert_map = lambda: {**original(), **extra}
+        try:
+            yield hits
+        finally:
+            fe._get_convert_map = original
+
+
+_LOCK = threading.Lock()
+
+
+def _converter(d: Any, op_type: str, fn: Any, build: Any, hits: dict[str, int]) -> type:
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+    attr_names = {p.name for p in d.attr_params}
+    tensors = [p.name for p in d.tensor_params]
+
+    def impl(cls, bb, inputs, attr, params):
+        hits[op_type] += 1
+        if fn is not None:
+            return fn(list(inputs), dict(attr))
+        present = [x for x in inputs if x is not None]
+        if len(present) > len(tensors):
+            raise ValueError(f"ONNX {op_type} node has {len(present)} inputs; {d.op_name} "
+                             f"takes {len(tensors)} ({', '.join(tensors)}): pass convert= to "
+                             f"{d.name}.onnx(...)")
+        kw = {k: _py(v) for k, v in attr.items() if k in attr_names}
+        return build(*present, **kw)
+
+    return type(f"_Opsdk_{d.name}_{op_type}", (OnnxOpConverter,), {"_impl_v1": classmethod(impl)})
+
+
+def _py(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v

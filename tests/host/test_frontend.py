@@ -561,3 +561,40 @@ def test_drift_command_on_python_model(tmp_path, capsys):
     assert run_drift_command(args) == 0
     text = capsys.readouterr().out
     assert "fuse.bias_gelu" in text and "replace.layer_norm" in text
+
+
+def test_an_ops_onnx_mapping_converts_its_nodes_and_counts_them():
+    # OpDef.onnx: a HardSwish node becomes the author's op (TVM would decompose it into
+    # add / clip / divide / multiply), counted per mapping; other imports are unaffected.
+    import onnx  # noqa: F401
+    from onnx import TensorProto, helper
+    from tvm import te, tirx
+
+    def _ref(x):
+        return x * np.clip(x + 3, 0, 6) / 6
+
+    @opsdk.op(reference=_ref, name="onnx_hswish")
+    def onnx_hswish(x: opsdk.Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i) * tirx.max(
+            tirx.min(x(*i) + 3.0, 6.0), 0.0) / 6.0, name="hs")
+
+    onnx_hswish.onnx("HardSwish")
+    g = helper.make_graph([helper.make_node("HardSwish", ["x"], ["h"]),
+                           helper.make_node("Relu", ["h"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    plain = opsdk.frontend.from_onnx(model)
+    assert "opsdk.onnx_hswish" not in opsdk.transform.op_counts(plain)  # not registered yet
+    opsdk.register(onnx_hswish)
+    try:
+        mod = opsdk.frontend.from_onnx(model)
+        assert opsdk.transform.op_counts(mod, "opsdk.") == {"opsdk.onnx_hswish": 1}
+        assert opsdk.frontend.onnx_mapping_counts(mod) == {"HardSwish": 1}
+        ex = opsdk.compile(mod, "x86")
+        vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+        x = np.linspace(-6, 6, 32, dtype="float32").reshape(4, 8)
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, np.maximum(_ref(x.astype(np.float64)), 0), atol=1e-6)
+    finally:
+        opsdk.unregister(onnx_hswish)
