@@ -22,10 +22,18 @@ from opsdk.verify import verify_op
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ops" / "add_layer_norm.py"
 
 
-@pytest.fixture(scope="module")
-def op(tmp_path_factory):
+@pytest.fixture(scope="module", params=["example", "scaffold"])
+def op(request, tmp_path_factory):
+    # The example file, and the same op as `opsdk new-op --kind residual_norm` writes it
+    # (with its own x86/NEON rules) in a fresh folder.
+    from opsdk import schedules
+    from opsdk._scaffold import new_op
+
     pkg = tmp_path_factory.mktemp("userpkg")
-    shutil.copy(EXAMPLE, pkg / "add_layer_norm.py")
+    if request.param == "example":
+        shutil.copy(EXAMPLE, pkg / "add_layer_norm.py")
+    else:
+        new_op("add_layer_norm", kind="residual_norm", directory=pkg)
     sys.path.insert(0, str(pkg))
     try:
         opsdk.load_plugins(["add_layer_norm"])
@@ -33,7 +41,10 @@ def op(tmp_path_factory):
     finally:
         sys.path.remove(str(pkg))
         opsdk.unregister("add_layer_norm")
-        sys.modules.pop("add_layer_norm", None)
+        for m in [m for m in sys.modules if m.startswith("add_layer_norm")]:
+            sys.modules.pop(m)
+        schedules._RULES[:] = [r for r in schedules._RULES
+                               if not r.name.startswith("add_layer_norm.")]
 
 
 def test_relax_call_is_a_tuple_of_both_outputs(op):
