@@ -24,6 +24,8 @@ from tvm import te, tirx
 from ._domains import Bounded, LogUniform
 from ._dtypes import FLOAT_DTYPES, np_dtype
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 __all__ = [
     "Axis",
     "OpDef",
@@ -324,6 +326,10 @@ class OpDef:
             )
         if want is float and not math.isfinite(v):
             raise self.error(p.name, f"is {v!r}", "pass a finite float")
+        if want is float and abs(v) > _F32_MAX:
+            # The compute embeds it as a float32 constant (TVM refuses the literal).
+            raise self.error(p.name, f"is {v!r}, beyond float32's range (the kernel's "
+                             "constants are float32)", f"pass a value within +-{_F32_MAX:.4g}")
         return v
 
     def normalize_attrs(self, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
