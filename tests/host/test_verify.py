@@ -197,7 +197,11 @@ def test_lints_flag_a_rule_whose_claims_do_not_hold() -> None:
 def _cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     add_verify_arguments(p)
-    return run_verify_command(p.parse_args(argv))
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # an argument type refused it (a bad path, port, count): exit 2
+        return int(e.code)
+    return run_verify_command(args)
 
 
 @pytest.mark.parametrize("argv", [
