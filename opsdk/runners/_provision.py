@@ -197,7 +197,15 @@ def _ensure_host_tools(log: Callable[[str], object]) -> None:
     if find_cross_cxx() is None:
         missing.append("g++-aarch64-linux-gnu")
     install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if shutil.which("apt-get") is None:  # not Debian/Ubuntu: "run as root" would not help
+        raise RuntimeError(
+            f"opsdk's arm support needs qemu-user and the aarch64 cross compiler "
+            f"(missing: {', '.join(missing)}), and this system has no apt-get: install "
+            "qemu-aarch64 (qemu-user-static) and aarch64-linux-gnu-g++ with its package "
+            "manager, or set OPSDK_QEMU to a qemu-aarch64 binary, then run `opsdk setup arm` "
+            "again"
+        )
+    if os.geteuid() != 0:
         raise RuntimeError(
             "opsdk's arm support needs qemu-user and the aarch64 cross compiler; run as root:\n"
             f"    apt-get update\n    {' '.join(install)}\n"

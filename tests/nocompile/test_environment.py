@@ -53,3 +53,14 @@ def test_a_bad_qemu_override_is_named_before_anything_runs(tmp_path, monkeypatch
     assert run_verify_command(p.parse_args(["gelu", "--target", "arm", "--quiet"])) == 2
     err = capsys.readouterr().err
     assert "opsdk verify: error: cannot start the arm runner: OPSDK_QEMU=" in err
+
+
+def test_setup_without_apt_get_names_the_packages_not_root(monkeypatch):
+    # As root on a system without apt-get, "run as root" was the wrong advice.
+    monkeypatch.setattr(prov, "arm_tools_available", lambda: False)
+    monkeypatch.setattr(prov, "find_qemu", lambda: None)
+    monkeypatch.setattr(prov, "find_cross_cxx", lambda: None)
+    monkeypatch.setattr(prov.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="has no apt-get") as e:
+        prov._ensure_host_tools(lambda *_: None)
+    assert "run as root" not in str(e.value) and "qemu-user-static" in str(e.value)
