@@ -5,9 +5,9 @@ checked up front, so a long run never ends in a lost result."""
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
-import tempfile
+
+from ._files import check_can_create
 
 __all__ = ["host_port", "nonneg_int", "output_path", "positive_float", "positive_int",
            "split_host_port"]
@@ -91,13 +91,9 @@ def output_path(text: str) -> str:
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: its directory does not exist; create it "
                                          "first")
-    # Try it: permission bits say nothing to root, and /proc or a read-only mount refuse
-    # files whatever the bits say. The file itself is written atomically beside this probe.
     try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
+        check_can_create(parent)
     except OSError as e:
         raise argparse.ArgumentTypeError(
             f"{text}: cannot create files in {parent} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
     return text

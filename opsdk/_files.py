@@ -6,7 +6,7 @@ import os
 import pathlib
 import tempfile
 
-__all__ = ["new_file_mode", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["check_can_create", "new_file_mode", "write_bytes_atomic", "write_text_atomic"]
 
 
 def new_file_mode() -> int:
@@ -15,6 +15,14 @@ def new_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def check_can_create(folder: str | os.PathLike) -> None:
+    """Raise ``OSError`` unless a file can be created in ``folder``: tried, since permission
+    bits say nothing to root, and /proc or a read-only mount refuse files whatever they say."""
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".opsdk.", suffix=".probe")
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

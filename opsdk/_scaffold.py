@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ._files import new_file_mode
+from ._files import check_can_create, new_file_mode
 from .registry import get_op, is_registered
 
 __all__ = ["KINDS", "TARGETS", "ScaffoldError", "ScaffoldResult", "new_op"]
@@ -287,9 +287,7 @@ def new_op(
     if dirs:
         raise ScaffoldError(f"{dirs[0]} is a directory; move it or pick another op name")
     try:  # a read-only folder, /proc, a full disk: say so before anything is written
-        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".probe", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        check_can_create(folder)
     except OSError as e:
         raise ScaffoldError(f"--dir {folder}: cannot create files there "
                             f"({e.strerror or e})") from None

@@ -27,6 +27,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._cliargs import split_host_port
+
 if TYPE_CHECKING:
     from ._base import DeviceCrash, DeviceTimeout, Runner
     from ._provision import arm_ready, arm_tools_available, setup_arm
@@ -148,10 +150,10 @@ def runner_for(
     if tracker:
         if not key:
             raise ValueError("tracker= needs key= (the device key registered with the tracker)")
-        host, port = _split_addr(tracker)
+        host, port = split_host_port(tracker)
         return RPCRunner.from_tracker(host, port, key, arch=remote_arch)
     if rpc:
-        host, port = _split_addr(rpc)
+        host, port = split_host_port(rpc)
         return RPCRunner(host, port, key=key or "", arch=remote_arch)
     if arch is None or arch == host_arch():
         return LocalRunner()
@@ -163,9 +165,3 @@ def runner_for(
         f"no runner for target {target_kind!r} (runs on {arch}) from this {host_arch()} host; "
         "pass rpc= or tracker= to run it on a remote device"
     )
-
-
-def _split_addr(addr: str) -> tuple[str, int]:
-    from .._cliargs import split_host_port
-
-    return split_host_port(addr)

@@ -124,8 +124,6 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
     for ly in layouts or []:
         if ly not in known_ly:
             raise _Usage(f"unknown layout {ly!r}; known: {', '.join(sorted(known_ly))}")
-    if args.examples is not None and args.examples < 0:
-        raise _Usage("--examples must be >= 0")
     if args.tracker and not args.key:
         raise _Usage("--tracker needs --key")
     import pathlib
@@ -133,9 +131,6 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
     if args.report and args.junit and (
             pathlib.Path(args.report).resolve() == pathlib.Path(args.junit).resolve()):
         raise _Usage(f"--report and --junit name the same file ({args.report}); give two paths")
-    for flag, path in (("--report", args.report), ("--junit", args.junit)):
-        if path and not pathlib.Path(path).resolve().parent.is_dir():
-            raise _Usage(f"{flag} {path}: its directory does not exist; create it first")
     return defs, tname, dtypes, layouts
 
 

@@ -1,12 +1,11 @@
-"""Multi-output ops end to end, on the example ``examples/ops/add_layer_norm.py`` copied into a
-fresh package: definition checks, Relax type, verify of every output (and a broken output
-caught), the fusion rule on a torch.export model (op in place, later uses of ``x + r`` read
-its first output) and agreement with torch."""
+"""Multi-output ops end to end, on the op ``opsdk new-op add_layer_norm --kind residual_norm``
+writes in a fresh folder (with its own rules, and without, so that the built-in row rules'
+side-output path runs): definition checks, Relax type, verify of every output (and a broken
+output caught), the fusion rule on a torch.export model (op in place, later uses of ``x + r``
+read its first output) and agreement with torch."""
 
 from __future__ import annotations
 
-import pathlib
-import shutil
 import sys
 
 import numpy as np
@@ -19,25 +18,23 @@ import opsdk
 from opsdk import OpDefinitionError
 from opsdk.verify import verify_op
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ops" / "add_layer_norm.py"
 
-
-@pytest.fixture(scope="module", params=["example", "scaffold"])
+@pytest.fixture(scope="module", params=["builtin-rules", "own-rules"])
 def op(request, tmp_path_factory):
-    # The example file, and the same op as `opsdk new-op --kind residual_norm` writes it
-    # (with its own x86/NEON rules) in a fresh folder.
     from opsdk import schedules
     from opsdk._scaffold import new_op
 
     pkg = tmp_path_factory.mktemp("userpkg")
-    if request.param == "example":
-        shutil.copy(EXAMPLE, pkg / "add_layer_norm.py")
-    else:
-        new_op("add_layer_norm", kind="residual_norm", directory=pkg)
+    own = request.param == "own-rules"
+    new_op("add_layer_norm", kind="residual_norm", directory=pkg,
+           targets=("x86", "arm") if own else ())
     sys.path.insert(0, str(pkg))
     try:
         opsdk.load_plugins(["add_layer_norm"])
-        yield opsdk.get_op("add_layer_norm")
+        d = opsdk.get_op("add_layer_norm")
+        rules = {r.name for r in schedules.rules_for(d)}
+        assert ("add_layer_norm.x86" in rules) == own
+        yield d
     finally:
         sys.path.remove(str(pkg))
         opsdk.unregister("add_layer_norm")
