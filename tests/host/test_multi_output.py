@@ -116,6 +116,53 @@ def test_torch_model_compiles_with_the_fused_op_and_matches_torch(op):
     np.testing.assert_allclose(np.asarray(got.numpy()), want, rtol=1e-5, atol=1e-5)
 
 
+@torch.library.custom_op("opsdk_test::residual_ln", mutates_args=())
+def _residual_ln(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                 b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x + r
+    return h, torch.nn.functional.layer_norm(h, h.shape[-1:], w, b)
+
+
+@_residual_ln.register_fake
+def _(x, r, w, b):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+class _UsesCustomOp(torch.nn.Module):
+    """A model that calls a torch custom op returning two tensors (as a user's own kernel
+    library would), reading both through ``getitem``."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(d) + 0.5)
+        self.b = torch.nn.Parameter(torch.rand(d) - 0.5)
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x, r):
+        h, y = torch.ops.opsdk_test.residual_ln(x, r, self.w, self.b)
+        return h + self.fc(y)
+
+
+def test_torch_mapping_onto_a_two_output_op(op):
+    """``OpDef.torch`` onto a multi-output op: the tuple-returning torch op becomes one call
+    of the opsdk op, and each ``getitem`` reads the matching output."""
+    torch.manual_seed(0)
+    model = _UsesCustomOp(32).eval()
+    x, r = torch.randn(4, 32), torch.randn(4, 32)
+    op.torch("residual_ln.default")
+    try:
+        mod = opsdk.frontend.from_torch(torch.export.export(model, (x, r)))
+    finally:
+        op.torch_maps.pop("residual_ln.default")
+    assert opsdk.frontend.mapping_counts(mod) == {"residual_ln.default": 1}
+    assert opsdk.transform.op_counts(mod, "opsdk.") == {"opsdk.add_layer_norm": 1}
+    vm = relax.VirtualMachine(opsdk.compile(mod, "x86"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(r.numpy()))[0]
+    with torch.no_grad():
+        want = model(x, r).numpy()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_definition_errors_name_the_op_and_the_fix():
     def ref_one(x):
         return x
