@@ -22,7 +22,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and editors
-    from . import drift, frontend, model, relax, transform
+    from . import deploy, drift, frontend, model, relax, transform
     from ._domains import Bounded, LogUniform, bounded, log_uniform
     from ._dtypes import FLOAT_DTYPES
     from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and edito
 
 #: Public name -> (module, attribute; None for the module itself), bound on first use.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
-    **{m: (f".{m}", None) for m in ("drift", "frontend", "model", "relax", "transform")},
+    **{m: (f".{m}", None) for m in (
+        "deploy", "drift", "frontend", "model", "relax", "transform")},
     **{n: ("._domains", n) for n in ("Bounded", "LogUniform", "bounded", "log_uniform")},
     "FLOAT_DTYPES": ("._dtypes", "FLOAT_DTYPES"),
     **{n: ("._opdef", n) for n in ("Axis", "OpDef", "OpDefinitionError", "Param", "Tensor", "op")},
@@ -91,6 +92,7 @@ __all__ = [
     "Tensor",
     "bounded",
     "compile",
+    "deploy",
     "drift",
     "explain",
     "frontend",

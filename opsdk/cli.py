@@ -224,6 +224,9 @@ COMMANDS: dict[str, str] = {
     "bench": "time ops or whole models against TVM's lowering, torch, onnxruntime and a copy "
              "roofline",
     "drift": "fused vs unfused difference per rewritten site of a model",
+    "build": "compile a model into a deployable artifact (library, manifest, checks)",
+    "run": "run an artifact on a board (--rpc), the emulator (--emulate) or the host; check "
+           "and time it",
     "setup": "prepare an execution environment (arm: cross compiler + qemu)",
 }
 
@@ -306,6 +309,20 @@ def _args_drift(s: argparse.ArgumentParser) -> None:
     s.set_defaults(fn=run_drift_command)
 
 
+def _args_build(s: argparse.ArgumentParser) -> None:
+    from opsdk.deploy._cli import add_build_arguments, run_build_command
+
+    add_build_arguments(s)
+    s.set_defaults(fn=run_build_command)
+
+
+def _args_run(s: argparse.ArgumentParser) -> None:
+    from opsdk.deploy._cli import add_run_arguments, run_run_command
+
+    add_run_arguments(s)
+    s.set_defaults(fn=run_run_command)
+
+
 def _args_verify(s: argparse.ArgumentParser) -> None:
     from opsdk.verify._cli import add_verify_arguments, run_verify_command
 
@@ -315,7 +332,7 @@ def _args_verify(s: argparse.ArgumentParser) -> None:
 
 _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
          "setup": _args_setup, "bench": _args_bench, "drift": _args_drift,
-         "verify": _args_verify}
+         "verify": _args_verify, "build": _args_build, "run": _args_run}
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:

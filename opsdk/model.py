@@ -54,9 +54,11 @@ __all__ = [
     "ModelReport",
     "compile_model",
     "export_torch",
+    "kernel_kind_rule",
     "load_model",
     "parse_entry_args",
     "report",
+    "scheduled_kernels",
 ]
 
 #: A kernel writing more output elements than this must not be serial scalar code.
@@ -92,9 +94,11 @@ class LoadedModel:
         *,
         exported: Any = None,
         dynamic_batch: bool = False,
+        baselines: bool = True,
     ) -> LoadedModel:
         """Both imports of a torch module (``exported``: its ExportedProgram, when made
-        already), its example inputs, and its ONNX export for onnxruntime."""
+        already), its example inputs, and its ONNX export for onnxruntime
+        (``baselines=False``: opsdk's import only; ``tvm_mod`` is then that one too)."""
         import torch
         from tvm.relax.frontend.torch import from_exported_program
 
@@ -102,9 +106,10 @@ class LoadedModel:
         from .transform import FuseIntoOps
 
         ep = exported if exported is not None else export_torch(model, args, dynamic_batch)
-        onnx_bytes, err = _torch_to_onnx(model, args)
+        onnx_bytes, err = _torch_to_onnx(model, args) if baselines else (None, "not exported")
         inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
-        return cls(name, FuseIntoOps()(frontend.from_torch(ep)), from_exported_program(ep),
+        fused = FuseIntoOps()(frontend.from_torch(ep))
+        return cls(name, fused, from_exported_program(ep) if baselines else fused,
                    inputs, model, tuple(args), onnx_bytes, err)
 
 
@@ -153,14 +158,16 @@ def load_model(
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     dynamic_batch: bool | None = None,
+    baselines: bool = True,
 ) -> LoadedModel:
     """Import the model ``spec`` the opsdk way and TVM's way.
 
     Parameters
     ----------
     spec
-        An ``.onnx`` file, or a Python file / module whose ``entry`` function returns
-        ``(torch.nn.Module, example_args)`` or an ``ExportedProgram``.
+        An ``.onnx`` file, a ``torch.export.save`` file (``.pt2``), or a Python file /
+        module whose ``entry`` function returns ``(torch.nn.Module, example_args)`` or an
+        ``ExportedProgram``.
     entry_args
         Keyword arguments for the entry function (e.g. ``{"channels": 32}``); None: the
         file's ``DEFAULT_ARGS`` dict (its benchmark size) if it has one.
@@ -169,6 +176,9 @@ def load_model(
     dynamic_batch
         Export torch models with dim 0 of every input symbolic; None: the file's
         ``DYNAMIC_BATCH`` (default False).
+    baselines
+        Also import TVM's way and export ONNX for onnxruntime (what the benchmarks compare
+        with); False imports opsdk's way only.
     """
     from . import frontend
     from .frontend._cli import _import_python, _random_inputs
@@ -180,11 +190,21 @@ def load_model(
 
         proto = onnx.load(str(spec))
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
-        tvm_mod = frontend.from_onnx(proto, shape_dict=shp or None, ops=())
+        tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
+                   else opsdk_mod)
         return LoadedModel(str(spec), opsdk_mod, tvm_mod,
                            _random_inputs(tvm_mod["main"], shp, rng),
                            onnx=proto.SerializeToString())
     import torch
+
+    if str(spec).endswith(".pt2"):
+        ep = torch.export.load(str(spec))
+        args = tuple(ep.example_inputs[0]) if ep.example_inputs else ()
+        if not args:
+            raise ValueError(f"{spec} has no example inputs; save it with torch.export.save "
+                             "of a program exported from example arguments")
+        return LoadedModel.from_torch(str(spec), ep.module(), args, exported=ep,
+                                      baselines=baselines)
 
     module = _import_python(str(spec))
     if entry_args is None:
@@ -194,10 +214,10 @@ def load_model(
     built = getattr(module, entry)(**dict(entry_args))
     if isinstance(built, torch.export.ExportedProgram):
         return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
-                                      exported=built)
+                                      exported=built, baselines=baselines)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         return LoadedModel.from_torch(str(spec), built[0].eval(), tuple(built[1]),
-                                      dynamic_batch=dynamic_batch)
+                                      dynamic_batch=dynamic_batch, baselines=baselines)
     raise TypeError(
         f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "
         "or an ExportedProgram"
@@ -228,6 +248,7 @@ class CompiledModel:
     scheduled: tvm.IRModule
     target: Any
     seconds: float
+    planned: tvm.IRModule | None = None  # after memory planning (StaticPlanBlockMemory)
 
 
 def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
@@ -236,11 +257,16 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
 
     tgt = resolve_target(target)
     t0 = time.perf_counter()
+    passes = lowering_passes(tgt)
+    # Keep the module right after memory planning: what the VM will allocate is read there.
+    cut = next((i + 1 for i, p in enumerate(passes)
+                if p.info.name == "StaticPlanBlockMemory"), len(passes))
     with tgt:
         scheduled = tvm.transform.Sequential(schedule_passes(tgt))(mod)
-        lowered = tvm.transform.Sequential(lowering_passes(tgt))(scheduled)
+        planned = tvm.transform.Sequential(passes[:cut])(scheduled)
+        lowered = tvm.transform.Sequential(passes[cut:])(planned)
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
-    return CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0)
+    return CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned)
 
 
 # -------------------------------------------------------------------------------- reporting
@@ -318,6 +344,26 @@ class ModelReport:
         return "\n".join(lines)
 
 
+def kernel_kind_rule(func: tirx.PrimFunc) -> tuple[str, str]:
+    """(kind, rule) of a scheduled kernel: ``opsdk.<op>`` for an opsdk op, else the kind
+    the driver classified (matmul, conv2d, ...); the rule that scheduled it, or ``generic``."""
+    from .schedules._kernels import classify
+
+    attrs = func.attrs or {}
+    op = attrs.get("opsdk.op")
+    kind = f"opsdk.{op}" if op is not None else str(attrs.get("opsdk.kind", classify(func)))
+    return kind, str(attrs.get("opsdk.rule", GENERIC))
+
+
+def scheduled_kernels(mod: tvm.IRModule) -> list[dict[str, str]]:
+    """Every kernel of a scheduled module: ``{"name", "kind", "rule"}``, sorted by name."""
+    rows = []
+    for name, f in sorted(_kernels(mod).items()):
+        kind, rule = kernel_kind_rule(f)
+        rows.append({"name": name, "kind": kind, "rule": rule})
+    return rows
+
+
 def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
     return {
         gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)
@@ -365,7 +411,6 @@ def report(
     With ``profile`` (host targets only) every kernel call of one run is timed on its own
     arguments and its share of the summed kernel time reported.
     """
-    from .schedules import classify
     from .verify._lints import loop_kinds
 
     if isinstance(model, LoadedModel):
@@ -376,13 +421,12 @@ def report(
     cm = compile_model(mod, tgt)
     rows = []
     for kname, f in sorted(_kernels(cm.scheduled).items()):
-        attrs = f.attrs or {}
         kinds = loop_kinds(f)
-        op = attrs.get("opsdk.op")
+        kind, rule = kernel_kind_rule(f)
         k = KernelReport(
             name=kname,
-            kind=f"opsdk.{op}" if op is not None else str(attrs.get("opsdk.kind", classify(f))),
-            rule=str(attrs.get("opsdk.rule", GENERIC)),
+            kind=kind,
+            rule=rule,
             out_elements=_static_elements(f),
             vectorized_loops=int(kinds.get("VECTORIZED", 0)),
             parallel_loops=int(kinds.get("PARALLEL", 0)),

@@ -15,6 +15,8 @@ apt_install() {
 }
 # Debian's python3 ships venv/ensurepip separately.
 "$BASE_PY" -c "import ensurepip, venv" 2>/dev/null || apt_install python3-venv python3-pip
+# TVM links exported libraries with the host C++ compiler; the C++ deploy example uses make.
+{ command -v g++ && command -v make; } >/dev/null || apt_install g++ make
 if [ ! -x .venv/bin/python ]; then
   "$BASE_PY" -m venv .venv
 fi

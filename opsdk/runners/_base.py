@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -11,7 +12,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["DeviceCrash", "DeviceTimeout", "OutputSpec", "Runner", "RunnerUnavailable"]
+__all__ = [
+    "DeviceCrash", "DeviceTimeout", "OutputSpec", "Runner", "RunnerUnavailable",
+    "timing_summary",
+]
 
 OutputSpec = tuple[tuple[int, ...], str]
 _T = TypeVar("_T")
@@ -110,8 +114,28 @@ class Runner(abc.ABC):
         list of numpy.ndarray
         """
 
+    def run_timed(
+        self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
+        repeats: int = 10,
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Run a Relax executable (or an exported library: a path) like :meth:`run`, then
+        time ``repeats`` more calls on the device.
+
+        Returns the outputs and ``{"first_ms", "samples_ms", "median_ms"}``: the first call
+        (wall clock on this host, a remote round trip included) and the warm calls, each
+        timed on the device.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot time calls")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device_info().get('device', '?')}>"
+
+
+def timing_summary(timing: dict[str, Any]) -> dict[str, Any]:
+    """``run_on_device``'s timing dict with the warm median added."""
+    samples = timing.get("samples_ms") or []
+    return {"first_ms": timing.get("first_ms"), "samples_ms": samples,
+            "median_ms": float(np.median(samples)) if samples else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,12 +181,18 @@ def run_on_device(
     inputs: Sequence[np.ndarray],
     entry: str,
     outputs: Sequence[OutputSpec] | None,
+    timing: dict[str, Any] | None = None,
 ) -> list[np.ndarray]:
     """Run one call on ``dev``; shared by local and remote runners.
 
     ``module`` is a runtime module holding ``entry`` (destination-passing PrimFunc style);
     ``vm_factory`` returns a ``relax.VirtualMachine`` (used when ``outputs`` is None).
+    ``timing`` (VM calls only), a dict with ``repeats``, receives ``first_ms`` (the first
+    call, wall clock on this host: a remote call's round trip included) and ``samples_ms``
+    (``repeats`` warm calls, each timed on the device by TVM's time evaluator).
     """
+    import time
+
     args = [to_tensor(np.asarray(a), dev) for a in inputs]
     if outputs is None:
         if vm_factory is None:
@@ -170,15 +200,27 @@ def run_on_device(
         vm = vm_factory()
         # set_input/invoke_stateful/get_outputs also works over RPC with tuple results.
         vm.set_input(entry, *args)
+        t0 = time.perf_counter()
         vm.invoke_stateful(entry)
-        return to_numpy(vm.get_outputs(entry))
+        result = to_numpy(vm.get_outputs(entry))
+        if timing is not None:
+            timing["first_ms"] = (time.perf_counter() - t0) * 1e3
+            repeats = int(timing.get("repeats", 10))
+            ev = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=repeats)
+            timing["samples_ms"] = [float(r) * 1e3 for r in ev(entry).results]
+        return result
     outs = [empty_tensor(shape, dtype, dev) for shape, dtype in outputs]
     module[entry](*args, *outs)
     return [o.numpy() for o in outs]
 
 
 def runtime_module(executable: Any) -> Any:
-    """The runnable ``runtime.Module`` of an Executable (or the module itself)."""
+    """The runnable ``runtime.Module`` of an Executable, of an exported library (a path), or
+    the module itself."""
+    if isinstance(executable, (str, os.PathLike)):
+        import tvm
+
+        return tvm.runtime.load_module(os.fspath(executable))
     return executable.jit() if hasattr(executable, "jit") else executable
 
 

@@ -17,6 +17,7 @@ from ._base import (
     call_with_timeout,
     run_on_device,
     runtime_module,
+    timing_summary,
 )
 
 __all__ = ["LocalRunner"]
@@ -68,6 +69,24 @@ class LocalRunner(Runner):
         entry: str = "main",
         outputs: Sequence[OutputSpec] | None = None,
     ) -> list[np.ndarray]:
+        return self._run(executable, inputs, entry, outputs, None)
+
+    def run_timed(
+        self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
+        repeats: int = 10,
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
+        timing: dict[str, Any] = {"repeats": repeats}
+        out = self._run(executable, inputs, entry, None, timing)
+        return out, timing_summary(timing)
+
+    def _run(
+        self,
+        executable: Any,
+        inputs: Sequence[np.ndarray],
+        entry: str,
+        outputs: Sequence[OutputSpec] | None,
+        timing: dict[str, Any] | None,
+    ) -> list[np.ndarray]:
         import tvm
 
         dev = tvm.cpu()
@@ -81,7 +100,7 @@ class LocalRunner(Runner):
 
         def call() -> list[np.ndarray]:
             module = runtime_module(executable) if outputs is not None else None
-            return run_on_device(module, vm, dev, inputs, entry, outputs)
+            return run_on_device(module, vm, dev, inputs, entry, outputs, timing)
 
         try:
             return call_with_timeout(call, self.timeout, "local-run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import os
 import re
 import shutil
 import signal
@@ -26,6 +27,7 @@ from ._base import (
     _CallTimeout,
     call_with_timeout,
     run_on_device,
+    timing_summary,
 )
 from .local import host_arch
 
@@ -205,7 +207,11 @@ class RPCRunner(Runner):
         raise RuntimeError(f"no default cross compiler for arch {self.arch!r}; pass cc=")
 
     def export(self, executable: Any) -> Path:
-        """Export ``executable`` to a shared library for the remote (cached per executable)."""
+        """Export ``executable`` to a shared library for the remote (cached per executable);
+        a path is a library exported already (an ``opsdk build`` artifact) and is used as it
+        is."""
+        if isinstance(executable, (str, os.PathLike)):
+            return Path(executable)
         with self._lock:
             path = self._exports.get(executable)
             if path is not None and path.exists():
@@ -291,6 +297,7 @@ class RPCRunner(Runner):
         inputs: Sequence[np.ndarray],
         entry: str,
         outputs: Sequence[OutputSpec] | None,
+        timing: dict[str, Any] | None = None,
     ) -> list[np.ndarray]:
         # Runs in a helper thread (see call_with_timeout).
         self._phase = "connect"
@@ -315,7 +322,7 @@ class RPCRunner(Runner):
             return slot[1]
 
         self._phase = "run"
-        return run_on_device(slot[0], vm, session.dev, inputs, entry, outputs)
+        return run_on_device(slot[0], vm, session.dev, inputs, entry, outputs, timing)
 
     def _lost_hint(self) -> str:
         return (
@@ -361,6 +368,24 @@ class RPCRunner(Runner):
         entry: str = "main",
         outputs: Sequence[OutputSpec] | None = None,
     ) -> list[np.ndarray]:
+        return self._run(executable, inputs, entry, outputs, None)
+
+    def run_timed(
+        self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
+        repeats: int = 10,
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
+        timing: dict[str, Any] = {"repeats": repeats}
+        out = self._run(executable, inputs, entry, None, timing)
+        return out, timing_summary(timing)
+
+    def _run(
+        self,
+        executable: Any,
+        inputs: Sequence[np.ndarray],
+        entry: str,
+        outputs: Sequence[OutputSpec] | None,
+        timing: dict[str, Any] | None,
+    ) -> list[np.ndarray]:
         with self._lock:
             self._ensure_started()
             lib = self.export(executable)
@@ -368,7 +393,7 @@ class RPCRunner(Runner):
             try:
                 return call_with_timeout(
                     lambda: self._remote_call(
-                        session, generation, executable, lib, inputs, entry, outputs
+                        session, generation, executable, lib, inputs, entry, outputs, timing
                     ),
                     self.timeout,
                     "rpc-run",

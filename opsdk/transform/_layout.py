@@ -38,8 +38,8 @@ def _bound(e: relax.Expr) -> float | None:
     v = getattr(e, "value", None)  # a PrimValue wrapping an immediate
     if isinstance(v, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
         return float(v.value)
-    if isinstance(e, relax.Constant) and e.data.numpy().size == 1:
-        return float(e.data.numpy().reshape(()))
+    if isinstance(e, tvm.ir.expr.GenericConst) and e.value.numpy().size == 1:
+        return float(e.value.numpy().reshape(()))
     return None
 
 

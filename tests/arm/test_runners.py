@@ -8,12 +8,7 @@ One emulated server is shared by the module to keep the run short.
 from __future__ import annotations
 
 import os
-import queue
 import re
-import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,7 +32,6 @@ from opsdk.runners import (
 
 pytestmark = pytest.mark.arm
 
-REPO = Path(__file__).resolve().parents[2]
 N = 1024
 ARM_NEON = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 ARM_DOTPROD = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}
@@ -173,12 +167,6 @@ def _wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if _alive(p)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -326,32 +314,8 @@ def test_timeout_raises_and_recovers(emu: EmulatedRunner, vectors) -> None:
     np.testing.assert_allclose(c, a * b + a, rtol=1e-5, atol=1e-6)
 
 
-def test_rpc_runner_against_standalone_server(arm_env: Path, vectors) -> None:
-    port = _free_port()
-    path = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    cmd = [sys.executable, "-m", "opsdk.runners.emulated", "--host", "127.0.0.1"]
-    server = subprocess.Popen(
-        [*cmd, "--port", str(port), "--cpu", "cortex-a72"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in server.stdout], daemon=True).start()
-    try:
-        deadline, seen = time.monotonic() + 120, []
-        while time.monotonic() < deadline:
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                assert server.poll() is None, "".join(seen)
-                continue
-            if f"listening on 127.0.0.1:{port}" in seen[-1]:
-                break
-        else:
-            pytest.fail("standalone server did not come up:\n" + "".join(seen))
+def test_rpc_runner_against_standalone_server(arm_env: Path, vectors, standalone_server) -> None:
+    with standalone_server("cortex-a72") as (server, port):
         qemu = [p for p in _descendants(server.pid) if "qemu-aarch64" in _cmdline(p)]
         assert qemu, "no qemu process under the standalone server"
 
@@ -378,13 +342,6 @@ def test_rpc_runner_against_standalone_server(arm_env: Path, vectors) -> None:
                 )
             (c,) = remote.run(_fma_kernel(ARM_NEON), [a, b], outputs=[((N,), "float32")])
             np.testing.assert_allclose(c, a * b + a, rtol=1e-5, atol=1e-6)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
     assert server.returncode == 0
     assert _wait_gone(qemu) == [], "qemu processes survived the standalone server"
 

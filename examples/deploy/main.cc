@@ -1,0 +1,141 @@
+// Minimal C++ host program for an `opsdk build` artifact: load model.so with libtvm_runtime,
+// read the inputs named in io.txt, run `main` in the Relax VM, write the outputs.
+//
+//   deploy_run ARTIFACT_DIR INPUT_DIR OUTPUT_DIR
+//
+// io.txt (written by `opsdk build`) has one line per tensor:
+//   input  NAME DTYPE D0 D1 ...     (read from INPUT_DIR/NAME.bin, raw little-endian)
+//   output NAME DTYPE D0 D1 ...     (written to OUTPUT_DIR/NAME.bin)
+// A symbolic dim is written as its example size; pass other sizes by editing a copy of it.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/shape.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ffi = tvm::ffi;
+
+// Host tensors aligned as TVM's kernels expect (64 bytes).
+struct AlignedAlloc {
+  void AllocData(DLTensor* t) {
+    size_t n = (ffi::GetDataSize(*t) + 63) / 64 * 64;
+    t->data = std::aligned_alloc(64, n == 0 ? 64 : n);
+    if (t->data == nullptr) throw std::bad_alloc();
+  }
+  void FreeData(DLTensor* t) { std::free(t->data); }
+};
+
+struct Spec {
+  std::string role, name, dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Spec> ReadSpecs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::vector<Spec> specs;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    Spec s;
+    ls >> s.role >> s.name >> s.dtype;
+    for (int64_t d; ls >> d;) s.shape.push_back(d);
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<char> ReadFile(const std::string& path, size_t nbytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> buf(nbytes);
+  if (!in.read(buf.data(), static_cast<std::streamsize>(nbytes)) ||
+      in.peek() != std::char_traits<char>::eof()) {
+    throw std::runtime_error(path + ": expected exactly " + std::to_string(nbytes) + " bytes");
+  }
+  return buf;
+}
+
+void Collect(const ffi::Any& value, std::vector<ffi::Tensor>* out) {
+  if (auto t = value.as<ffi::Tensor>()) {
+    out->push_back(*t);
+  } else if (auto arr = value.as<ffi::Array<ffi::Any>>()) {
+    for (const ffi::Any& v : *arr) Collect(v, out);
+  } else {
+    throw std::runtime_error("main returned something other than tensors");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: " << argv[0] << " ARTIFACT_DIR INPUT_DIR OUTPUT_DIR\n";
+    return 2;
+  }
+  const std::string art = argv[1], in_dir = argv[2], out_dir = argv[3];
+  try {
+    DLDevice cpu{kDLCPU, 0};
+    // The artifact is a Relax VM executable; its kernels and weights are in the same file.
+    ffi::Module lib = ffi::Module::LoadFromFile(art + "/model.so");
+    ffi::Module vm = lib->GetFunction("vm_load_executable").value()().cast<ffi::Module>();
+    // Device type, id, allocator (2: pooled) for the CPU, the VM's only device here.
+    vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, 2);
+    ffi::Function run = vm->GetFunction("main").value();
+
+    std::vector<Spec> specs = ReadSpecs(art + "/io.txt");
+    std::vector<ffi::AnyView> args;
+    std::vector<ffi::Tensor> inputs;
+    std::vector<Spec> outs;
+    for (const Spec& s : specs) {
+      if (s.role == "output") {
+        outs.push_back(s);
+        continue;
+      }
+      DLDataType dt = ffi::StringToDLDataType(s.dtype);
+      ffi::Shape shape(s.shape);
+      ffi::Tensor t = ffi::Tensor::FromNDAlloc(AlignedAlloc(), shape, dt, cpu);
+      size_t nbytes = ffi::GetDataSize(t.numel(), dt);
+      std::vector<char> data = ReadFile(in_dir + "/" + s.name + ".bin", nbytes);
+      std::memcpy(t.data_ptr(), data.data(), nbytes);
+      inputs.push_back(t);
+    }
+    for (const auto& t : inputs) args.emplace_back(t);
+    ffi::Any result;
+    run.CallPacked(args.data(), static_cast<int>(args.size()), &result);
+
+    std::vector<ffi::Tensor> results;
+    Collect(result, &results);
+    if (results.size() != outs.size()) {
+      throw std::runtime_error("main returned " + std::to_string(results.size()) +
+                               " tensors, io.txt lists " + std::to_string(outs.size()));
+    }
+    for (size_t i = 0; i < results.size(); ++i) {
+      const ffi::Tensor& t = results[i];  // a CPU tensor the VM allocated, contiguous
+      size_t nbytes = ffi::GetDataSize(t.numel(), t.dtype());
+      std::string path = out_dir + "/" + outs[i].name + ".bin";
+      std::ofstream f(path, std::ios::binary);
+      if (!f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(nbytes))) {
+        throw std::runtime_error("cannot write " + path);
+      }
+      std::cout << outs[i].name << ": " << t.ndim() << "-d " << outs[i].dtype << ", " << nbytes
+                << " bytes -> " << path << "\n";
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "deploy_run: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,504 @@
+"""``opsdk build``: compile a model into a deployable folder (library, manifest, checks)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MANIFEST_FORMAT", "ArtifactError", "build_artifact", "read_manifest"]
+
+#: ``manifest.json``'s ``format``: bumped when a field changes meaning.
+MANIFEST_FORMAT = "opsdk-artifact/1"
+
+# x86 ISA extensions worth naming in a manifest (what LLVM may use for the target's -mcpu).
+_X86_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq",
+                 "avx512vl", "avx512vnni", "avx512bf16", "avx512fp16", "avxvnni", "amx-tile",
+                 "amx-int8", "amx-bf16")
+
+
+class ArtifactError(ValueError):
+    """A bad output folder, model or artifact: the message names it and the fix."""
+
+
+def _log_to(log: Callable[[str], Any] | None) -> Callable[[str], Any]:
+    return log if log is not None else (lambda _msg: None)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of an ``opsdk build`` folder, checked: format, files present, hash.
+
+    Raises
+    ------
+    ArtifactError
+        Not an artifact, another format, a missing library or one whose hash differs.
+    """
+    root = Path(folder)
+    path = root / "manifest.json"
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{root} is not an opsdk artifact (no manifest.json); make one "
+                            "with `opsdk build MODEL --target TARGET -o FOLDER`") from None
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path} cannot be read ({e}); rebuild the artifact") from None
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise ArtifactError(f"{path}: format {got!r}, this opsdk reads {MANIFEST_FORMAT!r}; "
+                            "rebuild the artifact with this opsdk")
+    lib = root / m["library"]["file"]
+    if not lib.is_file():
+        raise ArtifactError(f"{lib} is missing; rebuild the artifact")
+    digest = _sha256(lib)
+    if digest != m["library"]["sha256"]:
+        raise ArtifactError(f"{lib} does not match its manifest (sha256 {digest[:12]}..., "
+                            f"manifest {m['library']['sha256'][:12]}...): the file was "
+                            "changed or damaged; rebuild the artifact")
+    return m
+
+
+# ------------------------------------------------------------------------- model facts
+def _dims(shape: Any) -> list[int | str]:
+    from tvm import tirx
+
+    return [int(d.value) if isinstance(d, tirx.IntImm) else str(d) for d in shape.values]
+
+
+def _tensor_types(ty: Any) -> list[Any]:
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in _tensor_types(f)]
+    return [ty]
+
+
+def _safe_name(name: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "input"
+    out, i = base, 1
+    while out in taken:
+        out, i = f"{base}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
+def _io_specs(func: Any, inputs: Sequence[np.ndarray],
+              outputs: Sequence[np.ndarray]) -> tuple[list[dict], list[dict]]:
+    taken: set[str] = set()
+    ins = []
+    for p, a in zip(func.params, inputs):
+        ins.append({"name": _safe_name(str(p.name), taken), "dtype": str(p.ty.dtype),
+                    "shape": _dims(p.ty.shape) if p.ty.shape is not None else None,
+                    "example_shape": list(a.shape)})
+    outs = []
+    for i, (t, a) in enumerate(zip(_tensor_types(func.ret_ty), outputs)):
+        shape = getattr(t, "shape", None)
+        outs.append({"name": f"out{i}", "dtype": str(a.dtype),
+                     "shape": _dims(shape) if shape is not None else None,
+                     "example_shape": list(a.shape)})
+    return ins, outs
+
+
+def _bindings(func: Any, inputs: Sequence[np.ndarray]) -> dict[Any, int]:
+    """The symbolic dims of ``func``'s inputs, bound to the example inputs' sizes."""
+    from tvm import tirx
+
+    out: dict[Any, int] = {}
+    for p, a in zip(func.params, inputs):
+        if p.ty.shape is None:
+            continue
+        for d, n in zip(p.ty.shape.values, a.shape):
+            if isinstance(d, tirx.Var):
+                out[d] = int(n)
+    return out
+
+
+def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
+    """What the VM allocates per call of ``main``, read off the memory-planned module:
+    the planned storage blocks of the intermediates (symbolic when sizes depend on the
+    input) and the tensors allocated outside the plan (the outputs), at the example sizes."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.sym import Analyzer  # tvm.arith in TVM before 0.27
+
+    func = planned["main"]
+    env = _bindings(func, inputs)
+    ana = Analyzer()
+    at_example = Analyzer()
+    for v, n in env.items():
+        at_example.bind(v, tirx.IntImm(v.dtype, n))
+    storage: list[Any] = []
+    unplanned: list[Any] = []
+
+    def visit(e: Any) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            name = e.op.name
+            if name == "relax.memory.alloc_storage":
+                storage.append(e.args[0].values[0])
+            elif name == "relax.builtin.alloc_tensor":
+                dt = tvm.DataType(str(e.args[1].value))
+                n: Any = tirx.IntImm("int64", max(1, dt.bits * dt.lanes // 8))
+                for d in e.args[0].values:
+                    n = n * d
+                unplanned.append(n)
+
+    relax.analysis.post_order_visit(func.body, visit)
+
+    def total(sizes: list[Any]) -> tuple[str, int | None]:
+        if not sizes:
+            return "0", 0
+        expr = sizes[0]
+        for s in sizes[1:]:
+            expr = expr + s
+        expr = ana.simplify(expr)
+        bound = at_example.simplify(expr)
+        return str(expr), int(bound.value) if isinstance(bound, tirx.IntImm) else None
+
+    s_expr, s_bytes = total(storage)
+    u_expr, u_bytes = total(unplanned)
+    return {
+        "planned_intermediates_bytes": s_bytes,
+        "planned_intermediates_formula": s_expr,
+        "planned_blocks": len(storage),
+        "outputs_bytes": u_bytes,
+        "outputs_formula": u_expr,
+        "peak_bytes": None if s_bytes is None or u_bytes is None else s_bytes + u_bytes,
+        "at": {str(v): n for v, n in env.items()},
+    }
+
+
+def _constants_bytes(mod: Any) -> int:
+    import tvm
+    from tvm import relax
+
+    seen: set[int] = set()
+    total = 0
+    for _, f in mod.functions.items():
+        if not isinstance(f, relax.Function):
+            continue
+
+        def visit(e: Any) -> None:
+            nonlocal total
+            # GenericConst also wraps dtypes and strings: count the tensors only. Key by the
+            # object's address: Python wrappers come and go, and their id()s are reused.
+            if isinstance(e, tvm.ir.expr.GenericConst) and e.__chandle__() not in seen and \
+                    isinstance(e.value, tvm.runtime.Tensor):
+                seen.add(e.__chandle__())
+                dt = tvm.DataType(str(e.value.dtype))
+                total += int(np.prod(e.value.shape)) * max(1, dt.bits * dt.lanes // 8)
+
+        relax.analysis.post_order_visit(f.body, visit)
+    return total
+
+
+def needed_features(tgt: Any) -> list[str]:
+    """The CPU features the code for ``tgt`` may use, in manifest spelling (``neon``,
+    ``dotprod``, ``avx512f``, ...): an aarch64 target's ``mattr``, an x86 target's ISA
+    extensions enabled by its ``-mcpu``."""
+    from ..targets import target_arch, target_features
+
+    arch = target_arch(tgt)
+    if arch == "aarch64":
+        return [str(m)[1:] for m in (tgt.attrs.get("mattr", []) or []) if str(m).startswith("+")]
+    if arch == "x86_64":
+        feats = target_features(tgt)
+        return [f for f in _X86_FEATURES if f in feats]
+    return []
+
+
+def _export(ex: Any, path: Path, arch: str) -> None:
+    from ..runners._provision import find_cross_cxx
+    from ..runners.local import host_arch
+
+    if arch == host_arch():
+        ex.export_library(str(path))
+        return
+    if arch != "aarch64":
+        raise ArtifactError(f"no cross compiler known for {arch}; build on a {arch} machine")
+    cc = find_cross_cxx()
+    if cc is None:
+        raise ArtifactError("exporting for aarch64 needs aarch64-linux-gnu-g++: run "
+                            "`opsdk setup arm` (or apt-get install g++-aarch64-linux-gnu)")
+    ex.export_library(str(path), cc=cc)
+
+
+def _flatten(value: Any) -> list[np.ndarray]:
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in _flatten(v)]
+    if hasattr(value, "detach"):
+        return [value.detach().cpu().numpy()]
+    return [np.asarray(value)]
+
+
+def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, list]:
+    """The model's own outputs on the example inputs: torch eager, or onnxruntime for an
+    ONNX file when it is installed; ("", []) when there is no framework to ask."""
+    if loaded is None:
+        return "", []
+    if loaded.torch_module is not None:
+        import torch
+
+        with torch.no_grad():
+            return "torch", _flatten(loaded.torch_module(*loaded.torch_args))
+    if loaded.onnx is not None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return "", []
+        sess = ort.InferenceSession(loaded.onnx, providers=["CPUExecutionProvider"])
+        feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
+        return "onnxruntime", list(sess.run(None, feed))
+    return "", []
+
+
+def _prepare_folder(out: Path, force: bool) -> None:
+    """Refuse an output folder that holds anything but an earlier artifact (or anything at
+    all, without ``force``), and one whose parent takes no new files."""
+    from .._files import check_can_create
+
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"{out} is a file; name a folder for the artifact")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ArtifactError(f"{out} exists and is not empty; pass --force to replace an "
+                                "earlier artifact there, or name a new folder")
+        if not (out / "manifest.json").is_file():
+            raise ArtifactError(f"{out} holds files that are not an opsdk artifact (no "
+                                "manifest.json); --force only replaces an artifact, so name "
+                                "a new folder")
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        check_can_create(parent)
+    except OSError as e:
+        raise ArtifactError(f"cannot create {out}: {e.strerror or e}") from None
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` folder to ``out``; an earlier artifact there is replaced
+    only once the new one is complete, and comes back if the move fails."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.opsdk-old-{os.getpid()}")
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_artifact(
+    model: Any,
+    out_dir: str | os.PathLike,
+    *,
+    target: Any = "arm",
+    entry: str = "build_model",
+    entry_args: Mapping[str, Any] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: Sequence[np.ndarray] | None = None,
+    force: bool = False,
+    with_runtime: bool = False,
+    log: Callable[[str], Any] | None = print,
+) -> dict[str, Any]:
+    """Compile ``model`` for ``target`` and write a deployable folder ``out_dir``.
+
+    Parameters
+    ----------
+    model
+        A model file (a Python file or module with an ``entry`` function returning
+        ``(torch module, example args)`` or an ``ExportedProgram``, a ``.pt2`` file, an
+        ``.onnx`` file), or a Relax ``IRModule`` (then ``inputs`` are required).
+    out_dir
+        The folder to write; it must be new or empty, or an earlier artifact with ``force``.
+        The whole folder is written beside it and renamed into place when complete.
+    target
+        ``arm``, ``arm-dotprod``, ``arm-sve``, ``x86`` or a TVM target.
+    entry, entry_args, shapes
+        As :func:`opsdk.model.load_model` (the entry's keyword arguments; input shapes of an
+        ONNX model with symbolic dims).
+    inputs
+        Example inputs (default: the model's own example inputs).
+    force
+        Replace an earlier artifact in ``out_dir``.
+    with_runtime
+        Also copy TVM's runtime libraries for the target's architecture into
+        ``out_dir/runtime/`` (what a board needs beside ``model.so``).
+    log
+        Progress messages (None: quiet).
+
+    Returns
+    -------
+    dict
+        The manifest written to ``out_dir/manifest.json``.
+    """
+    import tvm
+    from tvm import relax
+
+    from .. import __version__
+    from ..model import compile_model, load_model, scheduled_kernels
+    from ..runners.local import host_arch
+    from ..targets import target as resolve_target
+    from ..targets import target_arch
+
+    say = _log_to(log)
+    out = Path(out_dir).expanduser().absolute()
+    try:
+        tgt = resolve_target(target)
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
+    arch = target_arch(tgt)
+    _prepare_folder(out, force)
+
+    t0 = time.perf_counter()
+    loaded = None
+    if isinstance(model, tvm.IRModule):
+        mod, source = model, "IRModule"
+        if inputs is None:
+            raise ArtifactError("an IRModule needs example inputs: pass inputs=[...]")
+    else:
+        source = str(model)
+        say(f"importing {source}")
+        loaded = load_model(source, entry=entry, entry_args=entry_args, shapes=shapes,
+                            baselines=False)
+        mod = loaded.opsdk_mod
+        inputs = list(inputs) if inputs is not None else loaded.inputs
+    inputs = [np.ascontiguousarray(a) for a in inputs]
+    func = mod["main"]
+    if len(func.params) != len(inputs):
+        raise ArtifactError(f"main takes {len(func.params)} inputs, {len(inputs)} were given")
+
+    mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
+    say(f"compiling for {target if isinstance(target, str) else tgt.kind.name} ({arch}"
+        + (f", {mcpu}" if mcpu else "") + ")")
+    cm = compile_model(mod, tgt)
+    host_tgt = resolve_target("host")
+    same_host = arch == host_arch() and str(host_tgt) == str(tgt)
+    host_cm = cm if same_host else compile_model(mod, host_tgt)
+
+    vm = relax.VirtualMachine(host_cm.ex, tvm.cpu())
+    host_out = [o.numpy() for o in _vm_outputs(vm["main"](*[tvm.runtime.tensor(a)
+                                                            for a in inputs]))]
+    framework, fw_out = _framework_outputs(loaded, inputs)
+    ins, outs = _io_specs(func, inputs, host_out)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.opsdk-build-", dir=out.parent))
+    try:
+        lib = tmp / "model.so"
+        say(f"exporting {lib.name} ({arch})")
+        _export(cm.ex, lib, arch)
+        check = tmp / "check"
+        (check / "inputs").mkdir(parents=True)
+        if same_host:
+            host_lib = "model.so"
+        else:
+            host_lib = "check/host.so"
+            host_cm.ex.export_library(str(tmp / host_lib))
+        runtime_files: list[str] = []
+        if with_runtime:
+            from .runtime import runtime_paths
+
+            try:
+                libs = runtime_paths(arch)["libs"]
+            except RuntimeError as e:
+                raise ArtifactError(str(e)) from None
+            (tmp / "runtime").mkdir()
+            for p in libs:
+                shutil.copyfile(p, tmp / "runtime" / p.name)
+                runtime_files.append(f"runtime/{p.name}")
+        for spec, a in zip(ins, inputs):
+            a.tofile(check / "inputs" / f"{spec['name']}.bin")
+        arrays = {f"host_{i}": a for i, a in enumerate(host_out)}
+        arrays |= {f"{framework}_{i}": np.asarray(a) for i, a in enumerate(fw_out)}
+        np.savez(check / "expected.npz", **arrays)
+        lines = ["# opsdk build: one tensor per line: role name dtype dims (example sizes)"]
+        for role, specs in (("input", ins), ("output", outs)):
+            for sp in specs:
+                lines.append(" ".join([role, sp["name"], sp["dtype"],
+                                       *map(str, sp["example_shape"])]))
+        (tmp / "io.txt").write_text("\n".join(lines) + "\n")
+        spec_name = target if isinstance(target, str) else None
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "model": {"source": source, "entry": entry if loaded is not None else None,
+                      "entry_args": dict(entry_args or {}), "framework": framework or None},
+            "target": {"name": spec_name, "target": str(tgt), "arch": arch, "mcpu": mcpu,
+                       "features": needed_features(tgt)},
+            "library": {"file": "model.so", "bytes": lib.stat().st_size,
+                        "sha256": _sha256(lib),
+                        "weights": "bundled in model.so (the VM constant pool)",
+                        "weights_bytes": _constants_bytes(cm.planned or cm.scheduled),
+                        "runtime": ["libtvm_runtime.so", "libtvm_ffi.so"],
+                        "runtime_included": runtime_files},
+            "entry": "main",
+            "inputs": [{k: v for k, v in sp.items()} for sp in ins],
+            "outputs": outs,
+            "memory": _planned_memory(cm.planned, inputs) if cm.planned is not None else None,
+            "kernels": scheduled_kernels(cm.scheduled),
+            "check": {"host_library": host_lib, "host_target": str(host_tgt),
+                      "inputs": "check/inputs", "expected": "check/expected.npz",
+                      "framework": framework or None},
+            "versions": {"opsdk": __version__, "apache-tvm": _version("apache-tvm"),
+                         "apache-tvm-ffi": _version("apache-tvm-ffi")},
+            "build_seconds": round(time.perf_counter() - t0, 2),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _fix_modes(tmp)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
+        f"{len(manifest['kernels'])} kernels")
+    return manifest
+
+
+def _vm_outputs(value: Any) -> list[Any]:
+    import tvm
+
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value]
+    return [t for v in value for t in _vm_outputs(v)]
+
+
+def _fix_modes(root: Path) -> None:
+    """``mkdtemp`` makes a 0700 folder: give the artifact the modes a copy would have."""
+    from .._files import new_file_mode
+
+    fmode = new_file_mode()
+    dmode = fmode | ((fmode & 0o444) >> 2)  # r -> x for folders
+    with contextlib.suppress(OSError):
+        os.chmod(root, dmode)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for d in dirnames:
+                os.chmod(os.path.join(dirpath, d), dmode)
+            for f in filenames:
+                os.chmod(os.path.join(dirpath, f), fmode)

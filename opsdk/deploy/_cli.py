@@ -1,0 +1,167 @@
+"""``opsdk build`` and ``opsdk run``: argument parsing and reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .._cliargs import host_port, output_path, positive_int
+
+__all__ = ["add_build_arguments", "add_run_arguments", "run_build_command",
+           "run_run_command"]
+
+
+def _usage(msg: str) -> Exception:
+    from ..cli import UsageError
+
+    return UsageError(msg)
+
+
+def add_build_arguments(s: argparse.ArgumentParser) -> None:
+    """The arguments of ``opsdk build``."""
+    s.add_argument("model", help="a Python file with a build_model() entry (like the "
+                   "examples), a torch.export .pt2 file, or an .onnx file")
+    s.add_argument("-o", "--out", required=True, metavar="FOLDER",
+                   help="the artifact folder to write (new or empty; --force replaces an "
+                   "earlier artifact)")
+    s.add_argument("--target", default="arm",
+                   help="arm, arm-dotprod, arm-sve, x86 (default: arm)")
+    s.add_argument("--entry", default="build_model", help="the model file's entry function")
+    s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
+                   help="keyword argument of the entry function (default: DEFAULT_ARGS)")
+    s.add_argument("--shape", action="append", metavar="NAME=D0xD1...",
+                   help="input shape of an ONNX model with symbolic dims")
+    s.add_argument("--force", action="store_true", help="replace an earlier artifact in FOLDER")
+    s.add_argument("--with-runtime", action="store_true",
+                   help="also copy libtvm_runtime.so and libtvm_ffi.so for the target into "
+                   "FOLDER/runtime/ (what the board needs beside model.so)")
+    s.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def _shapes(items: list[str] | None) -> dict[str, list[int]]:
+    out = {}
+    for it in items or []:
+        name, sep, dims = it.partition("=")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            shape = []
+        if not sep or not name or not shape or any(d < 1 for d in shape):
+            raise _usage(f"--shape expects NAME=D0xD1... with positive sizes, got {it!r}")
+        out[name] = shape
+    return out
+
+
+def run_build_command(args: argparse.Namespace) -> int:
+    """``opsdk build``."""
+    import pathlib
+
+    from ..model import parse_entry_args
+    from ._artifact import ArtifactError, build_artifact
+
+    spec = args.model
+    if not pathlib.Path(spec).exists() and (spec.endswith((".py", ".pt2", ".onnx"))
+                                            or "/" in spec):
+        raise _usage(f"model file {spec!r} does not exist")
+    try:
+        entry_args = parse_entry_args(args.model_arg)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    try:
+        m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
+                           entry_args=entry_args, shapes=_shapes(args.shape) or None,
+                           force=args.force, with_runtime=args.with_runtime,
+                           log=None if args.json else print)
+    except ArtifactError as e:
+        raise _usage(str(e)) from None
+    except (TypeError, ImportError, AttributeError, FileNotFoundError) as e:
+        raise _usage(f"cannot load model {spec!r}: {e}") from None
+    except OSError as e:  # a full disk while writing: nothing was left behind
+        raise _usage(f"cannot write the artifact {args.out}: {e.strerror or e}") from None
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    print(_format_manifest(m, args.out))
+    return 0
+
+
+def _format_manifest(m: dict[str, Any], folder: str) -> str:
+    mem = m.get("memory") or {}
+    lib = m["library"]
+
+    def mb(n: int | None) -> str:
+        return "?" if n is None else f"{n / 1e6:.2f} MB"
+
+    def io(sp: dict[str, Any]) -> str:
+        dims = "x".join(str(d) for d in (sp["shape"] or sp["example_shape"]))
+        return f"{sp['name']}: {sp['dtype']}[{dims}]"
+
+    rules: dict[str, int] = {}
+    for k in m["kernels"]:
+        rules[k["rule"]] = rules.get(k["rule"], 0) + 1
+    at = ", ".join(f"{k}={v}" for k, v in (mem.get("at") or {}).items())
+    return "\n".join([
+        f"target:   {m['target']['name'] or 'custom'} ({m['target']['arch']}"
+        + (f", -mcpu={m['target']['mcpu']}" if m["target"].get("mcpu") else "") + ")",
+        f"needs:    {', '.join('+' + f for f in m['target']['features']) or 'no extension'}",
+        f"library:  model.so {mb(lib['bytes'])} (weights {mb(lib['weights_bytes'])} bundled)",
+        f"inputs:   {'; '.join(io(s) for s in m['inputs'])}",
+        f"outputs:  {'; '.join(io(s) for s in m['outputs'])}",
+        f"memory:   {mb(mem.get('planned_intermediates_bytes'))} planned for intermediates "
+        f"in {mem.get('planned_blocks', 0)} blocks + {mb(mem.get('outputs_bytes'))} outputs"
+        + (f" (at {at}; formula {mem.get('planned_intermediates_formula')} bytes)" if at else ""),
+        f"kernels:  {len(m['kernels'])} ("
+        + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")",
+        f"next:     opsdk run {folder}"
+        + (" --emulate   (or --rpc HOST:PORT)" if m["target"]["arch"] == "aarch64" else ""),
+    ])
+
+
+def add_run_arguments(s: argparse.ArgumentParser) -> None:
+    """The arguments of ``opsdk run``."""
+    s.add_argument("artifact", help="a folder written by opsdk build")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--rpc", type=host_port, metavar="HOST:PORT",
+                       help="a board running python -m tvm.exec.rpc_server")
+    where.add_argument("--tracker", type=host_port, metavar="HOST:PORT",
+                       help="a TVM RPC tracker (with --key)")
+    where.add_argument("--emulate", action="store_true",
+                       help="run an aarch64 artifact under qemu on this host")
+    s.add_argument("--key", help="device key (with --tracker)")
+    s.add_argument("--qemu-cpu", help="with --emulate: the emulated CPU (default: the "
+                   "target's, cortex-a72 for arm, cortex-a76 for arm-dotprod)")
+    given = s.add_mutually_exclusive_group()
+    given.add_argument("--inputs", metavar="FILE.npz",
+                       help="inputs by name (default: the example inputs stored at build time)")
+    given.add_argument("--random", action="store_true", help="random inputs (--seed)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--repeats", type=positive_int, default=10,
+                   help="warm runs timed on the device (default 10)")
+    s.add_argument("--json", metavar="PATH", type=output_path, help="also write the result")
+
+
+def run_run_command(args: argparse.Namespace) -> int:
+    """``opsdk run``: exit 0 when every output matches, 1 when one does not."""
+    from .._files import write_text_atomic
+    from ..runners._base import DeviceCrash, DeviceTimeout, RunnerUnavailable
+    from ._artifact import ArtifactError
+    from ._run import format_run, run_artifact
+
+    if args.tracker and not args.key:
+        raise _usage("--tracker needs --key (the device key registered with the tracker)")
+    try:
+        res = run_artifact(args.artifact, rpc=args.rpc, tracker=args.tracker, key=args.key,
+                           emulate=args.emulate, qemu_cpu=args.qemu_cpu, inputs=args.inputs,
+                           random_inputs=args.random, seed=args.seed, repeats=args.repeats)
+    except ArtifactError as e:
+        raise _usage(str(e)) from None
+    except (DeviceCrash, DeviceTimeout) as e:
+        print(f"opsdk run: FAIL: the model did not run to the end on the device: {e}")
+        return 1
+    except (RunnerUnavailable, RuntimeError) as e:
+        raise _usage(f"cannot run on the device: {str(e).strip().splitlines()[0]}") from None
+    print(format_run(res))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(res, indent=2) + "\n")
+    return 0 if res["ok"] else 1

@@ -1,0 +1,107 @@
+"""``opsdk build --target arm`` artifacts under emulated aarch64: ``opsdk run --emulate``
+checks them against the host build and torch, a ``+dotprod`` artifact is refused on a CPU
+without it before anything runs, and the cross-compiled C++ example's output under
+qemu-aarch64 equals Python's bit for bit."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from opsdk.cli import main as cli
+from opsdk.deploy import FeatureMismatch, build_artifact, read_manifest, run_artifact
+
+pytestmark = pytest.mark.arm
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _arm_env():
+    from opsdk.runners import setup_arm
+
+    setup_arm(log=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def transformer(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("deploy_arm") / "transformer"
+    build_artifact(str(EXAMPLES / "transformer_block.py"), out, target="arm",
+                   entry_args={"dim": 64, "heads": 4, "seq": 16, "batch": 2},
+                   with_runtime=True, log=None)
+    return out
+
+
+def test_emulated_run_matches_host_build_and_torch(transformer, capsys):
+    m = read_manifest(transformer)
+    assert m["target"]["features"] == ["neon"]
+    assert all(k["rule"].startswith("neon.") for k in m["kernels"])
+    assert m["library"]["runtime_included"] == ["runtime/libtvm_runtime.so",
+                                                "runtime/libtvm_ffi.so"]
+    res = run_artifact(transformer, emulate=True, repeats=2, log=None)
+    assert res["ok"] and res["emulated"] and "not performance" in res["warning"]
+    (out,) = res["outputs"]
+    assert out["vs_host"]["ok"] and out["vs_torch"]["ok"]
+    assert "neon" in res["features"]["device"]
+    assert cli(["run", str(transformer), "--emulate", "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "PASS" in text and "emulated timings are not performance" in text
+
+
+def test_dotprod_artifact_is_refused_on_a_cpu_without_it(tmp_path, capsys):
+    out = tmp_path / "conv"
+    build_artifact(str(EXAMPLES / "conv_net.py"), out, target="arm-dotprod",
+                   entry_args={"channels": 8, "size": 16, "batch": 2}, log=None)
+    assert read_manifest(out)["target"]["features"] == ["neon", "dotprod"]
+    with pytest.raises(FeatureMismatch, match=r"lacks \+dotprod"):
+        run_artifact(out, emulate=True, qemu_cpu="cortex-a72", log=None)
+    assert cli(["run", str(out), "--emulate", "--qemu-cpu", "cortex-a72"]) == 2
+    assert "illegal instruction" in capsys.readouterr().err
+    res = run_artifact(out, emulate=True, repeats=1, log=None)  # cortex-a76 has it
+    assert res["ok"] and {"neon", "dotprod"} <= set(res["features"]["device"])
+
+
+def test_cpp_example_under_qemu_matches_python_bit_for_bit(transformer, tmp_path):
+    from opsdk.runners import EmulatedRunner
+    from opsdk.runners._provision import arm_env
+
+    exe = tmp_path / "deploy_run-aarch64"
+    subprocess.run(["make", "-s", "-C", str(EXAMPLES / "deploy"), "ARCH=aarch64",
+                    f"TARGET={exe}", f"PYTHON={shutil.which('python') or 'python3'}"],
+                   check=True)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    env = arm_env()
+    # On a board: LD_LIBRARY_PATH=out/runtime ./deploy_run-aarch64 out/ INPUTS OUTPUTS.
+    run_env = {**os.environ, "QEMU_LD_PREFIX": str(env.sysroot)}
+    proc = subprocess.run(
+        [env.qemu, "-E", f"LD_LIBRARY_PATH={transformer / 'runtime'}", str(exe),
+         str(transformer), str(transformer / "check" / "inputs"), str(outdir)],
+        capture_output=True, text=True, check=False, env=run_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shape = read_manifest(transformer)["outputs"][0]["example_shape"]
+    x = np.fromfile(transformer / "check" / "inputs" / "x.bin", "float32").reshape(2, 16, 64)
+    with EmulatedRunner() as r:
+        (want,) = r.run(transformer / "model.so", [x])
+    got = np.fromfile(outdir / "out0.bin", "float32").reshape(shape)
+    assert np.array_equal(got, want)
+
+
+def test_run_over_rpc_to_a_board_server(transformer, standalone_server, capsys):
+    """The board path: a TVM RPC server (here the emulated one a board's rpc_server stands
+    for) at HOST:PORT; the artifact is uploaded, feature-checked, run, checked and timed."""
+    with standalone_server("cortex-a72") as (_, port):
+        rc = cli(["run", str(transformer), "--rpc", f"127.0.0.1:{port}", "--repeats", "2"])
+        text = capsys.readouterr().out
+        assert rc == 0, text
+        assert f"device: rpc 127.0.0.1:{port}" in text and "vs torch:" in text
+        assert "features: needs neon; device has them" in text
+    # Nothing listening: one clear line, no hang.
+    assert cli(["run", str(transformer), "--rpc", f"127.0.0.1:{port}"]) == 2
+    assert "cannot connect" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""``opsdk build`` / ``opsdk run`` on the host (x86): the artifact's files and manifest facts,
+the run's checks, the C++ example's output bit for bit against Python's, and the folder and
+input refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import opsdk
+from opsdk.cli import main as cli
+from opsdk.deploy import ArtifactError, build_artifact, read_manifest, run_artifact
+from opsdk.runners import LocalRunner
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONV = str(ROOT / "examples" / "conv_net.py")
+SMALL_CONV = {"channels": 8, "size": 16, "batch": 2}
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("deploy") / "conv"
+    build_artifact(CONV, out, target="x86", entry_args=SMALL_CONV, log=None)
+    return out
+
+
+def test_artifact_files_and_manifest_facts(art):
+    m = read_manifest(art)
+    assert sorted(p.name for p in art.iterdir()) == ["check", "io.txt", "manifest.json",
+                                                     "model.so"]
+    assert m["target"]["arch"] == "x86_64" and m["target"]["name"] == "x86"
+    host_feats = opsdk.targets.target_features(opsdk.target("x86"))
+    assert ("avx512f" in m["target"]["features"]) == ("avx512f" in host_feats)
+    assert m["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 3, 16, 16],
+                            "example_shape": [2, 3, 16, 16]}]
+    assert [o["example_shape"] for o in m["outputs"]] == [[2, 10]]
+    # Every kernel is scheduled by a rule, and the rule is named.
+    assert m["kernels"] and all(k["rule"] != "generic" for k in m["kernels"])
+    mem = m["memory"]
+    assert mem["planned_intermediates_bytes"] > 0 and mem["planned_blocks"] >= 1
+    assert mem["outputs_bytes"] == 2 * 10 * 4
+    assert mem["peak_bytes"] == mem["planned_intermediates_bytes"] + mem["outputs_bytes"]
+    torch_params = sum(p.numel() * 4 for p in _conv_model().parameters())
+    # BN folded into the conv weights and biases: no more bytes than torch's parameters.
+    assert 0 < m["library"]["weights_bytes"] <= torch_params
+    assert m["library"]["bytes"] == (art / "model.so").stat().st_size
+    assert m["check"]["host_library"] == "model.so"  # the host build is the artifact itself
+    assert m["versions"]["apache-tvm"] == "0.27.0.post1"
+    io = [ln.split() for ln in (art / "io.txt").read_text().splitlines() if ln[:1] != "#"]
+    assert io == [["input", "x", "float32", "2", "3", "16", "16"],
+                  ["output", "out0", "float32", "2", "10"]]
+    for p in art.rglob("*"):  # the modes a copy would have, not mkdtemp's 0700
+        want = 0o755 if p.is_dir() else 0o644
+        assert stat.S_IMODE(p.stat().st_mode) == want & ~_umask(), p
+
+
+def _umask() -> int:
+    u = os.umask(0)
+    os.umask(u)
+    return u
+
+
+def _conv_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_conv_for_test", CONV)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_model(**SMALL_CONV)[0]
+
+
+def test_run_on_the_host_checks_host_build_and_torch(art):
+    res = run_artifact(art, repeats=3, log=None)
+    assert res["ok"] and not res["emulated"] and res["inputs"] == "stored"
+    (out,) = res["outputs"]
+    assert out["vs_host"]["bitexact"] and out["vs_torch"]["ok"]
+    lat = res["latency"]
+    assert len(lat["samples_ms"]) == 3 and lat["median_ms"] > 0 and lat["first_ms"] > 0
+    assert res["features"]["missing"] == []
+    rnd = run_artifact(art, random_inputs=True, seed=3, repeats=1, log=None)
+    assert rnd["ok"] and rnd["inputs"] == "random" and "vs_torch" not in rnd["outputs"][0]
+
+
+def test_given_inputs_are_checked_against_the_manifest(art, tmp_path):
+    good = tmp_path / "in.npz"
+    np.savez(good, x=np.ones((2, 3, 16, 16), "float32"))
+    assert run_artifact(art, inputs=good, repeats=1, log=None)["ok"]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.ones((2, 3, 16, 16), "float64"))
+    with pytest.raises(ArtifactError, match=r"input 'x': dtype float64, the model takes float32"):
+        run_artifact(art, inputs=bad, log=None)
+    with pytest.raises(ArtifactError, match=r"input 'x': shape \[2, 3, 16\], the model takes"):
+        run_artifact(art, inputs={"x": np.ones((2, 3, 16), "float32")}, log=None)
+    with pytest.raises(ArtifactError, match=r"no array named 'x'"):
+        run_artifact(art, inputs={"y": np.ones((2, 3, 16, 16), "float32")}, log=None)
+
+
+def test_cpp_example_matches_python_bit_for_bit(art, tmp_path):
+    exe = tmp_path / "deploy_run"
+    subprocess.run(["make", "-s", "-C", str(ROOT / "examples" / "deploy"), f"TARGET={exe}",
+                    f"PYTHON={shutil.which('python') or 'python3'}"], check=True)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    proc = subprocess.run([str(exe), str(art), str(art / "check" / "inputs"), str(outdir)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    m = read_manifest(art)
+    x = np.fromfile(art / "check" / "inputs" / "x.bin", "float32").reshape(2, 3, 16, 16)
+    with LocalRunner() as r:
+        (want,) = r.run(art / "model.so", [x])
+    got = np.fromfile(outdir / "out0.bin", "float32").reshape(m["outputs"][0]["example_shape"])
+    assert np.array_equal(got, want)
+    # A wrong input size is an error naming the file, not garbage.
+    bad_in = tmp_path / "bad_in"
+    bad_in.mkdir()
+    np.ones(5, "float32").tofile(bad_in / "x.bin")
+    proc = subprocess.run([str(exe), str(art), str(bad_in), str(outdir)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "x.bin: expected exactly 6144 bytes" in proc.stderr
+
+
+def test_pt2_file_builds_and_runs(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    ep = torch.export.export(model.eval(), (torch.randn(3, 16),))
+    pt2 = tmp_path / "mlp.pt2"
+    torch.export.save(ep, str(pt2))
+    m = build_artifact(str(pt2), tmp_path / "art", target="x86", log=None)
+    assert m["model"]["framework"] == "torch"
+    assert any("bias_gelu" in k["name"] for k in m["kernels"])  # fused into the matmul
+    res = run_artifact(tmp_path / "art", repeats=1, log=None)
+    assert res["ok"] and res["outputs"][0]["vs_torch"]["ok"]
+
+
+def test_folders_are_never_overwritten_without_force(art, tmp_path, monkeypatch):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    for force in (False, True):  # not an artifact: refused even with --force
+        with pytest.raises(ArtifactError, match=r"not empty|not an opsdk artifact"):
+            build_artifact(CONV, user, target="x86", entry_args=SMALL_CONV, force=force,
+                           log=None)
+    assert (user / "notes.txt").read_text() == "keep me"
+    copy = tmp_path / "copy"
+    shutil.copytree(art, copy)
+    with pytest.raises(ArtifactError, match="pass --force"):
+        build_artifact(CONV, copy, target="x86", entry_args=SMALL_CONV, log=None)
+    # A build that fails late leaves the earlier artifact whole and no temporary folder.
+    from opsdk.deploy import _artifact
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_artifact, "_export", broken)
+    before = read_manifest(copy)["library"]["sha256"]
+    with pytest.raises(OSError, match="No space"):
+        build_artifact(CONV, copy, target="x86", entry_args=SMALL_CONV, force=True, log=None)
+    assert read_manifest(copy)["library"]["sha256"] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "mine"]
+
+
+def test_damaged_artifact_and_wrong_device_are_clear_errors(art, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(art, copy)
+    lib = copy / "model.so"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="does not match its manifest"):
+        read_manifest(copy)
+    assert cli(["run", str(copy)]) == 2
+    assert "rebuild the artifact" in capsys.readouterr().err
+    assert cli(["run", str(tmp_path)]) == 2
+    assert "not an opsdk artifact" in capsys.readouterr().err
+    assert cli(["run", str(art), "--emulate"]) == 2
+    assert "--emulate runs aarch64 artifacts" in capsys.readouterr().err
+    m = json.loads((art / "manifest.json").read_text())
+    m["target"]["arch"] = "aarch64"
+    shutil.copytree(art, tmp_path / "armish")
+    (tmp_path / "armish" / "manifest.json").write_text(json.dumps(m))
+    assert cli(["run", str(tmp_path / "armish")]) == 2
+    assert "pass --rpc HOST:PORT" in capsys.readouterr().err
+    assert cli(["build", str(tmp_path / "nope.py"), "-o", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli(["build", CONV, "-o", str(tmp_path / "o"), "--target", "armv9"]) == 2
+    assert "unknown target 'armv9'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
