@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cliargs import output_path, positive_float, positive_int
+from .._cliargs import host_port, output_path, positive_float, positive_int
 from .._files import write_text_atomic
 
 __all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
@@ -193,7 +193,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "ops", nargs="*", help="ops to run, NAME or NAME:LAYOUT (default: all built-in ops)"
     )
-    parser.add_argument("--target", default="x86", help="host target to run on (default x86)")
+    parser.add_argument("--target", default="x86",
+                        help="x86 (the host, default); with --rpc/--emulate: arm, arm-dotprod")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--rpc", type=host_port, metavar="HOST:PORT",
+                       help="time the ops on a board running python -m tvm.exec.rpc_server "
+                       "(opsdk vs TVM's lowering, timed on the device)")
+    where.add_argument("--tracker", type=host_port, metavar="HOST:PORT",
+                       help="a TVM RPC tracker (with --key)")
+    where.add_argument("--emulate", action="store_true",
+                       help="like --rpc, under qemu on this host (checks the path; emulated "
+                       "timings are not performance)")
+    parser.add_argument("--key", help="device key (with --tracker)")
     parser.add_argument(
         "--shapes",
         nargs="+",
@@ -275,6 +286,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return _bench_models(args)
     if args.ops and "qdense" in args.ops:
         return _bench_qdense(args)
+    if getattr(args, "rpc", None) or getattr(args, "tracker", None) or \
+            getattr(args, "emulate", False):
+        return _bench_remote(args)
     for dt in args.dtypes:
         if dt not in ("float32", "float16", "bfloat16"):
             print(f"opsdk bench: error: unsupported dtype {dt!r}", file=sys.stderr)
@@ -316,6 +330,47 @@ def run_bench_command(args: argparse.Namespace) -> int:
             {"rows": rows, "summary": [summary(rows, d) for d in args.dtypes]}, indent=2))
     if args.plot:
         plot(rows, args.plot)
+    return 0
+
+
+def _bench_remote(args: argparse.Namespace) -> int:
+    """``opsdk bench OP --target arm --rpc HOST:PORT`` (or ``--emulate``)."""
+    from ..runners import runner_for
+    from ._remote import format_remote_table, run_remote_bench
+
+    def fail(msg: str) -> int:
+        print(f"opsdk bench: error: {msg}", file=sys.stderr)
+        return 2
+
+    if args.tracker and not args.key:
+        return fail("--tracker needs --key (the device key registered with the tracker)")
+    try:
+        runner = runner_for(args.target, rpc=args.rpc, tracker=args.tracker, key=args.key)
+        if args.emulate and runner.name == "local":
+            return fail(f"--emulate runs aarch64 targets; {args.target!r} runs on this host: "
+                        "drop --emulate")
+    except ValueError as e:
+        return fail(str(e))
+    try:
+        with runner:
+            preflight = getattr(runner, "preflight", None)
+            if (args.rpc or args.tracker) and preflight is not None:
+                preflight()
+            rows = run_remote_bench(
+                runner, args.ops or None, target=args.target, shapes=args.shapes,
+                dtypes=args.dtypes, repeats=args.repeats, check=not args.no_check,
+                progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True))
+            device = runner.device_info()["device"]
+    except (KeyError, ValueError) as e:
+        return fail(str(e).strip(chr(39)))
+    except RuntimeError as e:
+        return fail(f"cannot run on the device: {str(e).strip().splitlines()[0]}")
+    print(format_remote_table(rows, device))
+    if args.emulate:
+        print("warning: emulated timings are not performance; the ratios show only that "
+              "both kernels ran")
+    if args.json:
+        write_text_atomic(args.json, json.dumps({"device": device, "rows": rows}, indent=2))
     return 0
 
 

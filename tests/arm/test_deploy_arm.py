@@ -102,6 +102,12 @@ def test_run_over_rpc_to_a_board_server(transformer, standalone_server, capsys):
         assert rc == 0, text
         assert f"device: rpc 127.0.0.1:{port}" in text and "vs torch:" in text
         assert "features: needs neon; device has them" in text
+        # The op bench on the same board: opsdk vs TVM's lowering, timed there.
+        rc = cli(["bench", "layer_norm", "--target", "arm", "--rpc", f"127.0.0.1:{port}",
+                  "--shapes", "64x48", "--dtypes", "float32", "--repeats", "2"])
+        text = capsys.readouterr().out
+        assert rc == 0, text
+        assert f"device: rpc 127.0.0.1:{port}" in text and "neon.rows" in text
     # Nothing listening: one clear line, no hang.
     assert cli(["run", str(transformer), "--rpc", f"127.0.0.1:{port}"]) == 2
     assert "cannot connect" in capsys.readouterr().err

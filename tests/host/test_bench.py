@@ -137,6 +137,12 @@ def test_bench_usage_errors():
     add_bench_arguments(p)
     assert run_bench_command(p.parse_args(["no_such_op", "--shapes", "4x4"])) == 2
     assert run_bench_command(p.parse_args(["gelu", "--target", "arm"])) == 2
+    # Device runs: --emulate is for aarch64 targets, --tracker needs --key.
+    assert run_bench_command(p.parse_args(["gelu", "--emulate"])) == 2
+    assert run_bench_command(p.parse_args(["gelu", "--target", "arm", "--tracker",
+                                           "127.0.0.1:9190"])) == 2
+    with pytest.raises(SystemExit):
+        p.parse_args(["gelu", "--rpc", "127.0.0.1:1", "--emulate"])
     with pytest.raises(ValueError, match="no layout"):
         expand_cases(["softmax:nope"])
 
