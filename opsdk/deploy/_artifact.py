@@ -151,7 +151,7 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
     ana = Analyzer()
     at_example = Analyzer()
     for v, n in env.items():
-        at_example.bind(v, tirx.IntImm(v.dtype, n))
+        at_example.bind(v, tirx.IntImm("int64", n))  # Relax shape vars are int64
     storage: list[Any] = []
     unplanned: list[Any] = []
 
@@ -181,7 +181,9 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
 
     s_expr, s_bytes = total(storage)
     u_expr, u_bytes = total(unplanned)
+    bounds = (func.attrs or {}).get("tir_var_upper_bound", {}) or {}
     return {
+        "planned_for": {str(k): int(v) for k, v in bounds.items()},
         "planned_intermediates_bytes": s_bytes,
         "planned_intermediates_formula": s_expr,
         "planned_blocks": len(storage),
@@ -190,6 +192,39 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
         "peak_bytes": None if s_bytes is None or u_bytes is None else s_bytes + u_bytes,
         "at": {str(v): n for v, n in env.items()},
     }
+
+
+def _symbolic_dims(func: Any) -> list[str]:
+    from tvm import tirx
+
+    names: list[str] = []
+    for p in func.params:
+        for d in (p.ty.shape.values if p.ty.shape is not None else []):
+            if isinstance(d, tirx.Var) and str(d) not in names:
+                names.append(str(d))
+    return names
+
+
+def _with_upper_bounds(mod: Any, func: Any, bounds: dict[str, int],
+                       inputs: Sequence[np.ndarray]) -> Any:
+    """``mod`` with ``main``'s ``tir_var_upper_bound`` set from ``bounds`` (checked: known
+    dims, at least the example's size)."""
+    dims = _symbolic_dims(func)
+    example = {str(v): n for v, n in _bindings(func, inputs).items()}
+    for name, n in bounds.items():
+        if name not in dims:
+            raise ArtifactError(
+                f"--max-dim {name}={n}: the model has no symbolic input dim {name!r}"
+                + (f"; its symbolic dims are {', '.join(dims)}" if dims else
+                   "; its inputs have static shapes"))
+        if n < example.get(name, 1):
+            raise ArtifactError(f"--max-dim {name}={n} is below the example input's "
+                                f"{name}={example[name]}")
+    old = dict((func.attrs or {}).get("tir_var_upper_bound", {}) or {})
+    merged = {str(k): int(v) for k, v in old.items()} | {k: int(v) for k, v in bounds.items()}
+    out = mod.copy() if hasattr(mod, "copy") else mod
+    out["main"] = func.with_attr("tir_var_upper_bound", merged)
+    return out
 
 
 def _constants_bytes(mod: Any) -> int:
@@ -325,6 +360,7 @@ def build_artifact(
     entry_args: Mapping[str, Any] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     inputs: Sequence[np.ndarray] | None = None,
+    max_dims: Mapping[str, int] | None = None,
     force: bool = False,
     with_runtime: bool = False,
     log: Callable[[str], Any] | None = print,
@@ -347,6 +383,10 @@ def build_artifact(
         ONNX model with symbolic dims).
     inputs
         Example inputs (default: the model's own example inputs).
+    max_dims
+        Largest value of a symbolic input dim (``{"batch": 8}``): TVM plans the
+        intermediates' memory for the largest inputs, and a torch.export batch dim allows up
+        to 1024 unless told. The manifest gives the bounds used.
     force
         Replace an earlier artifact in ``out_dir``.
     with_runtime
@@ -395,6 +435,9 @@ def build_artifact(
     func = mod["main"]
     if len(func.params) != len(inputs):
         raise ArtifactError(f"main takes {len(func.params)} inputs, {len(inputs)} were given")
+    if max_dims:
+        mod = _with_upper_bounds(mod, func, dict(max_dims), inputs)
+        func = mod["main"]
 
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
     say(f"compiling for {target if isinstance(target, str) else tgt.kind.name} ({arch}"

@@ -32,6 +32,9 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
                    help="keyword argument of the entry function (default: DEFAULT_ARGS)")
     s.add_argument("--shape", action="append", metavar="NAME=D0xD1...",
                    help="input shape of an ONNX model with symbolic dims")
+    s.add_argument("--max-dim", action="append", metavar="NAME=N",
+                   help="largest value of a symbolic input dim (e.g. s77=8, the batch): TVM "
+                   "plans the intermediates' memory for it (torch.export's default is 1024)")
     s.add_argument("--force", action="store_true", help="replace an earlier artifact in FOLDER")
     s.add_argument("--with-runtime", action="store_true",
                    help="also copy libtvm_runtime.so and libtvm_ffi.so for the target into "
@@ -53,6 +56,16 @@ def _shapes(items: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
+def _max_dims(items: list[str] | None) -> dict[str, int]:
+    out = {}
+    for it in items or []:
+        name, sep, n = it.partition("=")
+        if not sep or not name or not n.isdigit() or int(n) < 1:
+            raise _usage(f"--max-dim expects NAME=N with N >= 1, got {it!r}")
+        out[name] = int(n)
+    return out
+
+
 def run_build_command(args: argparse.Namespace) -> int:
     """``opsdk build``."""
     import pathlib
@@ -71,6 +84,7 @@ def run_build_command(args: argparse.Namespace) -> int:
     try:
         m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
                            entry_args=entry_args, shapes=_shapes(args.shape) or None,
+                           max_dims=_max_dims(args.max_dim) or None,
                            force=args.force, with_runtime=args.with_runtime,
                            log=None if args.json else print)
     except ArtifactError as e:
@@ -101,6 +115,8 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
     for k in m["kernels"]:
         rules[k["rule"]] = rules.get(k["rule"], 0) + 1
     at = ", ".join(f"{k}={v}" for k, v in (mem.get("at") or {}).items())
+    bounds = mem.get("planned_for") or {}
+    planned_for = ", ".join(f"{k} <= {v}" for k, v in bounds.items())
     return "\n".join([
         f"target:   {m['target']['name'] or 'custom'} ({m['target']['arch']}"
         + (f", -mcpu={m['target']['mcpu']}" if m["target"].get("mcpu") else "") + ")",
@@ -110,7 +126,10 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
         f"outputs:  {'; '.join(io(s) for s in m['outputs'])}",
         f"memory:   {mb(mem.get('planned_intermediates_bytes'))} planned for intermediates "
         f"in {mem.get('planned_blocks', 0)} blocks + {mb(mem.get('outputs_bytes'))} outputs"
-        + (f" (at {at}; formula {mem.get('planned_intermediates_formula')} bytes)" if at else ""),
+        + (f" (planned for {planned_for}; outputs at {at}; --max-dim NAME=N plans for a "
+           "smaller bound)" if planned_for else
+           f" (at {at}; formula {mem.get('planned_intermediates_formula')} bytes)" if at
+           else ""),
         f"kernels:  {len(m['kernels'])} ("
         + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")",
         f"next:     opsdk run {folder}"

@@ -137,6 +137,12 @@ def _given_inputs(m: dict[str, Any], given: Any) -> list[np.ndarray]:
                 isinstance(d, int) and d != n for d, n in zip(dims, a.shape))):
             raise ArtifactError(f"input {sp['name']!r}: shape {list(a.shape)}, the model "
                                 f"takes {dims}")
+        bounds = (m.get("memory") or {}).get("planned_for") or {}
+        for d, n in zip(dims or [], a.shape):
+            if isinstance(d, str) and d in bounds and n > bounds[d]:
+                raise ArtifactError(
+                    f"input {sp['name']!r}: {d}={n}, but the artifact's memory is planned "
+                    f"for {d} <= {bounds[d]}; rebuild with --max-dim {d}={n} (or larger)")
     return [np.ascontiguousarray(a) for a in arrays]
 
 

@@ -192,3 +192,49 @@ def test_damaged_artifact_and_wrong_device_are_clear_errors(art, tmp_path, capsy
     assert cli(["build", CONV, "-o", str(tmp_path / "o"), "--target", "armv9"]) == 2
     assert "unknown target 'armv9'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _symbolic_mlp():
+    from tvm import relax, tirx
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    rng = np.random.default_rng(0)
+    w1 = relax.const(rng.standard_normal((16, 64)).astype("float32"))
+    w2 = relax.const(rng.standard_normal((64, 8)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))
+            y = bb.emit_output(relax.op.matmul(h, w2))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"n": 1024})
+    return mod
+
+
+def test_symbolic_dims_memory_is_planned_for_their_bound(tmp_path):
+    x = np.ones((2, 16), "float32")
+    m = build_artifact(_symbolic_mlp(), tmp_path / "a", target="x86", inputs=[x], log=None)
+    assert m["inputs"][0]["shape"] == ["n", 16] and m["outputs"][0]["shape"] == ["n", 8]
+    mem = m["memory"]
+    # The hidden (n, 64) float32 activation, planned for n = 1024; the output at n = 2.
+    assert mem["planned_for"] == {"n": 1024}
+    assert mem["planned_intermediates_bytes"] == 1024 * 64 * 4
+    assert mem["outputs_bytes"] == 2 * 8 * 4 and mem["at"] == {"n": 2}
+    small = build_artifact(_symbolic_mlp(), tmp_path / "b", target="x86", inputs=[x],
+                           max_dims={"n": 4}, log=None)
+    assert small["memory"]["planned_intermediates_bytes"] == 4 * 64 * 4
+    assert run_artifact(tmp_path / "b", inputs=[np.ones((4, 16), "float32")], repeats=1,
+                        log=None)["ok"]
+    with pytest.raises(ArtifactError, match=r"n=5, but the artifact's memory is planned for "
+                                            r"n <= 4; rebuild with --max-dim n=5"):
+        run_artifact(tmp_path / "b", inputs=[np.ones((5, 16), "float32")], log=None)
+    with pytest.raises(ArtifactError, match=r"no symbolic input dim 'batch'; its symbolic "
+                                            r"dims are n"):
+        build_artifact(_symbolic_mlp(), tmp_path / "c", target="x86", inputs=[x],
+                       max_dims={"batch": 4}, log=None)
+    with pytest.raises(ArtifactError, match=r"below the example input's n=2"):
+        build_artifact(_symbolic_mlp(), tmp_path / "c", target="x86", inputs=[x],
+                       max_dims={"n": 1}, log=None)
+    assert not (tmp_path / "c").exists()
