@@ -224,6 +224,8 @@ COMMANDS: dict[str, str] = {
     "bench": "time ops or whole models against TVM's lowering, torch, onnxruntime and a copy "
              "roofline",
     "drift": "fused vs unfused difference per rewritten site of a model",
+    "quantize": "int8 post-training quantization of a model: calibrate, per-layer "
+                "sensitivity, mixed precision, accuracy and speed",
     "build": "compile a model into a deployable artifact (library, manifest, checks)",
     "run": "run an artifact on a board (--rpc), the emulator (--emulate) or the host; check "
            "and time it",
@@ -323,6 +325,13 @@ def _args_run(s: argparse.ArgumentParser) -> None:
     s.set_defaults(fn=run_run_command)
 
 
+def _args_quantize(s: argparse.ArgumentParser) -> None:
+    from opsdk.quant._cli import add_quantize_arguments, run_quantize_command
+
+    add_quantize_arguments(s)
+    s.set_defaults(fn=run_quantize_command)
+
+
 def _args_verify(s: argparse.ArgumentParser) -> None:
     from opsdk.verify._cli import add_verify_arguments, run_verify_command
 
@@ -332,7 +341,8 @@ def _args_verify(s: argparse.ArgumentParser) -> None:
 
 _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
          "setup": _args_setup, "bench": _args_bench, "drift": _args_drift,
-         "verify": _args_verify, "build": _args_build, "run": _args_run}
+         "verify": _args_verify, "build": _args_build, "run": _args_run,
+         "quantize": _args_quantize}
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:

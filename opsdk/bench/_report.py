@@ -376,7 +376,7 @@ def _bench_remote(args: argparse.Namespace) -> int:
 
 def _bench_qdense(args: argparse.Namespace) -> int:
     """``opsdk bench qdense [--shapes M,K,N]``: int8 qdense vs torch float32 / dynamic int8."""
-    from ..quant_bench import bench_qdense
+    from ._qdense import bench_qdense
 
     if args.ops != ["qdense"]:
         print("opsdk bench: error: bench qdense on its own", file=sys.stderr)

@@ -227,6 +227,41 @@ def _with_upper_bounds(mod: Any, func: Any, bounds: dict[str, int],
     return out
 
 
+def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray],
+              say: Callable[[str], Any]) -> tuple[Any, dict[str, Any]]:
+    import tvm
+    from tvm import relax
+
+    from ..bench._int8 import agreement
+    from ..model import compile_model
+    from ..quant import QuantConfig, quantize_model
+
+    cfg = int8 if isinstance(int8, QuantConfig) else QuantConfig()
+    if calibration is None or isinstance(calibration, int):
+        rng = np.random.default_rng(1)
+        calibration = ([rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
+                       for _ in range(32 if calibration is None else calibration))
+    say("calibrating and quantizing to int8")
+    qm = quantize_model(mod, calibration, cfg)
+    if not qm.quantized:
+        raise ArtifactError("--int8: the model has no dense layer with a constant float32 "
+                            "weight to quantize")
+
+    def first(o: Any) -> np.ndarray:
+        while not isinstance(o, tvm.runtime.Tensor):
+            o = o[0]
+        return o.numpy()
+
+    args = [tvm.runtime.tensor(a) for a in inputs]
+    ref = first(relax.VirtualMachine(compile_model(mod, "host").ex, tvm.cpu())["main"](*args))
+    got = first(relax.VirtualMachine(compile_model(qm.mod, "host").ex, tvm.cpu())["main"](
+        *args))
+    info = {"int8_layers": qm.quantized, "float_layers": list(qm.config.keep_float),
+            "config": {k: v for k, v in qm.config.__dict__.items() if k != "keep_float"},
+            "vs_float": agreement(got, ref), "layers": qm.sensitivity()}
+    return qm.mod, info
+
+
 def _constants_bytes(mod: Any) -> int:
     import tvm
     from tvm import relax
@@ -361,6 +396,8 @@ def build_artifact(
     shapes: Mapping[str, Sequence[int]] | None = None,
     inputs: Sequence[np.ndarray] | None = None,
     max_dims: Mapping[str, int] | None = None,
+    int8: Any = None,
+    calibration: Any = None,
     force: bool = False,
     with_runtime: bool = False,
     log: Callable[[str], Any] | None = print,
@@ -387,6 +424,14 @@ def build_artifact(
         Largest value of a symbolic input dim (``{"batch": 8}``): TVM plans the
         intermediates' memory for the largest inputs, and a torch.export batch dim allows up
         to 1024 unless told. The manifest gives the bounds used.
+    int8
+        Quantize the dense layers to int8 first (:func:`opsdk.quant.quantize_model`): True
+        or a :class:`opsdk.quant.QuantConfig`; ``calibration`` are its inputs (an iterable
+        of input lists, or a count of random normal samples shaped like the example inputs;
+        default 32). The manifest records the
+        int8 layers and the model's agreement with float; ``opsdk run`` then checks the
+        device against the int8 host build and reports the framework's float output as
+        information.
     force
         Replace an earlier artifact in ``out_dir``.
     with_runtime
@@ -437,6 +482,10 @@ def build_artifact(
         raise ArtifactError(f"main takes {len(func.params)} inputs, {len(inputs)} were given")
     if max_dims:
         mod = _with_upper_bounds(mod, func, dict(max_dims), inputs)
+        func = mod["main"]
+    quant_info = None
+    if int8:
+        mod, quant_info = _quantize(mod, int8, calibration, inputs, say)
         func = mod["main"]
 
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
@@ -506,6 +555,7 @@ def build_artifact(
             "outputs": outs,
             "memory": _planned_memory(cm.planned, inputs) if cm.planned is not None else None,
             "kernels": scheduled_kernels(cm.scheduled),
+            "quantization": quant_info,
             "check": {"host_library": host_lib, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",
                       "framework": framework or None},

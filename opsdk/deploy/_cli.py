@@ -35,6 +35,12 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-dim", action="append", metavar="NAME=N",
                    help="largest value of a symbolic input dim (e.g. s77=8, the batch): TVM "
                    "plans the intermediates' memory for it (torch.export's default is 1024)")
+    s.add_argument("--int8", action="store_true",
+                   help="quantize the dense layers to int8 first (opsdk quantize's defaults: "
+                   "per-channel weights, asymmetric min/max activations)")
+    s.add_argument("--calibration", type=positive_int, default=32, metavar="N",
+                   help="with --int8: random normal calibration samples (default 32; pass "
+                   "opsdk.deploy.build_artifact(calibration=...) for real data)")
     s.add_argument("--force", action="store_true", help="replace an earlier artifact in FOLDER")
     s.add_argument("--with-runtime", action="store_true",
                    help="also copy libtvm_runtime.so and libtvm_ffi.so for the target into "
@@ -85,6 +91,7 @@ def run_build_command(args: argparse.Namespace) -> int:
         m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
                            entry_args=entry_args, shapes=_shapes(args.shape) or None,
                            max_dims=_max_dims(args.max_dim) or None,
+                           int8=args.int8, calibration=args.calibration,
                            force=args.force, with_runtime=args.with_runtime,
                            log=None if args.json else print)
     except ArtifactError as e:
@@ -130,6 +137,10 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
            "smaller bound)" if planned_for else
            f" (at {at}; formula {mem.get('planned_intermediates_formula')} bytes)" if at
            else ""),
+        *([f"int8:     {len(q['int8_layers'])} dense layers"
+           + (f" ({len(q['float_layers'])} kept float)" if q["float_layers"] else "")
+           + f"; output vs float: relative RMSE {q['vs_float']['rel_rmse'] * 100:.2f}%"]
+          if (q := m.get("quantization")) else []),
         f"kernels:  {len(m['kernels'])} ("
         + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")",
         f"next:     opsdk run {folder}"

@@ -238,3 +238,20 @@ def test_symbolic_dims_memory_is_planned_for_their_bound(tmp_path):
         build_artifact(_symbolic_mlp(), tmp_path / "c", target="x86", inputs=[x],
                        max_dims={"n": 1}, log=None)
     assert not (tmp_path / "c").exists()
+
+
+def test_int8_artifact_checks_the_device_against_its_int8_host_build(tmp_path, capsys):
+    model = str(ROOT / "examples" / "transformer_block.py")
+    rc = cli(["build", model, "--target", "x86", "--int8", "--calibration", "4", "-o",
+              str(tmp_path / "q"), "--model-arg", "dim=64", "--model-arg", "seq=16",
+              "--model-arg", "batch=2"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "int8:     4 dense layers; output vs float: relative RMSE" in text
+    q = read_manifest(tmp_path / "q")["quantization"]
+    assert len(q["int8_layers"]) == 4 and q["vs_float"]["rel_rmse"] < 0.02
+    res = run_artifact(tmp_path / "q", repeats=1, log=None)
+    (out,) = res["outputs"]
+    # Pass/fail is against the int8 host build; torch's float output is information.
+    assert res["ok"] and out["vs_host"]["bitexact"]
+    assert out["vs_torch"]["informational"] and out["vs_torch"]["rel_rmse"] < 0.02

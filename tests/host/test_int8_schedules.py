@@ -458,7 +458,7 @@ def test_mutants_are_caught_by_exact_comparison(cases, name, bug) -> None:
 @needs_vnni
 def test_bench_qdense_smoke() -> None:
     pytest.importorskip("torch")
-    from opsdk.quant_bench import bench_qdense
+    from opsdk.bench._qdense import bench_qdense
 
     r = bench_qdense(64, 128, 64, repeats=1, calls=1, pause=0.0)
     assert r["exact"] and r["rule"] == "x86.qdense_vnni" and r["vpdpbusd"] > 0, r

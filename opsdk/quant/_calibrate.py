@@ -1,5 +1,5 @@
-"""Post-training quantization helpers: calibrate activation ranges, choose scales and zero
-points, quantize dense weights per channel, and measure the drift against float32.
+"""Calibration and quantization parameters: activation ranges, scales and zero points, dense
+weights per channel, and the drift of one layer against float32.
 
 The integer semantics are exactly those of the ``quantize`` / ``qdense`` ops, so parameters
 produced here plug straight into ``opsdk.relax.qdense(...)``.
@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from .ops._quant import QRANGE
+from ..ops._quant import QRANGE
 
 __all__ = [
     "DenseQuant",
@@ -168,7 +168,7 @@ class DenseQuant:
 
     def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
         """Quantize ``x`` and evaluate the qdense reference (bit-exact with the kernels)."""
-        from .ops.qdense import _reference
+        from ..ops.qdense import _reference
 
         xq = self.act.quantize(x)
         return _reference(xq, self.w_q, self.w_scale, self.bias_q,

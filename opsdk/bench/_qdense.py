@@ -56,7 +56,7 @@ def tvm_threads(n: int) -> Iterator[int]:
 
     Examples
     --------
-    >>> from opsdk.quant_bench import tvm_threads
+    >>> from opsdk.bench._qdense import tvm_threads
     >>> with tvm_threads(1) as n:
     ...     n
     1
@@ -141,7 +141,7 @@ def bench_qdense(
 
     Examples
     --------
-    >>> from opsdk.quant_bench import bench_qdense
+    >>> from opsdk.bench._qdense import bench_qdense
     >>> r = bench_qdense(64, 64, 64, repeats=1, calls=1)
     >>> r["exact"], sorted(r)[:3]
     (True, ['calls', 'exact', 'fixed_ms'])

@@ -1,0 +1,129 @@
+"""Whole-model int8 benchmark: opsdk int8 (``opsdk.quant.quantize_model``) against opsdk
+float, torch eager float, torch dynamic int8 (``quantize_dynamic`` of the Linear layers) and
+onnxruntime static int8 (``quantize_static``, QDQ, per-channel weights, on the same
+calibration data), interleaved in one process with the same thread count; plus each int8
+model's agreement with the float model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._model import _interleave, _ratio, _vm_timed, ort_session, setup_threads
+from ._run import _py_step, _Timer
+
+__all__ = ["agreement", "run_int8_bench"]
+
+
+def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """Relative RMSE, cosine and max abs of ``got`` against ``ref`` (the float model), and
+    for a 2-d output (a classifier-like head) the share of rows with the same arg-max."""
+    g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    e = g - r
+    out = {"rel_rmse": float(np.sqrt(np.mean(e**2)) / (np.sqrt(np.mean(r**2)) or 1.0)),
+           "cosine": float(g @ r / ((np.linalg.norm(g) * np.linalg.norm(r)) or 1.0)),
+           "max_abs": float(np.abs(e).max())}
+    if ref.ndim == 2 and ref.shape[1] > 1:
+        out["top1_agreement"] = float(np.mean(got.argmax(1) == ref.argmax(1)))
+    return out
+
+
+def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
+                     calibration: Sequence[Sequence[np.ndarray]]) -> bytes:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(calibration)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            batch = next(self._it, None)
+            return None if batch is None else dict(zip(names, batch))
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "int8.onnx")
+        with open(src, "wb") as f:
+            f.write(onnx_bytes)
+        quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        with open(dst, "rb") as f:
+            return f.read()
+
+
+def run_int8_bench(
+    loaded: Any,
+    quantized: Any,
+    calibration: Sequence[Sequence[np.ndarray]],
+    *,
+    target: str = "x86",
+    threads: int | None = None,
+    repeats: int = 11,
+    budget_ms: float = 50.0,
+) -> dict[str, Any]:
+    """Time and compare the int8 model ``quantized`` (a :class:`opsdk.quant.QuantizedModel`
+    of ``loaded.opsdk_mod``) against its peers on ``loaded.inputs``.
+
+    Returns ``{"ms": {candidate: median ms}, "speedup": {candidate: x of opsdk_int8 over
+    it}, "agreement": {int8 candidate: agreement with the float model}, "threads"}``.
+    """
+    import torch
+
+    from ..model import compile_model
+
+    n = setup_threads(threads)
+    inputs = list(loaded.inputs)
+    timers: dict[str, _Timer] = {}
+    outs: dict[str, np.ndarray] = {}
+    timers["opsdk_int8"], outs["opsdk_int8"] = _vm_timed(
+        compile_model(quantized.mod, target).ex, inputs)
+    timers["opsdk_float"], outs["opsdk_float"] = _vm_timed(
+        compile_model(loaded.opsdk_mod, target).ex, inputs)
+    notes: dict[str, str] = {}
+    if loaded.torch_module is not None:
+        model = loaded.torch_module.eval()
+        targs = tuple(torch.from_numpy(a) for a in inputs)
+
+        def first(o: Any) -> np.ndarray:
+            while isinstance(o, (tuple, list)):
+                o = o[0]
+            return o.detach().numpy()
+
+        with torch.no_grad():
+            timers["torch_float"] = _Timer(_py_step(lambda: model(*targs)))
+            dyn = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
+                                                         dtype=torch.qint8)
+            outs["torch_dynamic_int8"] = first(dyn(*targs))
+            timers["torch_dynamic_int8"] = _Timer(_py_step(lambda: dyn(*targs)))
+    if loaded.onnx is not None:
+        try:
+            sess_names = [i.name for i in ort_session(loaded.onnx, n).get_inputs()]
+            q = _ort_static_int8(loaded.onnx, sess_names, calibration)
+            sess = ort_session(q, n)
+            feed = dict(zip(sess_names, inputs))
+            outs["onnxruntime_static_int8"] = sess.run(None, feed)[0]
+            timers["onnxruntime_static_int8"] = _Timer(_py_step(lambda: sess.run(None, feed)))
+        except Exception as e:  # an op quantize_static cannot handle: say so in the report
+            notes["onnxruntime_static_int8"] = f"{type(e).__name__}: {str(e)[:200]}"
+    else:
+        notes["onnxruntime_static_int8"] = loaded.onnx_error or "no ONNX export"
+    with torch.no_grad():
+        _interleave(timers, repeats, budget_ms / 1e3)
+    ref = outs["opsdk_float"]
+    return {
+        "threads": n,
+        "ms": {c: float(np.median(t.samples)) * 1e3 for c, t in timers.items()},
+        "speedup": {c: _ratio(timers, c, "opsdk_int8") for c in timers if c != "opsdk_int8"},
+        "agreement": {c: agreement(o, ref) for c, o in outs.items()
+                      if c != "opsdk_float" and o.shape == ref.shape},
+        "notes": notes,
+    }

@@ -1,0 +1,228 @@
+"""``opsdk quantize MODEL``: calibrate, quantize, report per-layer sensitivity, check and time."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._cliargs import output_path, positive_int
+
+__all__ = ["add_quantize_arguments", "run_quantize_command"]
+
+
+def _usage(msg: str) -> Exception:
+    from ..cli import UsageError
+
+    return UsageError(msg)
+
+
+def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
+    """The arguments of ``opsdk quantize``."""
+    s.add_argument("model", help="a Python file with a build_model() entry (like the "
+                   "examples), a .pt2 file or an .onnx file")
+    s.add_argument("--entry", default="build_model", help="the model file's entry function")
+    s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
+                   help="keyword argument of the entry function (default: DEFAULT_ARGS)")
+    s.add_argument("--calibration", default="64", metavar="N|FILE.npz",
+                   help="calibration inputs: N random normal samples shaped like the example "
+                   "inputs (default 64), or an .npz with one array per input name, samples "
+                   "along the first axis (read one sample at a time)")
+    s.add_argument("--method", choices=["minmax", "percentile", "mse"], default="minmax",
+                   help="activation range (default minmax)")
+    s.add_argument("--percentile", type=float, default=99.99)
+    s.add_argument("--weights", choices=["per_channel", "per_tensor"], default="per_channel")
+    s.add_argument("--activations", choices=["asymmetric", "symmetric"], default="asymmetric")
+    s.add_argument("--mixed-precision", metavar="K|T",
+                   help="keep the K worst layers (an integer) or every layer whose relative "
+                   "RMSE exceeds T (a fraction, e.g. 0.02) in float")
+    s.add_argument("--bench", action="store_true",
+                   help="also time int8 vs opsdk float, torch float, torch dynamic int8 and "
+                   "onnxruntime static int8 (interleaved, same threads)")
+    s.add_argument("--repeats", type=positive_int, default=11)
+    s.add_argument("--threads", type=positive_int, help="threads for every runtime")
+    s.add_argument("--json", metavar="PATH", type=output_path, help="write the report as JSON")
+    s.add_argument("--plot", metavar="PATH", type=output_path,
+                   help="write the per-layer sensitivity as a PNG bar chart")
+
+
+def _random_batches(inputs: Sequence[np.ndarray], n: int, seed: int = 1
+                    ) -> Iterator[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        yield [rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
+
+
+def _npz_batches(path: str, names: Sequence[str], inputs: Sequence[np.ndarray]
+                 ) -> tuple[int, Iterator[list[np.ndarray]]]:
+    try:
+        z = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise _usage(f"--calibration {path}: cannot read it as .npz ({e})") from None
+    missing = [n for n in names if n not in z.files]
+    if missing:
+        raise _usage(f"--calibration {path}: no array for input(s) {', '.join(missing)}; "
+                     f"it has {', '.join(z.files) or 'none'}")
+    arrays = [z[n] for n in names]
+    counts = {a.shape[0] if a.ndim else 0 for a in arrays}
+    if len(counts) != 1 or 0 in counts:
+        raise _usage(f"--calibration {path}: the arrays need the same number (>= 1) of "
+                     "samples along their first axis")
+    for n, a, ex in zip(names, arrays, inputs):
+        if a.shape[1:] != ex.shape or a.dtype != ex.dtype:
+            raise _usage(f"--calibration {path}: samples of {n!r} are {a.dtype}"
+                         f"{list(a.shape[1:])}, the model takes {ex.dtype}{list(ex.shape)}")
+    total = counts.pop()
+
+    def gen() -> Iterator[list[np.ndarray]]:
+        for i in range(total):
+            yield [np.ascontiguousarray(a[i]) for a in arrays]
+
+    return total, gen()
+
+
+def _progress(total: int) -> Any:
+    def show(k: int) -> None:
+        end = "\n" if k >= total else ""
+        print(f"\r  calibrating {k}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def format_sensitivity(rows: Sequence[dict[str, Any]], keep: Sequence[str]) -> str:
+    """The per-layer table, worst first."""
+    out = [f"{'layer':<10} {'K x N':<12} {'rel RMSE':>9} {'cosine':>9} {'max abs':>9}  "
+           "x range"]
+    for r in rows:
+        tag = "  (kept float)" if r["site"] in keep else ""
+        out.append(f"{r['site']:<10} {'x'.join(map(str, r['shape'])):<12} "
+                   f"{r['rel_rmse'] * 100:>8.2f}% {r['cosine']:>9.5f} {r['max_abs']:>9.3g}  "
+                   f"[{r['x_range'][0]:.3g}, {r['x_range'][1]:.3g}]{tag}")
+    return "\n".join(out)
+
+
+def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .._files import write_bytes_atomic
+
+    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(rows) + 2), 3))
+    names = [r["site"] for r in rows]
+    vals = [r["rel_rmse"] * 100 for r in rows]
+    ax.bar(names, vals, color=["tab:gray" if n in keep else "tab:blue" for n in names])
+    ax.set_ylabel("relative RMSE of the layer (%)")
+    ax.set_title("int8 sensitivity per layer (gray: kept float)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def run_quantize_command(args: argparse.Namespace) -> int:
+    """``opsdk quantize``: exit 0 when quantized, 2 on a usage error."""
+    import pathlib
+
+    import tvm
+    from tvm import relax
+
+    from .._files import write_text_atomic
+    from ..bench._int8 import agreement
+    from ..model import compile_model, load_model, parse_entry_args
+    from . import QuantConfig, quantize_model
+
+    spec = args.model
+    if not pathlib.Path(spec).exists() and (spec.endswith((".py", ".pt2", ".onnx"))
+                                            or "/" in spec):
+        raise _usage(f"model file {spec!r} does not exist")
+    mp: int | float | None = None
+    if args.mixed_precision is not None:
+        try:
+            mp = int(args.mixed_precision) if args.mixed_precision.isdigit() else float(
+                args.mixed_precision)
+        except ValueError:
+            mp = -1
+        if mp < 0 or (isinstance(mp, float) and not 0 < mp < 1):
+            raise _usage(f"--mixed-precision {args.mixed_precision!r}: a count of layers "
+                         "(0, 1, 2, ...) or a relative-RMSE threshold in (0, 1)")
+    try:
+        entry_args = parse_entry_args(args.model_arg)
+        loaded = load_model(spec, entry=args.entry, entry_args=entry_args,
+                            baselines=args.bench)
+    except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
+        raise _usage(f"cannot load model {spec!r}: {e}") from None
+    names = [str(p.name) for p in loaded.opsdk_mod["main"].params]
+    if args.calibration.isdigit():
+        total = int(args.calibration)
+        if total < 1:
+            raise _usage("--calibration N needs N >= 1")
+        batches: Any = _random_batches(loaded.inputs, total)
+    else:
+        total, batches = _npz_batches(args.calibration, names, loaded.inputs)
+    calib_kept: list[list[np.ndarray]] = []
+
+    def stream() -> Iterator[list[np.ndarray]]:
+        for b in batches:
+            if len(calib_kept) < 64 and args.bench:  # onnxruntime's calibration reader
+                calib_kept.append(b)
+            yield b
+
+    cfg = QuantConfig(weights=args.weights, activations=args.activations, method=args.method,
+                      percentile=args.percentile)
+    qm = quantize_model(loaded.opsdk_mod, stream(), cfg, mixed_precision=mp,
+                        progress=_progress(total))
+    if not qm.sites:
+        print(f"{spec}: no dense layer with a constant float32 weight to quantize")
+        return 0
+    rows = qm.sensitivity()
+    keep = list(qm.config.keep_float)
+    print(format_sensitivity(rows, keep))
+    # End to end: the int8 model against the float one on the example inputs.
+    f_ex = compile_model(loaded.opsdk_mod, "host").ex
+    q_ex = compile_model(qm.mod, "host").ex
+    args_t = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in loaded.inputs]
+
+    def first(o: Any) -> np.ndarray:
+        while not isinstance(o, tvm.runtime.Tensor):
+            o = o[0]
+        return o.numpy()
+
+    ref = first(relax.VirtualMachine(f_ex, tvm.cpu())["main"](*args_t))
+    got = first(relax.VirtualMachine(q_ex, tvm.cpu())["main"](*args_t))
+    e2e = agreement(got, ref)
+    print(f"int8 layers: {len(qm.quantized)} of {len(qm.sites)}"
+          + (f" (float: {', '.join(keep)})" if keep else "")
+          + f"; model output vs float: relative RMSE {e2e['rel_rmse'] * 100:.2f}%, cosine "
+          f"{e2e['cosine']:.5f}"
+          + (f", top-1 agreement {e2e['top1_agreement'] * 100:.1f}%"
+             if "top1_agreement" in e2e else ""))
+    report: dict[str, Any] = {"model": spec, "config": qm.config.__dict__ | {
+        "keep_float": keep}, "calibration_samples": total, "layers": rows,
+        "quantized": qm.quantized, "end_to_end": e2e}
+    if args.bench:
+        from ..bench._int8 import run_int8_bench
+
+        b = run_int8_bench(loaded, qm, calib_kept, threads=args.threads, repeats=args.repeats)
+        report["bench"] = b
+        print(f"threads {b['threads']}; median ms (x: opsdk int8's speed-up over it)")
+        for c, ms in b["ms"].items():
+            x = b["speedup"].get(c)
+            print(f"  {c:<26} {ms:>8.3f} ms" + (f"  x{x:.2f}" if x else ""))
+        for c, a in b["agreement"].items():
+            if c != "opsdk_int8":
+                print(f"  {c} vs opsdk float: relative RMSE {a['rel_rmse'] * 100:.2f}%")
+        for c, why in b["notes"].items():
+            print(f"  {c}: not measured ({why})")
+    if args.json:
+        write_text_atomic(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    if args.plot:
+        _plot(rows, keep, args.plot)
+    return 0

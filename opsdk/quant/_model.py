@@ -1,0 +1,424 @@
+"""Post-training quantization of a whole imported model (``quantize_model``).
+
+The float model's dense layers with a constant weight (``matmul(x, W)``, optionally with its
+bias ``+ b`` or an ``opsdk.bias_gelu(., b)`` after it) become ``quantize -> qdense`` with the
+bias folded into the int32 accumulator and a float32 output (GELU stays float after it).
+Activation ranges come from calibration inputs streamed through the float model once (each
+layer's input is kept as exact min/max plus a bounded random sample for percentile / MSE);
+weights are symmetric int8 per channel or per tensor. Layers that should stay float
+(softmax, layer norms, matmuls of two activations such as attention's ``Q K^T``) are not
+sites at all; ``keep_float`` keeps chosen sites float too (mixed precision).
+
+:func:`sensitivity` reports each site's own output error (its quantized output on its float
+inputs against the float64 layer), sorted worst first, which is what ``mixed_precision=``
+uses to pick the layers to keep in float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ._calibrate import QParams, calibrate, choose_qparams, quantize_dense
+
+__all__ = [
+    "QuantConfig",
+    "QuantSite",
+    "QuantizedModel",
+    "find_sites",
+    "quantize_model",
+    "sensitivity",
+]
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How :func:`quantize_model` quantizes.
+
+    Attributes
+    ----------
+    weights
+        ``per_channel`` (one scale per output channel) or ``per_tensor``; symmetric int8.
+    activations
+        ``asymmetric`` (a zero point) or ``symmetric``; one scale per tensor.
+    method
+        Activation range from calibration: ``minmax``, ``percentile`` or ``mse``.
+    percentile
+        With ``method="percentile"``: the tails clipped (``99.99``: 0.01 % each side).
+    keep_float
+        Site names (:attr:`QuantSite.name`) left in float.
+    samples_per_site
+        Values kept per site for ``percentile`` / ``mse`` (min and max are exact).
+    """
+
+    weights: Literal["per_channel", "per_tensor"] = "per_channel"
+    activations: Literal["asymmetric", "symmetric"] = "asymmetric"
+    method: Literal["minmax", "percentile", "mse"] = "minmax"
+    percentile: float = 99.99
+    keep_float: tuple[str, ...] = ()
+    samples_per_site: int = 200_000
+
+
+@dataclass
+class QuantSite:
+    """One dense layer of the model that can become ``quantize -> qdense``."""
+
+    name: str  # the weight's layer in order of appearance: dense0, dense1, ...
+    root: Any  # the Relax var the quantized value replaces
+    x: Any  # the Relax var of the layer's input
+    w_kn: np.ndarray  # the float weight as x @ w_kn
+    bias: np.ndarray | None
+    gelu: bool  # an opsdk.bias_gelu: GELU applied after the (biased) product
+    act: QParams | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(K, N): input features, output features."""
+        return tuple(self.w_kn.shape)  # type: ignore[return-value]
+
+
+def _const(e: Any) -> np.ndarray | None:
+    import tvm
+
+    if isinstance(e, tvm.ir.expr.GenericConst) and isinstance(e.value, tvm.runtime.Tensor):
+        return e.value.numpy()
+    return None
+
+
+def _op(e: Any) -> str | None:
+    import tvm
+    from tvm import relax
+
+    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+        return str(e.op.name)
+    return None
+
+
+def find_sites(mod: Any) -> list[QuantSite]:
+    """The dense layers of ``mod["main"]`` with a constant float32 weight, in order.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> from opsdk.quant import find_sites
+    >>> x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 3), "float32"))))
+    ...         y = bb.emit_output(relax.op.add(y, relax.const(np.ones(3, "float32"))))
+    ...     _ = bb.emit_func_output(y)
+    >>> [(s.name, s.shape, s.bias is not None) for s in find_sites(bb.get())]
+    [('dense0', (8, 3), True)]
+    """
+    from tvm import relax
+
+    func = mod["main"]
+    bindings = {}
+    users: dict[Any, list[Any]] = {}
+    order = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                continue
+            bindings[b.var] = b.value
+            order.append(b.var)
+            for arg in getattr(b.value, "args", []) or []:
+                if isinstance(arg, relax.Var):
+                    users.setdefault(arg, []).append(b.var)
+
+    def weight(e: Any) -> np.ndarray | None:
+        c = _const(e)
+        if c is not None:
+            return c
+        v = bindings.get(e) if isinstance(e, relax.Var) else None
+        if v is not None and _op(v) == "relax.permute_dims":
+            inner = _const(v.args[0])
+            axes = v.attrs.axes
+            if inner is not None and inner.ndim == 2 and (axes is None or [int(a) for a in axes]
+                                                          == [1, 0]):
+                return inner.T
+        return None
+
+    sites = []
+    for var in order:
+        val = bindings[var]
+        if _op(val) != "relax.matmul":
+            continue
+        x, w = val.args
+        w_kn = weight(w)
+        ty = x.ty
+        if (w_kn is None or w_kn.ndim != 2 or str(w_kn.dtype) != "float32"
+                or not isinstance(ty, relax.TensorType) or str(ty.dtype) != "float32"
+                or not isinstance(x, relax.Var)):
+            continue
+        root, bias, gelu = var, None, False
+        us = users.get(var, [])
+        if len(us) == 1:
+            u = bindings[us[0]]
+            name = _op(u)
+            other = None
+            if name == "relax.add":
+                other = u.args[1] if u.args[0].same_as(var) else u.args[0]
+            elif name == "opsdk.bias_gelu" and u.args[0].same_as(var):
+                other = u.args[1]
+            b = _const(other) if other is not None else None
+            if b is not None and b.shape == (w_kn.shape[1],) and str(b.dtype) == "float32":
+                root, bias, gelu = us[0], b, name == "opsdk.bias_gelu"
+        sites.append(QuantSite(f"dense{len(sites)}", root, x, w_kn, bias, gelu))
+    return sites
+
+
+def _probe_module(mod: Any, sites: Sequence[QuantSite]) -> Any:
+    """``mod`` whose ``main`` returns the inputs of every site (calibration)."""
+    import tvm
+    from tvm import relax
+
+    # ToNonDataflow keeps every block and binding in place (dataflow vars become plain
+    # vars): find each site input at its position.
+    where = {}
+    for i, block in enumerate(mod["main"].body.blocks):
+        for j, b in enumerate(block.bindings):
+            where[b.var] = (i, j)
+    plain = relax.transform.ToNonDataflow()(mod)
+    func = plain["main"]
+    outs = []
+    for s in sites:
+        if s.x in where:
+            i, j = where[s.x]
+            outs.append(func.body.blocks[i].bindings[j].var)
+        else:
+            pos = [k for k, p in enumerate(mod["main"].params) if p.same_as(s.x)]
+            if not pos:
+                raise ValueError(f"quantize_model: cannot find the input of {s.name}")
+            outs.append(func.params[pos[0]])
+    body = relax.SeqExpr(func.body.blocks, relax.Tuple(outs))
+    ret = relax.TupleType([v.ty for v in outs])
+    new = relax.Function(func.params, body, ret, func.is_pure, func.attrs)
+    out = tvm.IRModule({"main": new})
+    for gv, f in plain.functions_items():
+        if gv.name_hint != "main":
+            out[gv] = f
+    return relax.transform.Normalize()(out)
+
+
+def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np.ndarray]],
+             cfg: QuantConfig, progress: Callable[[int], Any] | None) -> None:
+    import tvm
+    from tvm import relax
+
+    from .. import compile as opsdk_compile
+
+    ex = opsdk_compile(_probe_module(mod, sites), "host")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    for s in sites:
+        s.stats = {"lo": np.inf, "hi": -np.inf, "sample": [], "kept": 0, "seen": 0,
+                   "inputs": []}
+    n = 0
+    for batch in batches:
+        arrays = [batch] if isinstance(batch, np.ndarray) else list(batch)
+        outs = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
+        for s, o in zip(sites, outs):
+            a = o.numpy()
+            st = s.stats
+            st["lo"], st["hi"] = min(st["lo"], float(a.min())), max(st["hi"], float(a.max()))
+            flat = a.ravel()
+            st["seen"] += flat.size
+            # A bounded sample: up to 1/16 of the budget per batch, thinned uniformly when
+            # it reaches twice the budget (later batches weigh a little more; min and max
+            # stay exact).
+            per_batch = max(1, cfg.samples_per_site // 16)
+            take = flat if flat.size <= per_batch else rng.choice(flat, per_batch,
+                                                                  replace=False)
+            st["sample"].append(take.astype(np.float32))
+            st["kept"] += take.size
+            if st["kept"] > 2 * cfg.samples_per_site:
+                pool = rng.choice(np.concatenate(st["sample"]), cfg.samples_per_site,
+                                  replace=False)
+                st["sample"], st["kept"] = [pool], pool.size
+            if len(st["inputs"]) < 4:  # a few whole inputs for the sensitivity report
+                st["inputs"].append(a.reshape(-1, a.shape[-1]).copy())
+        n += 1
+        if progress:
+            progress(n)
+    if n == 0:
+        raise ValueError("quantize_model: the calibration data is empty")
+
+
+def _act_params(s: QuantSite, cfg: QuantConfig) -> QParams:
+    symmetric = cfg.activations == "symmetric"
+    if cfg.method == "minmax":  # the exact extremes of every value seen
+        return choose_qparams(s.stats["lo"], s.stats["hi"], symmetric=symmetric)
+    return calibrate(s.stats["sample"], method=cfg.method, symmetric=symmetric,
+                     percentile=cfg.percentile)
+
+
+@dataclass
+class QuantizedModel:
+    """What :func:`quantize_model` returns: the rewritten module and what it decided."""
+
+    mod: Any
+    sites: list[QuantSite]
+    config: QuantConfig
+
+    @property
+    def quantized(self) -> list[str]:
+        """Names of the sites that became int8."""
+        return [s.name for s in self.sites if s.name not in self.config.keep_float]
+
+    def sensitivity(self) -> list[dict[str, Any]]:
+        """:func:`sensitivity` of this model's sites."""
+        return sensitivity(self.sites, self.config)
+
+
+def _site_quant(s: QuantSite, cfg: QuantConfig) -> Any:
+    return quantize_dense(s.w_kn.T, s.bias, s.act, per_channel=cfg.weights == "per_channel")
+
+
+def sensitivity(sites: Sequence[QuantSite], config: QuantConfig | None = None
+                ) -> list[dict[str, Any]]:
+    """Each calibrated site's own error: its int8 output (the ``qdense`` reference,
+    bit-exact with the kernels) on its float calibration inputs against the float64 layer
+    ``x @ W + b``, sorted worst first by relative RMSE.
+
+    Returns rows ``{"site", "shape", "max_abs", "rel_rmse", "cosine", "x_range"}``.
+    """
+    cfg = config or QuantConfig()
+    rows = []
+    for s in sites:
+        if s.act is None or not s.stats.get("inputs"):
+            continue
+        q = _site_quant(s, cfg)
+        errs, refs, gots = [], [], []
+        for x in s.stats["inputs"]:
+            ref = x.astype(np.float64) @ s.w_kn.astype(np.float64)
+            if s.bias is not None:
+                ref = ref + s.bias
+            got = q.run(x.astype(np.float32)).astype(np.float64)
+            errs.append((got - ref).ravel())
+            refs.append(ref.ravel())
+            gots.append(got.ravel())
+        e, r, g = np.concatenate(errs), np.concatenate(refs), np.concatenate(gots)
+        rms_r = float(np.sqrt(np.mean(r**2))) or 1.0
+        cos = float(g @ r / ((np.linalg.norm(g) * np.linalg.norm(r)) or 1.0))
+        rows.append({"site": s.name, "shape": list(s.shape), "max_abs": float(np.abs(e).max()),
+                     "rel_rmse": float(np.sqrt(np.mean(e**2)) / rms_r), "cosine": cos,
+                     "x_range": [s.stats["lo"], s.stats["hi"]]})
+    rows.sort(key=lambda r: -r["rel_rmse"])
+    return rows
+
+
+def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
+    import tvm
+    from tvm import relax, tirx
+
+    from .. import relax as ops
+
+    todo = {s.root: s for s in sites if s.name not in cfg.keep_float}
+
+    @relax.expr_functor.mutator
+    class _Quantize(relax.PyExprMutator):
+        def visit_var_binding_(self, binding: Any) -> None:
+            s = todo.get(binding.var)
+            if s is None:
+                super().visit_var_binding_(binding)
+                return
+            x = self.visit_expr(s.x)
+            q = _site_quant(s, cfg)
+            shape = list(x.ty.shape.values)
+            k, n = s.shape
+            m = shape[0]
+            for d in shape[1:-1]:
+                m = m * d
+            x2 = self.builder_.emit(relax.op.reshape(x, [m, tirx.IntImm("int64", k)]))
+            act = s.act
+            xq = self.builder_.emit(ops.quantize(
+                x2, relax.const(np.array([act.scale], "float32")),
+                relax.const(np.array([act.zero_point], "int32")), out_dtype=act.dtype))
+            y2 = self.builder_.emit(ops.qdense(
+                xq, relax.const(q.w_q), relax.const(q.w_scale), relax.const(q.bias_q),
+                x_scale=float(act.scale), x_zero_point=int(act.zero_point),
+                out_dtype="float32", per_channel=q.per_channel))
+            y = relax.op.reshape(y2, [*shape[:-1], tirx.IntImm("int64", n)])
+            if s.gelu:
+                y = ops.gelu(self.builder_.emit(y))
+            new = self.builder_.emit(y)
+            self.set_var_remap(binding.var, new)
+
+    func = _Quantize().visit_expr(mod["main"])
+    out = mod.copy() if hasattr(mod, "copy") else tvm.IRModule(mod.functions)
+    out["main"] = func
+    return relax.transform.DeadCodeElimination()(out)
+
+
+def quantize_model(
+    mod: Any,
+    calibration: Iterable[Any],
+    config: QuantConfig | None = None,
+    *,
+    mixed_precision: int | float | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> QuantizedModel:
+    """Quantize the dense layers of an imported model to int8 after calibrating on data.
+
+    Parameters
+    ----------
+    mod
+        A Relax module from :mod:`opsdk.frontend` (after ``FuseIntoOps``).
+    calibration
+        An iterable of inputs for ``main`` (each an array, or a sequence of arrays for a
+        model with several inputs), streamed through the float model once.
+    config
+        :class:`QuantConfig` (per-channel weights, asymmetric min/max activations by
+        default).
+    mixed_precision
+        Keep the worst sites of the sensitivity report in float: an int keeps that many, a
+        float keeps every site whose relative RMSE exceeds it.
+    progress
+        Called with the number of calibration batches done.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> from opsdk.quant import quantize_model
+    >>> rng = np.random.default_rng(0)
+    >>> x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         w = relax.const(rng.standard_normal((32, 24)).astype("float32"))
+    ...         y = bb.emit_output(relax.op.matmul(x, w))
+    ...     _ = bb.emit_func_output(y)
+    >>> data = [rng.standard_normal((16, 32)).astype("float32") for _ in range(4)]
+    >>> qm = quantize_model(bb.get(), data)
+    >>> qm.quantized, qm.sensitivity()[0]["rel_rmse"] < 0.02
+    (['dense0'], True)
+    """
+    cfg = config or QuantConfig()
+    sites = find_sites(mod)
+    if not sites:
+        return QuantizedModel(mod, [], cfg)
+    _collect(mod, sites, calibration, cfg, progress)
+    for s in sites:
+        s.act = _act_params(s, cfg)
+    if mixed_precision is not None:
+        rows = sensitivity(sites, cfg)
+        if isinstance(mixed_precision, bool) or mixed_precision < 0:
+            raise ValueError("mixed_precision: a count >= 0 or a relative-RMSE threshold")
+        if isinstance(mixed_precision, int):
+            keep = [r["site"] for r in rows[:mixed_precision]]
+        else:
+            keep = [r["site"] for r in rows if r["rel_rmse"] > mixed_precision]
+        cfg = QuantConfig(**{**cfg.__dict__, "keep_float": tuple(cfg.keep_float) + tuple(keep)})
+    unknown = set(cfg.keep_float) - {s.name for s in sites}
+    if unknown:
+        raise ValueError(f"keep_float names no site: {sorted(unknown)}; the sites are "
+                         f"{', '.join(s.name for s in sites)}")
+    return QuantizedModel(_rewrite(mod, sites, cfg), sites, cfg)

@@ -1,0 +1,147 @@
+"""``opsdk.quant.quantize_model`` on imported models: which layers become int8, bit-exact
+plumbing of one layer against the qdense reference, end-to-end agreement with float, the
+sensitivity report, mixed precision, calibration methods, and the ``opsdk quantize`` CLI."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import opsdk
+from opsdk.cli import main as cli
+from opsdk.quant import QuantConfig, find_sites, quantize_dense, quantize_model
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def _run(mod, inputs, target="x86"):
+    vm = relax.VirtualMachine(opsdk.compile(mod, target), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    while not isinstance(out, tvm.runtime.Tensor):
+        out = out[0]
+    return out.numpy()
+
+
+@pytest.fixture(scope="module")
+def block():
+    import transformer_block as tb
+
+    model, (x,) = tb.build_model(dim=64, heads=4, seq=16, batch=2)
+    mod = opsdk.transform.FuseIntoOps()(opsdk.frontend.from_torch(
+        torch.export.export(model, (x,))))
+    rng = np.random.default_rng(1)
+    calib = [rng.standard_normal(x.shape).astype("float32") for _ in range(8)]
+    return mod, x.numpy(), calib
+
+
+def test_sites_are_the_constant_weight_dense_layers(block):
+    mod, _, _ = block
+    sites = find_sites(mod)
+    # qkv, proj, fc1 (+ bias_gelu), fc2; attention's Q K^T and P V multiply activations.
+    assert [s.shape for s in sites] == [(64, 192), (64, 64), (64, 256), (256, 64)]
+    assert [s.bias is not None for s in sites] == [True] * 4
+    assert [s.gelu for s in sites] == [False, False, True, False]
+
+
+def test_block_quantized_matches_float_within_two_percent(block):
+    mod, x, calib = block
+    qm = quantize_model(mod, iter(calib))  # a stream, read once
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.qdense"] == 4 and counts["opsdk.quantize"] == 4
+    # Softmax and the layer norms stay float; the GELU after fc1 too.
+    assert counts["opsdk.softmax"] == 1 and counts["opsdk.layer_norm"] == 2
+    assert counts["opsdk.gelu"] == 1 and "opsdk.bias_gelu" not in counts
+    ref, got = _run(mod, [x]), _run(qm.mod, [x])
+    rel = np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref**2))
+    assert 0 < rel < 0.02
+    rows = qm.sensitivity()
+    assert [r["site"] for r in rows] == sorted([r["site"] for r in rows],
+                                               key=lambda s: -next(r["rel_rmse"] for r in rows
+                                                                   if r["site"] == s))
+    assert all(0 < r["rel_rmse"] < 0.05 and r["cosine"] > 0.999 for r in rows)
+    report = opsdk.model.report(qm.mod, "x86", profile=False, asm=False)
+    assert not report.problems, report.problems  # every kernel scheduled, none serial
+
+
+def test_one_layer_is_bit_exact_with_the_qdense_reference():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 32)).astype("float32")
+    b = rng.standard_normal(32).astype("float32")
+    x = relax.Var("x", relax.TensorType((3, 5, 48), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w)))
+            y = bb.emit_output(relax.op.add(y, relax.const(b)))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    data = [rng.standard_normal((3, 5, 48)).astype("float32") for _ in range(3)]
+    for cfg in (QuantConfig(), QuantConfig(weights="per_tensor", activations="symmetric")):
+        qm = quantize_model(mod, data, cfg)
+        (site,) = qm.sites
+        dq = quantize_dense(w.T, b, site.act, per_channel=cfg.weights == "per_channel")
+        want = dq.run(data[0].reshape(15, 48)).reshape(3, 5, 32)
+        assert np.array_equal(_run(qm.mod, [data[0]]), want)
+        assert (site.act.zero_point == 0) == (cfg.activations == "symmetric")
+
+
+def test_mixed_precision_keeps_the_worst_layers_float(block):
+    mod, _, calib = block
+    full = quantize_model(mod, calib)
+    worst = full.sensitivity()[0]["site"]
+    mp = quantize_model(mod, calib, mixed_precision=1)
+    assert mp.config.keep_float == (worst,) and worst not in mp.quantized
+    assert opsdk.transform.op_counts(mp.mod, "opsdk.")["opsdk.qdense"] == 3
+    by_threshold = quantize_model(mod, calib, mixed_precision=1.0)  # nothing is that bad
+    assert by_threshold.config.keep_float == ()
+    with pytest.raises(ValueError, match=r"keep_float names no site: \['fc9'\]"):
+        quantize_model(mod, calib, QuantConfig(keep_float=("fc9",)))
+    with pytest.raises(ValueError, match="calibration data is empty"):
+        quantize_model(mod, [])
+
+
+def test_percentile_and_mse_clip_heavy_tails():
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((64, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, relax.const(
+                rng.standard_normal((16, 8)).astype("float32"))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    data = [rng.standard_normal((64, 16)).astype("float32") for _ in range(4)]
+    data[0][0, 0] = 50.0  # one outlier
+    # 4096 values: a 0.1 % tail is 4 values, so percentile 99.9 drops the outlier.
+    scales = {m: quantize_model(mod, data, QuantConfig(method=m, percentile=99.9)
+                                ).sites[0].act.scale for m in ("minmax", "percentile", "mse")}
+    assert scales["minmax"] > 5 * scales["percentile"] and scales["minmax"] > scales["mse"]
+
+
+def test_quantize_command_writes_report_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "q.json", tmp_path / "q.png"
+    model = str(ROOT / "examples" / "transformer_block.py")
+    rc = cli(["quantize", model, "--model-arg", "dim=64", "--model-arg", "seq=16",
+              "--model-arg", "batch=2", "--calibration", "4", "--mixed-precision", "1",
+              "--json", str(out), "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "(kept float)" in text and "int8 layers: 3 of 4" in text
+    rep = json.loads(out.read_text())
+    assert len(rep["layers"]) == 4 and rep["end_to_end"]["rel_rmse"] < 0.02
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    npz = tmp_path / "calib.npz"
+    np.savez(npz, x=np.zeros((3, 2, 16, 32), "float32"))
+    assert cli(["quantize", model, "--model-arg", "dim=64", "--model-arg", "seq=16",
+                "--model-arg", "batch=2", "--calibration", str(npz)]) == 2
+    assert "samples of 'x' are float32[2, 16, 32], the model takes float32[2, 16, 64]" in \
+        capsys.readouterr().err
+    assert cli(["quantize", model, "--mixed-precision", "-3"]) == 2
