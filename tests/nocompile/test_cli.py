@@ -55,7 +55,7 @@ _FIRST_IMPORTS = [
     "import opsdk.te_utils", "from opsdk.verify import error_model", "import opsdk.ops",
     "import opsdk.transform", "import opsdk.frontend", "import opsdk.relax",
     "from opsdk.schedules import rule", "import opsdk.kernels", "import opsdk.quant",
-    "from opsdk import op", "import opsdk.model", "import opsdk.bench",
+    "from opsdk import op", "import opsdk.model", "import opsdk.bench", "import opsdk.deploy",
 ]
 
 
