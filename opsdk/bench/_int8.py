@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,14 +51,23 @@ def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
             batch = next(self._it, None)
             return None if batch is None else dict(zip(names, batch))
 
-    with tempfile.TemporaryDirectory() as d:
-        src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "int8.onnx")
-        with open(src, "wb") as f:
-            f.write(onnx_bytes)
-        quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
-        with open(dst, "rb") as f:
-            return f.read()
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process, logged on the root logger
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "int8.onnx")
+            with open(src, "wb") as f:
+                f.write(onnx_bytes)
+            quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8)
+            with open(dst, "rb") as f:
+                return f.read()
+    finally:
+        root.setLevel(level)
 
 
 def run_int8_bench(
@@ -100,8 +110,10 @@ def run_int8_bench(
 
         with torch.no_grad():
             timers["torch_float"] = _Timer(_py_step(lambda: model(*targs)))
-            dyn = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
-                                                         dtype=torch.qint8)
+            with warnings.catch_warnings():  # its own deprecation notice, every call
+                warnings.simplefilter("ignore")
+                dyn = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
+                                                             dtype=torch.qint8)
             outs["torch_dynamic_int8"] = first(dyn(*targs))
             timers["torch_dynamic_int8"] = _Timer(_py_step(lambda: dyn(*targs)))
     if loaded.onnx is not None:

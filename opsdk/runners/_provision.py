@@ -143,7 +143,10 @@ def _stamp_ok(root: Path) -> bool:
     if not isinstance(stamp, dict):  # garbage that happens to parse
         return False
     # The files a run needs: a partial copy or a deleted file is as good as no set-up.
-    needed = (root / "python3", root / "sysroot" / "usr" / "bin" / f"python{_PY}")
+    site = root / "sysroot" / "usr" / "local" / "lib" / f"python{_PY}" / "dist-packages"
+    needed = (root / "python3", root / "sysroot" / "usr" / "bin" / f"python{_PY}",
+              site / "tvm" / "lib" / "libtvm_runtime.so",
+              site / "tvm_ffi" / "lib" / "libtvm_ffi.so")
     return all(stamp.get(k) == v for k, v in _wanted().items()) and all(
         p.is_file() and p.stat().st_size > 0 for p in needed)
 

@@ -281,10 +281,15 @@ class _GuestServer:
             if rc is not None:
                 tail = self.log_tail()
                 self.stop()
+                # The guest's last word (e.g. a library it could not load) says why.
+                lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+                last = next((ln for ln in reversed(lines)
+                             if re.match(r"\w+(Error|Exception)\b", ln)),
+                            lines[-1] if lines else "no output")
                 raise RuntimeError(
                     f"the emulated RPC server exited with status {rc} during start-up "
-                    f"(qemu: {self.env.qemu}); if the environment in {self.env.root} is "
-                    "damaged, rebuild it with `opsdk setup arm --force`; log tail:\n{tail}"
+                    f"({last[:300]}); if the environment in {self.env.root} is damaged, "
+                    "rebuild it with `opsdk setup arm --force`"
                 )
             time.sleep(0.05)
         tail = self.log_tail()

@@ -15,8 +15,11 @@ def _fake_env(root, what: str) -> None:
     root.mkdir(parents=True)
     stamp = json.dumps(prov._wanted())
     (root / "sysroot/usr/bin").mkdir(parents=True)
+    site = f"sysroot/usr/local/lib/python{prov._PY}/dist-packages"
+    runtime = f"{site}/tvm/lib/libtvm_runtime.so"
     files = {"stamp.json": stamp, "python3": "#!/bin/sh\n",
-             f"sysroot/usr/bin/python{prov._PY}": "elf"}
+             f"sysroot/usr/bin/python{prov._PY}": "elf", runtime: "elf",
+             f"{site}/tvm_ffi/lib/libtvm_ffi.so": "elf"}
     if what == "stamp garbage":
         files["stamp.json"] = "[1, 2]"
     elif what == "stamp unreadable":
@@ -27,17 +30,24 @@ def _fake_env(root, what: str) -> None:
         files[f"sysroot/usr/bin/python{prov._PY}"] = ""
     elif what == "missing python":
         del files[f"sysroot/usr/bin/python{prov._PY}"]
+    elif what == "missing runtime lib":
+        del files[runtime]
     for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
 
 
-@pytest.mark.parametrize("what", ["stamp garbage", "stamp unreadable", "missing wrapper",
-                                  "truncated python", "missing python"])
+@pytest.mark.parametrize("what", ["intact", "stamp garbage", "stamp unreadable",
+                                  "missing wrapper", "truncated python", "missing python",
+                                  "missing runtime lib"])
 def test_a_damaged_arm_cache_says_how_to_rebuild_it(tmp_path, monkeypatch, capsys, what):
     monkeypatch.setenv("OPSDK_CACHE", str(tmp_path))
     monkeypatch.delenv("OPSDK_QEMU", raising=False)
     monkeypatch.setattr(prov, "find_qemu", lambda: "/usr/bin/qemu-aarch64-static")
     _fake_env(tmp_path / "arm", what)
+    if what == "intact":  # the control: every file a run needs is there
+        assert prov.arm_env().root == tmp_path / "arm"
+        return
     with pytest.raises(RuntimeError, match=r"missing, incomplete or damaged.*--force"):
         prov.arm_env()
 
@@ -64,3 +74,25 @@ def test_setup_without_apt_get_names_the_packages_not_root(monkeypatch):
     with pytest.raises(RuntimeError, match="has no apt-get") as e:
         prov._ensure_host_tools(lambda *_: None)
     assert "run as root" not in str(e.value) and "qemu-user-static" in str(e.value)
+
+
+def test_a_guest_server_that_dies_at_start_up_says_why_in_one_line(tmp_path):
+    # The guest interpreter stands in for one whose TVM runtime cannot load.
+    from opsdk.runners.emulated import _GuestServer
+
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
+                    "echo 'RuntimeError: Cannot find library libtvm_runtime.so; searched:'\n"
+                    "echo '  /usr/local/lib'\nexit 1\n")
+    fake.chmod(0o755)
+    env = prov.ArmEnv(root=tmp_path, sysroot=tmp_path, python=fake, qemu="/bin/true")
+    server = _GuestServer(env, None, "127.0.0.1", 0, "")
+    try:
+        with pytest.raises(RuntimeError) as e:
+            server.start(30)
+    finally:
+        server.cleanup()
+    msg = str(e.value)
+    assert "exited with status 1 during start-up (RuntimeError: Cannot find library " \
+           "libtvm_runtime.so" in msg and "opsdk setup arm --force" in msg
+    assert "\n" not in msg and "{tail}" not in msg
