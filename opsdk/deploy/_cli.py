@@ -168,6 +168,9 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--repeats", type=positive_int, default=10,
                    help="warm runs timed on the device (default 10)")
+    s.add_argument("--threads", type=positive_int,
+                   help="TVM threads for a run on this host (default: every core); a board "
+                   "uses what its rpc_server was started with (TVM_NUM_THREADS there)")
     s.add_argument("--json", metavar="PATH", type=output_path, help="also write the result")
 
 
@@ -180,6 +183,10 @@ def run_run_command(args: argparse.Namespace) -> int:
 
     if args.tracker and not args.key:
         raise _usage("--tracker needs --key (the device key registered with the tracker)")
+    import os
+
+    # TVM sizes its pool to half the logical CPUs on x86 unless told (before it starts).
+    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads or os.cpu_count() or 1))
     try:
         res = run_artifact(args.artifact, rpc=args.rpc, tracker=args.tracker, key=args.key,
                            emulate=args.emulate, qemu_cpu=args.qemu_cpu, inputs=args.inputs,

@@ -214,7 +214,9 @@ def run_artifact(
         With other than the stored inputs the host build in the artifact gives the expected
         outputs, and the framework is not compared.
     repeats
-        Warm runs timed on the device (their median is reported).
+        Warm runs timed on the device (their median is reported). On the host TVM's pool
+        decides the threads (``TVM_NUM_THREADS``, set before TVM's first parallel call; the
+        CLI sets every core); the result's ``latency.threads`` says how many ran.
 
     Returns
     -------
@@ -293,6 +295,10 @@ def run_artifact(
                 row[f"vs_{what}"] = c
         outputs.append(row)
     emulated = "qemu" in str(info.get("device", ""))
+    if isinstance(runner, LocalRunner):
+        import tvm_ffi
+
+        timing = {**timing, "threads": int(tvm_ffi.get_global_func("runtime.NumThreads")())}
     return {
         "ok": bool(ok),
         "artifact": str(root),
@@ -327,9 +333,11 @@ def format_run(res: Mapping[str, Any]) -> str:
         lines.append(f"  {o['name']} {o['dtype']}{o['shape']}: " + "; ".join(checks))
     lat = res["latency"]
     if lat.get("median_ms") is not None:
+        n = lat.get("threads")
+        threads = f", {n} thread{'s' if n != 1 else ''}" if n else ""
         lines.append(f"latency: first run {lat['first_ms']:.3f} ms (host wall clock), warm "
                      f"median {lat['median_ms']:.3f} ms over {len(lat['samples_ms'])} runs "
-                     "(timed on the device)")
+                     f"(timed on the device{threads})")
     if res.get("warning"):
         lines.append(f"warning: {res['warning']}")
     lines.append("PASS" if res["ok"] else f"FAIL: outputs outside tolerance (atol={ATOL:g}*"
