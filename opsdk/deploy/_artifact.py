@@ -72,13 +72,21 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise ArtifactError(f"{path}: format {got!r}, this opsdk reads {MANIFEST_FORMAT!r}; "
                             "rebuild the artifact with this opsdk")
-    lib = root / m["library"]["file"]
+    try:
+        lib = root / m["library"]["file"]
+        want = str(m["library"]["sha256"])
+        missing = [k for k in ("target", "inputs", "outputs", "check") if k not in m]
+        if missing:
+            raise KeyError(missing[0])
+    except (KeyError, TypeError):
+        raise ArtifactError(f"{path} is incomplete (written by hand or cut short); rebuild "
+                            "the artifact") from None
     if not lib.is_file():
         raise ArtifactError(f"{lib} is missing; rebuild the artifact")
     digest = _sha256(lib)
-    if digest != m["library"]["sha256"]:
+    if digest != want:
         raise ArtifactError(f"{lib} does not match its manifest (sha256 {digest[:12]}..., "
-                            f"manifest {m['library']['sha256'][:12]}...): the file was "
+                            f"manifest {want[:12]}...): the file was "
                             "changed or damaged; rebuild the artifact")
     return m
 
@@ -428,10 +436,9 @@ def build_artifact(
         Quantize the dense layers to int8 first (:func:`opsdk.quant.quantize_model`): True
         or a :class:`opsdk.quant.QuantConfig`; ``calibration`` are its inputs (an iterable
         of input lists, or a count of random normal samples shaped like the example inputs;
-        default 32). The manifest records the
-        int8 layers and the model's agreement with float; ``opsdk run`` then checks the
-        device against the int8 host build and reports the framework's float output as
-        information.
+        default 32). The manifest records the int8 layers and the model's agreement with
+        float; ``opsdk run`` then checks the device against the int8 host build and reports
+        the framework's float output as information.
     force
         Replace an earlier artifact in ``out_dir``.
     with_runtime

@@ -155,8 +155,8 @@ def find_sites(mod: Any) -> list[QuantSite]:
         ty = x.ty
         if (w_kn is None or w_kn.ndim != 2 or str(w_kn.dtype) != "float32"
                 or not isinstance(ty, relax.TensorType) or str(ty.dtype) != "float32"
-                or not isinstance(x, relax.Var)):
-            continue
+                or ty.ndim < 2 or not isinstance(x, relax.Var)):
+            continue  # (a vector times a matrix stays float: qdense takes rows)
         root, bias, gelu = var, None, False
         us = users.get(var, [])
         if len(us) == 1:

@@ -179,6 +179,13 @@ def test_damaged_artifact_and_wrong_device_are_clear_errors(art, tmp_path, capsy
     assert "rebuild the artifact" in capsys.readouterr().err
     assert cli(["run", str(tmp_path)]) == 2
     assert "not an opsdk artifact" in capsys.readouterr().err
+    cut = tmp_path / "cut"
+    shutil.copytree(art, cut)
+    m = json.loads((cut / "manifest.json").read_text())
+    del m["outputs"]
+    (cut / "manifest.json").write_text(json.dumps(m))
+    assert cli(["run", str(cut)]) == 2
+    assert "is incomplete" in capsys.readouterr().err
     assert cli(["run", str(art), "--emulate"]) == 2
     assert "--emulate runs aarch64 artifacts" in capsys.readouterr().err
     m = json.loads((art / "manifest.json").read_text())
