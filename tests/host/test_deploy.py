@@ -262,3 +262,14 @@ def test_int8_artifact_checks_the_device_against_its_int8_host_build(tmp_path, c
     # Pass/fail is against the int8 host build; torch's float output is information.
     assert res["ok"] and out["vs_host"]["bitexact"]
     assert out["vs_torch"]["informational"] and out["vs_torch"]["rel_rmse"] < 0.02
+
+
+def test_onnx_file_builds_and_is_checked_against_onnxruntime(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (torch.randn(3, 16),), str(path), dynamo=False)
+    m = build_artifact(str(path), tmp_path / "art", target="x86", log=None)
+    assert m["model"]["framework"] == "onnxruntime"
+    res = run_artifact(tmp_path / "art", repeats=1, log=None)
+    assert res["ok"] and res["outputs"][0]["vs_onnxruntime"]["ok"]
