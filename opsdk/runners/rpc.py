@@ -301,6 +301,12 @@ class RPCRunner(Runner):
     ) -> list[np.ndarray]:
         # Runs in a helper thread (see call_with_timeout).
         self._phase = "connect"
+        if session is not None and not self._alive(session):
+            # The server went away between calls (restarted, the board rebooted): the old
+            # session is dead before anything of this call ran, so open a new one.
+            session = None
+            if generation == self._generation:
+                self._session = None
         if session is None:
             session = _Session(self._connect())
             if generation == self._generation:  # not abandoned by a time-out meanwhile
@@ -323,6 +329,16 @@ class RPCRunner(Runner):
 
         self._phase = "run"
         return run_on_device(slot[0], vm, session.dev, inputs, entry, outputs, timing)
+
+    @staticmethod
+    def _alive(session: _Session) -> bool:
+        """One round trip on a kept session (a lookup of a function every TVM RPC server
+        registers); False when the other end is gone."""
+        try:
+            session.sess.get_function("tvm.rpc.server.upload")
+        except Exception:
+            return False
+        return True
 
     def _lost_hint(self) -> str:
         return (

@@ -25,10 +25,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _standalone_server(cpu: str = "cortex-a72") -> Iterator[tuple[subprocess.Popen, int]]:
+def _standalone_server(cpu: str = "cortex-a72", port: int | None = None
+                       ) -> Iterator[tuple[subprocess.Popen, int]]:
     """``python -m opsdk.runners.emulated``: the RPC server a board would run (here under
-    qemu), started on a free port; yields ``(process, port)`` once it listens, and stops it."""
-    port = _free_port()
+    qemu), started on ``port`` (default: a free one); yields ``(process, port)`` once it
+    listens, and stops it."""
+    port = port or _free_port()
     path = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     cmd = [sys.executable, "-m", "opsdk.runners.emulated", "--host", "127.0.0.1"]

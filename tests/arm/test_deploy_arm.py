@@ -111,3 +111,21 @@ def test_run_over_rpc_to_a_board_server(transformer, standalone_server, capsys):
     # Nothing listening: one clear line, no hang.
     assert cli(["run", str(transformer), "--rpc", f"127.0.0.1:{port}"]) == 2
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_rpc_runner_reconnects_after_the_board_server_restarts(transformer, standalone_server):
+    """A board's rpc_server restarted between two runs (a reboot, a crash): the next run
+    opens a new session instead of failing on the dead one."""
+    from opsdk.runners import runner_for
+
+    x = np.fromfile(transformer / "check" / "inputs" / "x.bin", "float32").reshape(2, 16, 64)
+    lib = transformer / "model.so"
+    with standalone_server("cortex-a72") as (_, port):
+        runner = runner_for("arm", rpc=f"127.0.0.1:{port}")
+        (first,) = runner.run(lib, [x])
+    try:
+        with standalone_server("cortex-a72", port=port):
+            (again,) = runner.run(lib, [x])
+    finally:
+        runner.close()
+    assert np.array_equal(first, again)
