@@ -9,8 +9,8 @@ import pathlib
 
 from ._files import check_can_create
 
-__all__ = ["host_port", "nonneg_int", "output_path", "positive_float", "positive_int",
-           "split_host_port"]
+__all__ = ["host_port", "model_file", "nonneg_int", "output_path", "positive_float",
+           "positive_int", "split_host_port"]
 
 
 def positive_int(text: str) -> int:
@@ -96,4 +96,13 @@ def output_path(text: str) -> str:
     except OSError as e:
         raise argparse.ArgumentTypeError(
             f"{text}: cannot create files in {parent} ({e.strerror or e})") from None
+    return text
+
+
+def model_file(text: str) -> str:
+    """A model to load: a file (``.py``, ``.pt2``, ``.onnx``, or any path with a ``/``), which
+    must exist, or the name of an importable Python module."""
+    looks_like_file = text.endswith((".py", ".pt2", ".onnx")) or "/" in text
+    if not text.strip() or (looks_like_file and not pathlib.Path(text).is_file()):
+        raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")
     return text

@@ -11,9 +11,9 @@ import argparse
 import json
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from opsdk._cliargs import output_path
+from opsdk._cliargs import model_file, output_path
 
 __all__ = ["main"]
 
@@ -106,8 +106,6 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     spec = args.model
-    if not spec.endswith(".onnx") and not pathlib.Path(spec).exists() and "/" in spec:
-        raise UsageError(f"model file {spec!r} does not exist")
     try:
         entry_args = opsdk.model.parse_entry_args(args.model_arg)
     except ValueError as e:
@@ -242,7 +240,7 @@ def _args_list(s: argparse.ArgumentParser) -> None:
 def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("op", nargs="?", help="an op name (or use --model)")
     s.add_argument(
-        "--model", metavar="FILE",
+        "--model", metavar="FILE", type=model_file,
         help="report every kernel of a compiled model: kind, rule, vector/parallel facts, "
         "vector instructions, share of the run time (host)",
     )
@@ -297,52 +295,32 @@ def _args_setup(s: argparse.ArgumentParser) -> None:
     s.set_defaults(fn=_cmd_setup)
 
 
-def _args_bench(s: argparse.ArgumentParser) -> None:
-    from opsdk.bench import add_bench_arguments, run_bench_command
-
-    add_bench_arguments(s)
-    s.set_defaults(fn=run_bench_command)
-
-
-def _args_drift(s: argparse.ArgumentParser) -> None:
-    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
-
-    add_drift_arguments(s)
-    s.set_defaults(fn=run_drift_command)
+#: Commands whose arguments and runner live in their concept's module, imported only when
+#: the command is chosen: name -> (module, add-arguments function, command function).
+_LAZY_COMMANDS = {
+    "bench": ("opsdk.bench", "add_bench_arguments", "run_bench_command"),
+    "drift": ("opsdk.frontend._cli", "add_drift_arguments", "run_drift_command"),
+    "verify": ("opsdk.verify._cli", "add_verify_arguments", "run_verify_command"),
+    "build": ("opsdk.deploy._cli", "add_build_arguments", "run_build_command"),
+    "run": ("opsdk.deploy._cli", "add_run_arguments", "run_run_command"),
+    "quantize": ("opsdk.quant._cli", "add_quantize_arguments", "run_quantize_command"),
+}
 
 
-def _args_build(s: argparse.ArgumentParser) -> None:
-    from opsdk.deploy._cli import add_build_arguments, run_build_command
+def _lazy_args(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(s: argparse.ArgumentParser) -> None:
+        import importlib
 
-    add_build_arguments(s)
-    s.set_defaults(fn=run_build_command)
+        module, add_args, command = _LAZY_COMMANDS[name]
+        m = importlib.import_module(module)
+        getattr(m, add_args)(s)
+        s.set_defaults(fn=getattr(m, command))
 
-
-def _args_run(s: argparse.ArgumentParser) -> None:
-    from opsdk.deploy._cli import add_run_arguments, run_run_command
-
-    add_run_arguments(s)
-    s.set_defaults(fn=run_run_command)
-
-
-def _args_quantize(s: argparse.ArgumentParser) -> None:
-    from opsdk.quant._cli import add_quantize_arguments, run_quantize_command
-
-    add_quantize_arguments(s)
-    s.set_defaults(fn=run_quantize_command)
-
-
-def _args_verify(s: argparse.ArgumentParser) -> None:
-    from opsdk.verify._cli import add_verify_arguments, run_verify_command
-
-    add_verify_arguments(s)
-    s.set_defaults(fn=run_verify_command)
+    return add
 
 
 _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
-         "setup": _args_setup, "bench": _args_bench, "drift": _args_drift,
-         "verify": _args_verify, "build": _args_build, "run": _args_run,
-         "quantize": _args_quantize}
+         "setup": _args_setup, **{n: _lazy_args(n) for n in _LAZY_COMMANDS}}
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:

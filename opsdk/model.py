@@ -47,6 +47,8 @@ from .targets import target as resolve_target
 from .targets import target_arch
 
 __all__ = [
+    "ATOL",
+    "RTOL",
     "SERIAL_LIMIT",
     "CompiledModel",
     "KernelReport",
@@ -59,10 +61,38 @@ __all__ = [
     "parse_entry_args",
     "report",
     "scheduled_kernels",
+    "within_tolerance",
 ]
 
 #: A kernel writing more output elements than this must not be serial scalar code.
 SERIAL_LIMIT = 4096
+
+#: A compiled model's float outputs against another run of the same float32 computation
+#: (torch eager, onnxruntime, the host build on another ISA): |got - ref| <= ATOL *
+#: max(1, max|ref|) + RTOL * |ref|. Both round in float32 but sum in other orders (matmul
+#: and conv reductions of up to a few thousand terms, norms over the feature axis, other
+#: vector widths); observed differences are ~1e-6.
+ATOL, RTOL = 1e-4, 1e-4
+
+
+def within_tolerance(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """``{"ok", "max_abs", "max_rel"}`` of float outputs ``got`` against ``ref`` under
+    :data:`ATOL` / :data:`RTOL`; a NaN must be where the reference has one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.model import within_tolerance
+    >>> within_tolerance(np.float32([1.0, 2.00001]), np.float32([1.0, 2.0]))["ok"]
+    True
+    """
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    err = np.abs(g - r)
+    scale = float(np.nanmax(np.abs(r), initial=0.0))
+    bound = ATOL * max(1.0, scale) + RTOL * np.abs(r)
+    ok = bool(np.all(np.isnan(g) == np.isnan(r)) and np.all((err <= bound) | np.isnan(r)))
+    worst = float(np.nanmax(err, initial=0.0))
+    return {"ok": ok, "max_abs": worst, "max_rel": worst / scale if scale else 0.0}
 
 
 # ---------------------------------------------------------------------------------- loading

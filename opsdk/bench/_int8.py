@@ -15,23 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from ..quant import agreement
 from ._model import _interleave, _ratio, _vm_timed, ort_session, setup_threads
 from ._run import _py_step, _Timer
 
-__all__ = ["agreement", "run_int8_bench"]
-
-
-def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
-    """Relative RMSE, cosine and max abs of ``got`` against ``ref`` (the float model), and
-    for a 2-d output (a classifier-like head) the share of rows with the same arg-max."""
-    g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
-    e = g - r
-    out = {"rel_rmse": float(np.sqrt(np.mean(e**2)) / (np.sqrt(np.mean(r**2)) or 1.0)),
-           "cosine": float(g @ r / ((np.linalg.norm(g) * np.linalg.norm(r)) or 1.0)),
-           "max_abs": float(np.abs(e).max())}
-    if ref.ndim == 2 and ref.shape[1] > 1:
-        out["top1_agreement"] = float(np.mean(got.argmax(1) == ref.argmax(1)))
-    return out
+__all__ = ["run_int8_bench"]
 
 
 def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],

@@ -110,11 +110,10 @@ def _ratio(timers: Mapping[str, _Timer], c: str, base: str = "opsdk") -> float |
 
 
 def _agree(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
-    """The examples' float32 tolerance: |got - ref| <= 1e-4 max(1, max|ref|) + 1e-4 |ref|."""
-    err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    ok = bool(np.all(err <= 1e-4 * max(1.0, scale) + 1e-4 * np.abs(ref)))
-    return {"max_abs": float(err.max()) if err.size else 0.0, "ok": ok}
+    """The examples' float32 tolerance (:func:`opsdk.model.within_tolerance`)."""
+    from ..model import within_tolerance
+
+    return within_tolerance(got, ref)
 
 
 def run_model_bench(

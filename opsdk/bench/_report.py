@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cliargs import host_port, output_path, positive_float, positive_int
+from .._cliargs import host_port, model_file, output_path, positive_float, positive_int
 from .._files import write_text_atomic
 
 __all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
@@ -236,7 +236,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--shapes)",
     )
     parser.add_argument(
-        "--model", action="append", metavar="FILE",
+        "--model", action="append", metavar="FILE", type=model_file,
         help="benchmark a whole model end to end (opsdk vs TVM default, torch eager, "
         "onnxruntime): a Python file whose ENTRY returns (torch module, example args), or an "
         ".onnx file (repeatable)",
@@ -431,10 +431,6 @@ def _bench_models(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"opsdk bench: error: {e}", file=sys.stderr)
         return 2
-    for m in models:
-        if not m.endswith(".onnx") and not os.path.exists(m) and "/" in m:
-            print(f"opsdk bench: error: model file {m!r} does not exist", file=sys.stderr)
-            return 2
     try:
         if models:
             rows = run_model_bench(

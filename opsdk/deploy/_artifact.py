@@ -236,13 +236,12 @@ def _with_upper_bounds(mod: Any, func: Any, bounds: dict[str, int],
 
 
 def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray],
-              say: Callable[[str], Any]) -> tuple[Any, dict[str, Any]]:
-    import tvm
-    from tvm import relax
-
-    from ..bench._int8 import agreement
+              say: Callable[[str], Any]) -> tuple[Any, dict[str, Any], list[np.ndarray]]:
+    """The int8 module, what the manifest records of it, and the float model's outputs on
+    ``inputs`` (the int8 host build, compiled once by the caller, is compared with them)."""
     from ..model import compile_model
     from ..quant import QuantConfig, quantize_model
+    from ..runners import LocalRunner
 
     cfg = int8 if isinstance(int8, QuantConfig) else QuantConfig()
     if calibration is None or isinstance(calibration, int):
@@ -254,20 +253,12 @@ def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray
     if not qm.quantized:
         raise ArtifactError("--int8: the model has no dense layer with a constant float32 "
                             "weight to quantize")
-
-    def first(o: Any) -> np.ndarray:
-        while not isinstance(o, tvm.runtime.Tensor):
-            o = o[0]
-        return o.numpy()
-
-    args = [tvm.runtime.tensor(a) for a in inputs]
-    ref = first(relax.VirtualMachine(compile_model(mod, "host").ex, tvm.cpu())["main"](*args))
-    got = first(relax.VirtualMachine(compile_model(qm.mod, "host").ex, tvm.cpu())["main"](
-        *args))
+    with LocalRunner() as host:
+        float_out = host.run(compile_model(mod, "host").ex, inputs)
     info = {"int8_layers": qm.quantized, "float_layers": list(qm.config.keep_float),
             "config": {k: v for k, v in qm.config.__dict__.items() if k != "keep_float"},
-            "vs_float": agreement(got, ref), "layers": qm.sensitivity()}
-    return qm.mod, info
+            "layers": qm.sensitivity()}
+    return qm.mod, info, float_out
 
 
 def _constants_bytes(mod: Any) -> int:
@@ -310,19 +301,16 @@ def needed_features(tgt: Any) -> list[str]:
 
 
 def _export(ex: Any, path: Path, arch: str) -> None:
-    from ..runners._provision import find_cross_cxx
-    from ..runners.local import host_arch
+    from ..runners._provision import cross_compiler
 
-    if arch == host_arch():
-        ex.export_library(str(path))
-        return
-    if arch != "aarch64":
-        raise ArtifactError(f"no cross compiler known for {arch}; build on a {arch} machine")
-    cc = find_cross_cxx()
+    try:
+        cc = cross_compiler(arch)
+    except RuntimeError as e:
+        raise ArtifactError(str(e)) from None
     if cc is None:
-        raise ArtifactError("exporting for aarch64 needs aarch64-linux-gnu-g++: run "
-                            "`opsdk setup arm` (or apt-get install g++-aarch64-linux-gnu)")
-    ex.export_library(str(path), cc=cc)
+        ex.export_library(str(path))
+    else:
+        ex.export_library(str(path), cc=cc)
 
 
 def _flatten(value: Any) -> list[np.ndarray]:
@@ -453,10 +441,11 @@ def build_artifact(
         The manifest written to ``out_dir/manifest.json``.
     """
     import tvm
-    from tvm import relax
 
     from .. import __version__
     from ..model import compile_model, load_model, scheduled_kernels
+    from ..quant import agreement
+    from ..runners import LocalRunner
     from ..runners.local import host_arch
     from ..targets import target as resolve_target
     from ..targets import target_arch
@@ -490,9 +479,9 @@ def build_artifact(
     if max_dims:
         mod = _with_upper_bounds(mod, func, dict(max_dims), inputs)
         func = mod["main"]
-    quant_info = None
+    quant_info, float_out = None, None
     if int8:
-        mod, quant_info = _quantize(mod, int8, calibration, inputs, say)
+        mod, quant_info, float_out = _quantize(mod, int8, calibration, inputs, say)
         func = mod["main"]
 
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
@@ -503,9 +492,10 @@ def build_artifact(
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
     host_cm = cm if same_host else compile_model(mod, host_tgt)
 
-    vm = relax.VirtualMachine(host_cm.ex, tvm.cpu())
-    host_out = [o.numpy() for o in _vm_outputs(vm["main"](*[tvm.runtime.tensor(a)
-                                                            for a in inputs]))]
+    with LocalRunner() as host:
+        host_out = host.run(host_cm.ex, inputs)
+    if quant_info is not None:
+        quant_info["vs_float"] = agreement(host_out[0], float_out[0])
     framework, fw_out = _framework_outputs(loaded, inputs)
     ins, outs = _io_specs(func, inputs, host_out)
 
@@ -579,14 +569,6 @@ def build_artifact(
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest
-
-
-def _vm_outputs(value: Any) -> list[Any]:
-    import tvm
-
-    if isinstance(value, tvm.runtime.Tensor):
-        return [value]
-    return [t for v in value for t in _vm_outputs(v)]
 
 
 def _fix_modes(root: Path) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .._cliargs import host_port, output_path, positive_int
+from .._cliargs import host_port, model_file, output_path, positive_int
 
 __all__ = ["add_build_arguments", "add_run_arguments", "run_build_command",
            "run_run_command"]
@@ -20,7 +20,8 @@ def _usage(msg: str) -> Exception:
 
 def add_build_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk build``."""
-    s.add_argument("model", help="a Python file with a build_model() entry (like the "
+    s.add_argument("model", type=model_file,
+                   help="a Python file with a build_model() entry (like the "
                    "examples), a torch.export .pt2 file, or an .onnx file")
     s.add_argument("-o", "--out", required=True, metavar="FOLDER",
                    help="the artifact folder to write (new or empty; --force replaces an "
@@ -74,15 +75,10 @@ def _max_dims(items: list[str] | None) -> dict[str, int]:
 
 def run_build_command(args: argparse.Namespace) -> int:
     """``opsdk build``."""
-    import pathlib
-
     from ..model import parse_entry_args
     from ._artifact import ArtifactError, build_artifact
 
     spec = args.model
-    if not pathlib.Path(spec).exists() and (spec.endswith((".py", ".pt2", ".onnx"))
-                                            or "/" in spec):
-        raise _usage(f"model file {spec!r} does not exist")
     try:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:

@@ -11,13 +11,8 @@ import numpy as np
 
 from ._artifact import ArtifactError, _log_to, read_manifest
 
-__all__ = ["ATOL", "RTOL", "FeatureMismatch", "device_features", "format_run", "run_artifact"]
+__all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact"]
 
-#: Device vs host build (and vs the framework), float outputs: |d - h| <= ATOL * max(1,
-#: max|h|) + RTOL * |h|. Both round in float32 but sum in different orders (other vector
-#: widths on another ISA, other tile edges); observed differences are ~1e-6 (the examples'
-#: tolerance against torch, examples/_harness.py). Integer outputs must be equal.
-ATOL, RTOL = 1e-4, 1e-4
 
 # Linux aarch64 getauxval(AT_HWCAP = 16) / (AT_HWCAP2 = 26) bits -> LLVM feature names.
 _HWCAP = {"neon": (0, 1), "fullfp16": (0, 10), "dotprod": (0, 20), "sve": (0, 22),
@@ -78,14 +73,11 @@ def _compare(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     if np.issubdtype(ref.dtype, np.integer):
         diff = int(np.max(np.abs(got.astype(np.int64) - ref.astype(np.int64)), initial=0))
         return {"ok": diff == 0, "max_abs": diff}
-    g, r = got.astype(np.float64), ref.astype(np.float64)
-    err = np.abs(g - r)
-    scale = float(np.max(np.abs(r), initial=0.0))
-    bound = ATOL * max(1.0, scale) + RTOL * np.abs(r)
-    same_nan = np.isnan(g) == np.isnan(r)
-    ok = bool(np.all(same_nan) and np.all((err <= bound) | np.isnan(r)))
-    return {"ok": ok, "max_abs": float(np.nanmax(err, initial=0.0)),
-            "max_rel": float(np.nanmax(err, initial=0.0) / scale) if scale else 0.0,
+    # Float outputs: the same float32 math summed in other orders (another ISA, other tile
+    # edges) is within the model tolerance; the same library on the same ISA is bit-exact.
+    from ..model import within_tolerance
+
+    return {**within_tolerance(got, ref),
             "bitexact": bool(np.array_equal(got, ref, equal_nan=True))}
 
 
@@ -231,6 +223,7 @@ def run_artifact(
         A bad artifact or input; :class:`FeatureMismatch` when the device lacks a feature the
         code needs (before anything of the model runs there).
     """
+    from ..quant import agreement
     from ..runners import LocalRunner
 
     say = _log_to(log)
@@ -287,8 +280,6 @@ def run_artifact(
                 if int8 and what != "host":
                     # An int8 model differs from the float framework by its quantization
                     # error: information (the build measured it), not a pass/fail check.
-                    from ..bench._int8 import agreement
-
                     c = {**agreement(g, np.asarray(refs[i])), "informational": True}
                 else:
                     ok = ok and c["ok"]
@@ -340,6 +331,8 @@ def format_run(res: Mapping[str, Any]) -> str:
                      f"(timed on the device{threads})")
     if res.get("warning"):
         lines.append(f"warning: {res['warning']}")
+    from ..model import ATOL, RTOL
+
     lines.append("PASS" if res["ok"] else f"FAIL: outputs outside tolerance (atol={ATOL:g}*"
                  f"max(1,|ref|max) + rtol={RTOL:g}*|ref|)")
     return "\n".join(lines)

@@ -54,14 +54,14 @@ def runtime_paths(arch: str = "host") -> dict[str, list[Path]]:
     if arch in ("host", host_arch()):
         roots = [_dist("tvm") / "lib", ffi / "lib"]
     elif arch == "aarch64":
-        from ..runners._provision import arm_env
+        from ..runners._provision import arm_env, site_packages
 
         try:
             env = arm_env()
         except RuntimeError as e:
             raise RuntimeError(f"the aarch64 TVM runtime comes with the emulation set-up: {e}"
                                ) from None
-        site = env.sysroot / "usr" / "local" / "lib" / "python3.11" / "dist-packages"
+        site = site_packages(env.sysroot)
         roots = [site / "tvm" / "lib", site / "tvm_ffi" / "lib"]
     else:
         raise RuntimeError(f"no TVM runtime known for {arch!r}; use host or aarch64")

@@ -2,19 +2,8 @@
 weights per channel, and the drift of one layer against float32.
 
 The integer semantics are exactly those of the ``quantize`` / ``qdense`` ops, so parameters
-produced here plug straight into ``opsdk.relax.qdense(...)``.
-
-Examples
---------
->>> import numpy as np
->>> from opsdk.quant import calibrate, quantize_dense
->>> rng = np.random.default_rng(0)
->>> xs = [rng.normal(size=(16, 32)).astype("float32") for _ in range(4)]
->>> w = rng.normal(size=(8, 32)).astype("float32") * 0.1
->>> act = calibrate(xs, method="minmax")
->>> qd = quantize_dense(w, np.zeros(8, "float32"), act)
->>> qd.drift(xs)["rel_rmse"] < 0.05
-True
+produced here plug straight into ``opsdk.relax.qdense(...)``
+(examples: :mod:`opsdk.quant`).
 """
 
 from __future__ import annotations

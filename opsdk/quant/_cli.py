@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .._cliargs import output_path, positive_int
+from .._cliargs import model_file, output_path, positive_int
 
 __all__ = ["add_quantize_arguments", "run_quantize_command"]
 
@@ -24,7 +24,8 @@ def _usage(msg: str) -> Exception:
 
 def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk quantize``."""
-    s.add_argument("model", help="a Python file with a build_model() entry (like the "
+    s.add_argument("model", type=model_file,
+                   help="a Python file with a build_model() entry (like the "
                    "examples), a .pt2 file or an .onnx file")
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
@@ -129,20 +130,13 @@ def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> Non
 
 def run_quantize_command(args: argparse.Namespace) -> int:
     """``opsdk quantize``: exit 0 when quantized, 2 on a usage error."""
-    import pathlib
-
-    import tvm
-    from tvm import relax
-
     from .._files import write_text_atomic
-    from ..bench._int8 import agreement
+    from ..bench._model import setup_threads
     from ..model import compile_model, load_model, parse_entry_args
-    from . import QuantConfig, quantize_model
+    from ..runners import LocalRunner
+    from . import QuantConfig, agreement, quantize_model
 
     spec = args.model
-    if not pathlib.Path(spec).exists() and (spec.endswith((".py", ".pt2", ".onnx"))
-                                            or "/" in spec):
-        raise _usage(f"model file {spec!r} does not exist")
     mp: int | float | None = None
     if args.mixed_precision is not None:
         try:
@@ -153,6 +147,9 @@ def run_quantize_command(args: argparse.Namespace) -> int:
         if mp < 0 or (isinstance(mp, float) and not 0 < mp < 1):
             raise _usage(f"--mixed-precision {args.mixed_precision!r}: a count of layers "
                          "(0, 1, 2, ...) or a relative-RMSE threshold in (0, 1)")
+    # Before TVM's pool starts (calibration runs the model): every runtime gets the same
+    # threads, as the benchmark reports.
+    setup_threads(args.threads)
     try:
         entry_args = parse_entry_args(args.model_arg)
         loaded = load_model(spec, entry=args.entry, entry_args=entry_args,
@@ -185,19 +182,20 @@ def run_quantize_command(args: argparse.Namespace) -> int:
     rows = qm.sensitivity()
     keep = list(qm.config.keep_float)
     print(format_sensitivity(rows, keep))
-    # End to end: the int8 model against the float one on the example inputs.
-    f_ex = compile_model(loaded.opsdk_mod, "host").ex
-    q_ex = compile_model(qm.mod, "host").ex
-    args_t = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in loaded.inputs]
+    # End to end: the int8 model against the float one on the example inputs (the bench
+    # compiles and runs both anyway).
+    bench = None
+    if args.bench:
+        from ..bench._int8 import run_int8_bench
 
-    def first(o: Any) -> np.ndarray:
-        while not isinstance(o, tvm.runtime.Tensor):
-            o = o[0]
-        return o.numpy()
-
-    ref = first(relax.VirtualMachine(f_ex, tvm.cpu())["main"](*args_t))
-    got = first(relax.VirtualMachine(q_ex, tvm.cpu())["main"](*args_t))
-    e2e = agreement(got, ref)
+        bench = run_int8_bench(loaded, qm, calib_kept, threads=args.threads,
+                               repeats=args.repeats)
+        e2e = bench["agreement"]["opsdk_int8"]
+    else:
+        with LocalRunner() as host:
+            ref = host.run(compile_model(loaded.opsdk_mod, "host").ex, loaded.inputs)[0]
+            got = host.run(compile_model(qm.mod, "host").ex, loaded.inputs)[0]
+        e2e = agreement(got, ref)
     print(f"int8 layers: {len(qm.quantized)} of {len(qm.sites)}"
           + (f" (float: {', '.join(keep)})" if keep else "")
           + f"; model output vs float: relative RMSE {e2e['rel_rmse'] * 100:.2f}%, cosine "
@@ -207,11 +205,8 @@ def run_quantize_command(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"model": spec, "config": qm.config.__dict__ | {
         "keep_float": keep}, "calibration_samples": total, "layers": rows,
         "quantized": qm.quantized, "end_to_end": e2e}
-    if args.bench:
-        from ..bench._int8 import run_int8_bench
-
-        b = run_int8_bench(loaded, qm, calib_kept, threads=args.threads, repeats=args.repeats)
-        report["bench"] = b
+    if bench is not None:
+        b = report["bench"] = bench
         print(f"threads {b['threads']}; median ms (x: opsdk int8's speed-up over it)")
         for c, ms in b["ms"].items():
             x = b["speedup"].get(c)

@@ -28,6 +28,7 @@ __all__ = [
     "QuantConfig",
     "QuantSite",
     "QuantizedModel",
+    "agreement",
     "find_sites",
     "quantize_model",
     "sensitivity",
@@ -218,8 +219,7 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
     vm = relax.VirtualMachine(ex, tvm.cpu())
     rng = np.random.default_rng(0)
     for s in sites:
-        s.stats = {"lo": np.inf, "hi": -np.inf, "sample": [], "kept": 0, "seen": 0,
-                   "inputs": []}
+        s.stats = {"lo": np.inf, "hi": -np.inf, "sample": [], "inputs": []}
     n = 0
     for batch in batches:
         arrays = [batch] if isinstance(batch, np.ndarray) else list(batch)
@@ -229,7 +229,6 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
             st = s.stats
             st["lo"], st["hi"] = min(st["lo"], float(a.min())), max(st["hi"], float(a.max()))
             flat = a.ravel()
-            st["seen"] += flat.size
             # A bounded sample: up to 1/16 of the budget per batch, thinned uniformly when
             # it reaches twice the budget (later batches weigh a little more; min and max
             # stay exact).
@@ -237,11 +236,9 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
             take = flat if flat.size <= per_batch else rng.choice(flat, per_batch,
                                                                   replace=False)
             st["sample"].append(take.astype(np.float32))
-            st["kept"] += take.size
-            if st["kept"] > 2 * cfg.samples_per_site:
-                pool = rng.choice(np.concatenate(st["sample"]), cfg.samples_per_site,
-                                  replace=False)
-                st["sample"], st["kept"] = [pool], pool.size
+            if sum(x.size for x in st["sample"]) > 2 * cfg.samples_per_site:
+                st["sample"] = [rng.choice(np.concatenate(st["sample"]),
+                                           cfg.samples_per_site, replace=False)]
             if len(st["inputs"]) < 4:  # a few whole inputs for the sensitivity report
                 st["inputs"].append(a.reshape(-1, a.shape[-1]).copy())
         n += 1
@@ -277,6 +274,28 @@ class QuantizedModel:
         return sensitivity(self.sites, self.config)
 
 
+def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """Relative RMSE, cosine and max abs of ``got`` against ``ref`` (a float layer or model),
+    and for a 2-d output (a classifier-like head) the share of rows with the same arg-max.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.quant import agreement
+    >>> a = agreement(np.array([[1.0, 2.1]]), np.array([[1.0, 2.0]]))
+    >>> round(a["max_abs"], 3), a["top1_agreement"]
+    (0.1, 1.0)
+    """
+    g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    e = g - r
+    out = {"rel_rmse": float(np.sqrt(np.mean(e**2)) / (np.sqrt(np.mean(r**2)) or 1.0)),
+           "cosine": float(g @ r / ((np.linalg.norm(g) * np.linalg.norm(r)) or 1.0)),
+           "max_abs": float(np.abs(e).max(initial=0.0))}
+    if ref.ndim == 2 and ref.shape[1] > 1:
+        out["top1_agreement"] = float(np.mean(got.argmax(1) == ref.argmax(1)))
+    return out
+
+
 def _site_quant(s: QuantSite, cfg: QuantConfig) -> Any:
     return quantize_dense(s.w_kn.T, s.bias, s.act, per_channel=cfg.weights == "per_channel")
 
@@ -295,20 +314,16 @@ def sensitivity(sites: Sequence[QuantSite], config: QuantConfig | None = None
         if s.act is None or not s.stats.get("inputs"):
             continue
         q = _site_quant(s, cfg)
-        errs, refs, gots = [], [], []
+        refs, gots = [], []
         for x in s.stats["inputs"]:
             ref = x.astype(np.float64) @ s.w_kn.astype(np.float64)
             if s.bias is not None:
                 ref = ref + s.bias
-            got = q.run(x.astype(np.float32)).astype(np.float64)
-            errs.append((got - ref).ravel())
+            gots.append(q.run(x.astype(np.float32)).ravel())
             refs.append(ref.ravel())
-            gots.append(got.ravel())
-        e, r, g = np.concatenate(errs), np.concatenate(refs), np.concatenate(gots)
-        rms_r = float(np.sqrt(np.mean(r**2))) or 1.0
-        cos = float(g @ r / ((np.linalg.norm(g) * np.linalg.norm(r)) or 1.0))
-        rows.append({"site": s.name, "shape": list(s.shape), "max_abs": float(np.abs(e).max()),
-                     "rel_rmse": float(np.sqrt(np.mean(e**2)) / rms_r), "cosine": cos,
+        a = agreement(np.concatenate(gots), np.concatenate(refs))
+        rows.append({"site": s.name, "shape": list(s.shape), "max_abs": a["max_abs"],
+                     "rel_rmse": a["rel_rmse"], "cosine": a["cosine"],
                      "x_range": [s.stats["lo"], s.stats["hi"]]})
     rows.sort(key=lambda r: -r["rel_rmse"])
     return rows

@@ -85,7 +85,6 @@ class Runner(abc.ABC):
     def device_info(self) -> dict[str, Any]:
         """Describe where kernels run: at least ``{"device": str, "arch": str}``."""
 
-    @abc.abstractmethod
     def run(
         self,
         executable: Any,
@@ -98,8 +97,8 @@ class Runner(abc.ABC):
 
         Parameters
         ----------
-        executable : tvm.runtime.Executable
-            What ``tvm.compile`` returned.
+        executable : tvm.runtime.Executable or path
+            What ``tvm.compile`` returned, or a library exported already (a path).
         inputs : sequence of numpy.ndarray
             Positional inputs (float32/float16/bfloat16/int8/int32/... arrays).
         entry : str
@@ -113,6 +112,7 @@ class Runner(abc.ABC):
         -------
         list of numpy.ndarray
         """
+        return self._run(executable, inputs, entry, outputs, None)
 
     def run_timed(
         self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
@@ -125,7 +125,20 @@ class Runner(abc.ABC):
         (wall clock on this host, a remote round trip included) and the warm calls, each
         timed on the device.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot time calls")
+        timing: dict[str, Any] = {"repeats": repeats}
+        out = self._run(executable, inputs, entry, None, timing)
+        return out, timing_summary(timing)
+
+    @abc.abstractmethod
+    def _run(
+        self,
+        executable: Any,
+        inputs: Sequence[np.ndarray],
+        entry: str,
+        outputs: Sequence[OutputSpec] | None,
+        timing: dict[str, Any] | None,
+    ) -> list[np.ndarray]:
+        """:meth:`run`, filling ``timing`` (see :func:`run_on_device`) when given."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device_info().get('device', '?')}>"

@@ -110,6 +110,35 @@ def find_cross_cxx() -> str | None:
     return shutil.which(_CROSS_CXX)
 
 
+def cross_compiler(arch: str) -> str | None:
+    """The C++ compiler that links a library for ``arch`` here: None for the host's own
+    (TVM's default), ``aarch64-linux-gnu-g++`` for aarch64.
+
+    Raises
+    ------
+    RuntimeError
+        When it is not installed, or no cross compiler is known for ``arch``.
+    """
+    from .local import host_arch
+
+    if arch == host_arch():
+        return None
+    if arch == "aarch64":
+        cc = find_cross_cxx()
+        if cc is None:
+            raise RuntimeError(
+                "exporting for aarch64 needs aarch64-linux-gnu-g++: "
+                "apt-get install g++-aarch64-linux-gnu (or run `opsdk setup arm`)")
+        return cc
+    raise RuntimeError(f"no cross compiler known for {arch!r}; build on a {arch} machine or "
+                       "pass cc=")
+
+
+def site_packages(sysroot: Path) -> Path:
+    """Where the aarch64 wheels (TVM's runtime among them) are unpacked in the sysroot."""
+    return sysroot / "usr" / "local" / "lib" / f"python{_PY}" / "dist-packages"
+
+
 def arm_tools_available() -> bool:
     """Whether the host has qemu-user for aarch64 and the aarch64 cross compiler."""
     return find_qemu() is not None and find_cross_cxx() is not None
@@ -143,7 +172,7 @@ def _stamp_ok(root: Path) -> bool:
     if not isinstance(stamp, dict):  # garbage that happens to parse
         return False
     # The files a run needs: a partial copy or a deleted file is as good as no set-up.
-    site = root / "sysroot" / "usr" / "local" / "lib" / f"python{_PY}" / "dist-packages"
+    site = site_packages(root / "sysroot")
     needed = (root / "python3", root / "sysroot" / "usr" / "bin" / f"python{_PY}",
               site / "tvm" / "lib" / "libtvm_runtime.so",
               site / "tvm_ffi" / "lib" / "libtvm_ffi.so")
@@ -317,7 +346,7 @@ def _build(tmp: Path, log: Callable[[str], object]) -> dict[str, object]:
     log(f"unpacking {len(debs)} arm64 packages into the sysroot")
     for deb in debs:
         _run(["dpkg", "-x", str(deb), str(sysroot)], what=f"dpkg -x {deb.name}")
-    site = sysroot / "usr" / "local" / "lib" / f"python{_PY}" / "dist-packages"
+    site = site_packages(sysroot)
     # Without these, qemu's -L falls back to the host's (x86) module directories.
     for d in (site, sysroot / "usr" / "lib" / "python3" / "dist-packages"):
         d.mkdir(parents=True, exist_ok=True)

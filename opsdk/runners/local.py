@@ -17,7 +17,6 @@ from ._base import (
     call_with_timeout,
     run_on_device,
     runtime_module,
-    timing_summary,
 )
 
 __all__ = ["LocalRunner"]
@@ -60,24 +59,6 @@ class LocalRunner(Runner):
 
     def close(self) -> None:
         self._vms.clear()
-
-    def run(
-        self,
-        executable: Any,
-        inputs: Sequence[np.ndarray],
-        *,
-        entry: str = "main",
-        outputs: Sequence[OutputSpec] | None = None,
-    ) -> list[np.ndarray]:
-        return self._run(executable, inputs, entry, outputs, None)
-
-    def run_timed(
-        self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
-        repeats: int = 10,
-    ) -> tuple[list[np.ndarray], dict[str, Any]]:
-        timing: dict[str, Any] = {"repeats": repeats}
-        out = self._run(executable, inputs, entry, None, timing)
-        return out, timing_summary(timing)
 
     def _run(
         self,

@@ -27,9 +27,8 @@ from ._base import (
     _CallTimeout,
     call_with_timeout,
     run_on_device,
-    timing_summary,
 )
-from .local import host_arch
+from ._provision import cross_compiler
 
 __all__ = ["RPCRunner", "describe_signal"]
 
@@ -194,17 +193,7 @@ class RPCRunner(Runner):
     def _compiler(self) -> str | None:
         if self.cc is not None:
             return self.cc
-        if self.arch == host_arch():
-            return None
-        if self.arch == "aarch64":
-            cc = shutil.which("aarch64-linux-gnu-g++")
-            if cc is None:
-                raise RuntimeError(
-                    "exporting for aarch64 needs aarch64-linux-gnu-g++: "
-                    "apt-get install g++-aarch64-linux-gnu (or run `opsdk setup arm`)"
-                )
-            return cc
-        raise RuntimeError(f"no default cross compiler for arch {self.arch!r}; pass cc=")
+        return cross_compiler(self.arch)
 
     def export(self, executable: Any) -> Path:
         """Export ``executable`` to a shared library for the remote (cached per executable);
@@ -375,24 +364,6 @@ class RPCRunner(Runner):
                 f"probably crashed the remote process ({first[:200]}){self._lost_hint()}"
             )
         return None
-
-    def run(
-        self,
-        executable: Any,
-        inputs: Sequence[np.ndarray],
-        *,
-        entry: str = "main",
-        outputs: Sequence[OutputSpec] | None = None,
-    ) -> list[np.ndarray]:
-        return self._run(executable, inputs, entry, outputs, None)
-
-    def run_timed(
-        self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
-        repeats: int = 10,
-    ) -> tuple[list[np.ndarray], dict[str, Any]]:
-        timing: dict[str, Any] = {"repeats": repeats}
-        out = self._run(executable, inputs, entry, None, timing)
-        return out, timing_summary(timing)
 
     def _run(
         self,

@@ -63,9 +63,8 @@ def test_block_quantized_matches_float_within_two_percent(block):
     rel = np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref**2))
     assert 0 < rel < 0.02
     rows = qm.sensitivity()
-    assert [r["site"] for r in rows] == sorted([r["site"] for r in rows],
-                                               key=lambda s: -next(r["rel_rmse"] for r in rows
-                                                                   if r["site"] == s))
+    errors = [r["rel_rmse"] for r in rows]
+    assert errors == sorted(errors, reverse=True) and len(rows) == 4  # worst first
     assert all(0 < r["rel_rmse"] < 0.05 and r["cosine"] > 0.999 for r in rows)
     report = opsdk.model.report(qm.mod, "x86", profile=False, asm=False)
     assert not report.problems, report.problems  # every kernel scheduled, none serial
