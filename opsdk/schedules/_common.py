@@ -393,11 +393,22 @@ def vectorize_rfactor(sch: s_tir.Schedule, info: RFactor) -> None:
 
 
 # ----------------------------------------------------------------------------- rules
+def _is_scalar_read(r) -> bool:
+    """A read of one fixed element (``scale[0]``: a per-tensor parameter), the same for every
+    output element: it does not tie the loops to the output's axes."""
+    return all(isinstance(rg.min, tirx.IntImm) and _is_one(rg.extent) for rg in r.region)
+
+
+def _is_one(e) -> bool:
+    return isinstance(e, tirx.IntImm) and e.value == 1
+
+
 def _is_broadcast_free(sch: s_tir.Schedule, rv) -> bool:
-    """True when every buffer the block reads has the output's rank (no broadcast operand)."""
+    """True when every buffer the block reads has the output's rank (no broadcast operand),
+    fixed single elements aside."""
     blk = sch.get(rv)
     ndim = len(blk.writes[0].source.shape)
-    return all(len(r.source.shape) == ndim for r in blk.reads)
+    return all(len(r.source.shape) == ndim for r in blk.reads if not _is_scalar_read(r))
 
 
 def _input_contiguous_loop(sch: s_tir.Schedule, rv, loops: Sequence):
@@ -417,7 +428,8 @@ def _reads_aligned(sch: s_tir.Schedule, rv) -> bool:
     """True when every read indexes its buffer exactly as the block writes its output."""
     blk = sch.get(rv)
     out = [str(r.min) for r in blk.writes[0].region]
-    return all([str(r.min) for r in rd.region] == out for rd in blk.reads)
+    return all([str(r.min) for r in rd.region] == out for rd in blk.reads
+               if not _is_scalar_read(rd))
 
 
 def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
@@ -436,6 +448,10 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         sch.compute_inline(b.rv)
     last = blocks[-1].rv
     loops = sch.get_loops(last)
+    # Leading unit axes (a batch of 1) fold into the next axis: they count for nothing, and
+    # left alone the "rows" to split across the cores would be that one row.
+    while len(loops) > 1 and extent_of(sch, loops[0]) == 1:
+        loops = [sch.fuse(loops[0], loops[1]), *loops[2:]]
     lanes = vector_lanes(target, _dtype_bits(sch, last))
     n_inner = 0
     for lp in reversed(loops):
