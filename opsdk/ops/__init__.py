@@ -7,6 +7,7 @@ from .dequantize import dequantize
 from .gelu import gelu
 from .group_norm import group_norm
 from .layer_norm import layer_norm
+from .qconv2d import qconv2d
 from .qdense import qdense
 from .quantize import quantize
 from .requantize import requantize
@@ -18,6 +19,6 @@ __all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS"]
 #: The float ops (float32 / float16 / bfloat16, verified against error models).
 FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)
 #: The INT8 ops (integer and float32 outputs verified bit-exactly).
-INT8_OPS = (quantize, dequantize, requantize, qdense)
+INT8_OPS = (quantize, dequantize, requantize, qdense, qconv2d)
 #: Every built-in op, in registration order. Adding an op means adding it here.
 BUILTIN_OPS = (*FLOAT_OPS, *INT8_OPS)

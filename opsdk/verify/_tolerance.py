@@ -372,6 +372,7 @@ def _load_builtin_models() -> None:
         "bias_gelu": _model_bias_gelu,
         "dequantize": _model_exact,
         "qdense": _model_exact,
+        "qconv2d": _model_exact,
     }
     for d in BUILTIN_OPS:
         if d.name in models:

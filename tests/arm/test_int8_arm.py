@@ -126,3 +126,46 @@ def test_sdot_kernel_on_cortex_a72_is_an_illegal_instruction(cases, dotprod_buil
     neon, _, _ = _build([case], "arm")
     (out,) = a72.run(neon, list(case.at(7).values()), entry=case.name)
     assert np.array_equal(out, qdense.run_reference(case.at(7), case.attrs))
+
+
+# ----------------------------------------------------------------------------- qconv2d
+
+
+def _conv_cases() -> Any:
+    """The qconv2d case matrix of tests/host/test_qconv2d.py."""
+    name = "opsdk_qconv2d_cases"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "host" / "test_qconv2d.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    ("target", "rule", "insn", "absent"),
+    [("arm-dotprod", "neon.qconv2d_dotprod", r"sdot\s+v\d+\.4s", r"smull\s+v\d+\.8h"),
+     ("arm", "neon.qconv2d", r"smull\s+v\d+\.8h", r"[su]dot\s")],
+)
+def test_qconv2d_rules_are_bit_exact(target, rule, insn, absent, a76) -> None:
+    # Both rules on the Cortex-A76 emulation (it has the dot product; the plain NEON rule
+    # does not use it, checked in the asm). Depthwise cases go to the generic lowering.
+    Q = _conv_cases()
+    cases = Q.make_cases()
+    if target == "arm":
+        cases = cases[::2]  # every layout and dtype, half the geometries
+    t0 = time.monotonic()
+    ex, rules = Q.compile_cases(cases, target)
+    TIMINGS[f"qconv2d compile {target}"] = time.monotonic() - t0
+    dw = sum(c.attrs["depthwise"] for c in cases)
+    assert rules == {rule: len(cases) - dw, **({"generic": dw} if dw else {})}
+    asm = asm_of(ex)
+    assert re.search(rf"^\s*{insn}", asm, flags=re.M), f"no {insn} in the {target} kernels"
+    assert not re.search(rf"^\s*{absent}", asm, flags=re.M)
+    t0 = time.monotonic()
+    result = Q.check_cases(cases, lambda name, ins: a76.run(ex, ins, entry=name)[0])
+    TIMINGS[f"qconv2d run {target}"] = time.monotonic() - t0
+    sat = {k: result.pop(k) for k in ("sat_lo", "sat_hi")}
+    assert result == {}, f"mismatching cases: {result}"
+    assert sat["sat_lo"] > 0 and sat["sat_hi"] > 0, sat

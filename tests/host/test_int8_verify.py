@@ -23,8 +23,9 @@ def test_int8_ops_are_builtin_and_verify_bit_exactly() -> None:
     bad = [f.format(tir=False) for f in report.failures]
     bad += [f"{c.op} {c.dtype} {c.layout}: {c.error}" for c in report.cells if c.error]
     assert report.ok, "\n\n".join(bad)
-    assert len(report.cells) == 18
-    # exact: no cell has any error, including dequantize's and qdense's float32 outputs
+    assert len(report.cells) == 28  # qconv2d: 5 layouts x 2 activation dtypes
+    # exact: no cell has any error, including the float32 outputs of dequantize, qdense and
+    # qconv2d
     assert all(c.max_ulps == 0 and c.ratio == 0 for c in report.cells), [
         (c.op, c.dtype, c.layout, c.max_ulps) for c in report.cells if c.max_ulps or c.ratio
     ]

@@ -739,6 +739,88 @@ def _merge_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
                                    lambda e: e - 1))
 
 
+
+# ------------------------------------------------------------------------------ qconv2d
+
+_QCONV = opsdk.get_op("qconv2d")
+_QCONV_ATTRS = ("layout", "stride", "padding", "depthwise", "x_scale", "x_zero_point",
+                "out_dtype", "out_scale", "out_zero_point", "per_channel")
+
+
+@_like(_QCONV)
+def mut_qconv2d_zp_sign(
+    x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None, *,
+    layout: Literal["NCHW", "NHWC"] = "NCHW", stride: int = 1, padding: int = 0,
+    depthwise: bool = False, x_scale: float = 1.0, x_zero_point: int = 0,
+    out_dtype: Literal["int8", "int32", "float32"] = "int8", out_scale: float = 1.0,
+    out_zero_point: int = 0, per_channel: bool = True,
+) -> te.Tensor:
+    """qconv2d adding the input zero point instead of subtracting it."""
+    a = dict(zip(_QCONV_ATTRS, (layout, stride, padding, depthwise, x_scale, -x_zero_point,
+                                out_dtype, out_scale, out_zero_point, per_channel)))
+    return _QCONV.compute(x, w, w_scale, bias, **a)
+
+
+@_like(_QCONV)
+def mut_qconv2d_int16_acc(
+    x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None, *,
+    layout: Literal["NCHW", "NHWC"] = "NCHW", stride: int = 1, padding: int = 0,
+    depthwise: bool = False, x_scale: float = 1.0, x_zero_point: int = 0,
+    out_dtype: Literal["int8", "int32", "float32"] = "int8", out_scale: float = 1.0,
+    out_zero_point: int = 0, per_channel: bool = True,
+) -> te.Tensor:
+    """qconv2d accumulating in int16: the sums wrap modulo 2**16 (then bias and epilogue)."""
+    from opsdk.ops._quant import round_to_te
+
+    a = dict(zip(_QCONV_ATTRS, (layout, stride, padding, depthwise, x_scale, x_zero_point,
+                                "int32", out_scale, out_zero_point, per_channel)))
+    acc = _QCONV.compute(x, w, w_scale, None, **a)
+    ch = 1 if layout == "NCHW" else 3
+
+    def body(*i):
+        v = acc(*i).astype("int16").astype("int32")
+        if bias is not None:
+            v = v + bias(i[ch])
+        if out_dtype == "int32":
+            return v
+        sc = tirx.const(x_scale, "float32") * w_scale(i[ch] if per_channel else 0)
+        if out_dtype == "float32":
+            return v.astype("float32") * sc
+        return round_to_te(v.astype("float32") * (sc / tirx.const(out_scale, "float32")),
+                           out_zero_point, out_dtype)
+
+    return te.compute(acc.shape, body, name="mut_qconv2d_int16_acc")
+
+
+@_like(_QCONV)
+def mut_qconv2d_short_k(
+    x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None, *,
+    layout: Literal["NCHW", "NHWC"] = "NCHW", stride: int = 1, padding: int = 0,
+    depthwise: bool = False, x_scale: float = 1.0, x_zero_point: int = 0,
+    out_dtype: Literal["int8", "int32", "float32"] = "int8", out_scale: float = 1.0,
+    out_zero_point: int = 0, per_channel: bool = True,
+) -> te.Tensor:
+    """Correct qconv2d; its rule (below) forgets the last block of 4 input channels."""
+    a = dict(zip(_QCONV_ATTRS, (layout, stride, padding, depthwise, x_scale, x_zero_point,
+                                out_dtype, out_scale, out_zero_point, per_channel)))
+    return _QCONV.compute(x, w, w_scale, bias, **a)
+
+
+@opsdk.rule("mut_qconv2d_short_k", "cpu", name="mut.qconv2d_short_k", priority=1000,
+            requires=("avx512vnni",), claims=("vectorize", "parallel"))
+def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The VNNI qconv2d rule whose register kernel stops one input-channel block early."""
+    from opsdk.schedules._qconv import rebuild_qconv2d, schedule_qconv2d_packed
+    from opsdk.schedules.cpu.vnni import VNNI
+
+    packed = rebuild_qconv2d(func, act_dtype="uint8", rows=6, cols=64)
+    if packed is None:
+        return None
+    sch = schedule_qconv2d_packed(packed, target, VNNI)
+    return s_tir.Schedule(_shorten(
+        sch.mod["main"], lambda n: n.loop_var.name == "q" and int(n.extent) > 1,
+        lambda e: e - 1))
+
 #: Mutants whose bug is in a schedule rule (the compute is correct): checked on arm too.
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
@@ -782,6 +864,9 @@ BUGS = {
     "mut_conv_tile_edge": "conv2d rule writes one pixel row fewer per tile",
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
     "mut_ln_overflow_zero": "layer_norm returns zeros, not NaN, when the sum of squares overflows",
+    "mut_qconv2d_zp_sign": "qconv2d adds the input zero point instead of subtracting it",
+    "mut_qconv2d_int16_acc": "qconv2d accumulates in int16 (wraps)",
+    "mut_qconv2d_short_k": "qconv2d rule's kernel forgets the last 4-channel block",
 }
 
 #: Correct rewrites of built-ins (another evaluation order, a division for a reciprocal,
@@ -828,6 +913,9 @@ OPS = [
     mut_matmul_tile_edge,
     mut_conv_tile_edge,
     mut_softmax_merge_short,
+    mut_qconv2d_zp_sign,
+    mut_qconv2d_int16_acc,
+    mut_qconv2d_short_k,
     mut_ln_overflow_zero,
     eq_ln_gamma_folded,
     eq_ln_div_sqrt,

@@ -12,7 +12,7 @@ from opsdk import OpDefinitionError, Tensor
 
 BUILTINS = {
     "layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm",
-    "quantize", "dequantize", "requantize", "qdense",
+    "quantize", "dequantize", "requantize", "qdense", "qconv2d",
 }
 
 
@@ -42,7 +42,7 @@ def test_int8_module_still_loads_as_a_plugin_and_changes_nothing():
 
     before = [(d.name, d.source) for d in opsdk.list_ops()]
     loaded = opsdk.load_plugins(["opsdk.ops.int8"])
-    assert [d.name for d in loaded] == ["quantize", "dequantize", "requantize", "qdense"]
+    assert [d.name for d in loaded] == ["quantize", "dequantize", "requantize", "qdense", "qconv2d"]
     assert all(any(d is b for b in opsdk.ops.BUILTIN_OPS) for d in loaded)
     assert [(d.name, d.source) for d in opsdk.list_ops()] == before  # still "builtin"
 

@@ -1,19 +1,22 @@
-"""aarch64 rules for ``qdense``: ``sdot`` (dot-product extension) and a plain NEON fallback.
+"""aarch64 rules for ``qdense`` and ``qconv2d``: ``sdot`` (dot-product extension) and a plain
+NEON fallback.
 
-Both rebuild the op as :func:`~opsdk.ops.qdense.qdense_packed` with int8 activations (uint8
-inputs are moved down by 128, the zero point by the same amount, and the compensation
-``(x_zero_point - 128) * sum_k w`` restores the exact result), then reuse the x86 VNNI rule's
-tiling (:func:`~opsdk.schedules.cpu.vnni.schedule_qdense_packed`) with a 4-channel
-micro-kernel:
+The qdense rules rebuild the op as :func:`~opsdk.ops.qdense.qdense_packed` with int8
+activations (uint8 inputs are moved down by 128, the zero point by the same amount, and the
+compensation ``(x_zero_point - 128) * sum_k w`` restores the exact result), then reuse the x86
+VNNI rule's tiling (:func:`~opsdk.schedules.cpu.vnni.schedule_qdense_packed`) with a 4-channel
+micro-kernel; the qconv2d rules do the same with the direct convolution of
+:mod:`opsdk.schedules._qconv`:
 
-- ``neon.qdense_dotprod`` (needs ``dotprod``): one ``sdot v.4s, v.16b, v.16b`` per 4 channels x
-  4 bytes of K (s8 x s8 -> s32); the kernel is written with ``T.call_llvm_pure_intrin``
-  because ``sch.tensorize`` crashes in this TVM build (see the VNNI rule);
-- ``neon.qdense`` (NEON only, e.g. Cortex-A72): ``smull`` (s8 x s8 -> s16, exact) +
-  ``saddlp`` (pairwise widening add to s32) + ``addp``, accumulating in int32 vectors.
+- ``neon.qdense_dotprod`` / ``neon.qconv2d_dotprod`` (need ``dotprod``): one
+  ``sdot v.4s, v.16b, v.16b`` per 4 channels x 4 bytes of K (s8 x s8 -> s32); the kernel is
+  written with ``T.call_llvm_pure_intrin`` because ``sch.tensorize`` crashes in this TVM
+  build (see the VNNI rule);
+- ``neon.qdense`` / ``neon.qconv2d`` (NEON only, e.g. Cortex-A72): ``smull`` (s8 x s8 -> s16,
+  exact) + ``saddlp`` (pairwise widening add to s32) + ``addp``, accumulating in int32 vectors.
 
-Tiles are 4 rows x 16 channels: 16 accumulator registers, 4 weight vectors and the activation
-broadcasts fit NEON's 32 registers.
+Tiles are 4 rows (pixels) x 16 channels: 16 accumulator registers, 4 weight vectors and the
+activation broadcasts fit NEON's 32 registers.
 """
 
 from __future__ import annotations
@@ -92,3 +95,42 @@ def _qdense_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on NEON without dot product: smull/saddlp/addp into int32 vectors, same
     tiling and epilogue as the sdot rule."""
     return _schedule(func, target, NEON_SMULL)
+
+
+def _schedule_conv(func: tirx.PrimFunc, target: Target,
+                   kernel: Microkernel) -> s_tir.Schedule | None:
+    from .._qconv import rebuild_qconv2d, schedule_qconv2d_packed  # (it imports the x86 rule)
+
+    packed = rebuild_qconv2d(func, act_dtype="int8", rows=ROWS, cols=COLS)
+    if packed is None:
+        return None
+    return schedule_qconv2d_packed(packed, target, kernel)
+
+
+@rule(
+    "qconv2d",
+    "arm_cpu",
+    name="neon.qconv2d_dotprod",
+    requires=(*_NEON, "dotprod"),
+    priority=30,
+    claims=("vectorize", "parallel", "insn:sdot"),
+)
+def _qconv2d_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """int8 direct convolution on sdot: blocked int8-shifted input, packed weights,
+    zero-point compensation, 4-pixel x 16-channel register tiles in parallel, fused
+    requantize epilogue (dense convs)."""
+    return _schedule_conv(func, target, SDOT)
+
+
+@rule(
+    "qconv2d",
+    "arm_cpu",
+    name="neon.qconv2d",
+    requires=_NEON,
+    priority=25,
+    claims=("vectorize", "parallel"),
+)
+def _qconv2d_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """int8 direct convolution on NEON without dot product (smull/saddlp/addp), same
+    tiling and epilogue as the sdot rule."""
+    return _schedule_conv(func, target, NEON_SMULL)

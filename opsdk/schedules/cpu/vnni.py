@@ -40,6 +40,9 @@ __all__ = [
     "Microkernel",
     "qdense_attrs",
     "rebuild_packed",
+    "region",
+    "register_tile",
+    "replace_block_body",
     "replace_with_tile_kernel",
     "schedule_qdense_packed",
     "splat4",
@@ -81,7 +84,8 @@ def _vnni(acc: tirx.PrimExpr, a: tirx.PrimExpr, load_b: Callable) -> tirx.PrimEx
 VNNI = Microkernel("vpdpbusd", 16, _vnni)
 
 
-def _region(blk: Any, name: str) -> Any:
+def region(blk: Any, name: str) -> Any:
+    """The read or write region of ``blk`` on the buffer called ``name``."""
     for r in (*blk.reads, *blk.writes):
         if r.source.name == name:
             return r
@@ -113,57 +117,87 @@ def replace_with_tile_kernel(
     ('vpdpbusd', 16)
     """
     blk = sch.get(block)
-    c, a, b = _region(blk, "acc"), _region(blk, "xa"), _region(blk, "wp")
+    c, a, b = region(blk, "acc"), region(blk, "xa"), region(blk, "wp")
     (r_rng, c_rng), (kb_rng, b_rng) = c.region, b.region[1:]
     rows, cols, kb = (int(e.extent) for e in (r_rng, c_rng, kb_rng))
     if cols % kernel.lanes or b_rng.extent.value != BLOCK * KGROUP:
         raise ValueError(f"tile of {cols} channels does not fit {kernel.name} x {kernel.lanes}")
     row0, col0, blk0 = r_rng.min, c_rng.min, b.region[0].min
     idx = str(row0.ty.dtype) if hasattr(row0, "ty") else "int32"
+    ko = tirx.Var("ko", idx)
+
+    def b_load(ch: int, offset: int, n: int) -> tirx.BufferLoad:
+        byte = (ch % BLOCK) * KGROUP + offset
+        return tirx.BufferLoad(
+            b.source, [blk0 + ch // BLOCK, ko, tirx.Ramp(tirx.IntImm(idx, byte), 1, n)]
+        )
+
+    body = register_tile(
+        kernel, rows, cols, idx, [(ko, kb)],
+        a_word=lambda r: tirx.BufferLoad(a.source, [row0 + r, tirx.Ramp(ko * KGROUP, 1, KGROUP)]),
+        b_load=b_load,
+        c_index=lambda r, col: [row0 + r, tirx.Ramp(col0 + col, 1, kernel.lanes)],
+        c_buffer=c.source,
+    )
+    replace_block_body(sch, block, body)
+
+
+def register_tile(
+    kernel: Microkernel,
+    rows: int,
+    cols: int,
+    idx: str,
+    k_loops: list[tuple[tirx.Var, int]],
+    *,
+    a_word: Callable[[int], tirx.PrimExpr],
+    b_load: Callable[[int, int, int], tirx.PrimExpr],
+    c_index: Callable[[int, int], list[tirx.PrimExpr]],
+    c_buffer: tirx.Buffer,
+) -> list[tirx.Stmt]:
+    """The statements of a ``rows x cols`` int32 register tile summed over ``k_loops``.
+
+    ``a_word(r)`` is row ``r``'s 4 activation bytes at the current k step, ``b_load(ch,
+    offset, n)`` loads ``n`` bytes of the packed weight group of tile channel ``ch``,
+    ``c_index(r, col)`` is where the vector of row ``r`` starting at tile channel ``col`` is
+    stored in ``c_buffer``. The accumulators live in one small buffer per row (see
+    :func:`replace_with_tile_kernel`); every k step is fully unrolled over the tile.
+    """
     lanes, groups = kernel.lanes, cols // kernel.lanes
-    # One small buffer per row: each stays a stack array (see above), so LLVM promotes the
-    # whole tile to registers.
     regs = [tirx.decl_buffer((cols,), "int32", name=f"acc_r{r}") for r in range(rows)]
 
     def vec(g: int) -> tirx.Ramp:
         return tirx.Ramp(tirx.IntImm(idx, g * lanes), 1, lanes)
 
-    ko = tirx.Var("ko", idx)
     steps = []
     for r in range(rows):
-        a4 = tirx.BufferLoad(a.source, [row0 + r, tirx.Ramp(ko * KGROUP, 1, KGROUP)])
+        a4 = a_word(r)
         for g in range(groups):
             ch = g * lanes  # first channel of the group within the tile
 
-            def load_b(offset: int, n: int, ch: int = ch) -> tirx.BufferLoad:
-                byte = (ch % BLOCK) * KGROUP + offset
-                return tirx.BufferLoad(
-                    b.source, [blk0 + ch // BLOCK, ko, tirx.Ramp(tirx.IntImm(idx, byte), 1, n)]
-                )
+            def load(offset: int, n: int, ch: int = ch) -> tirx.PrimExpr:
+                return b_load(ch, offset, n)
 
-            val = kernel.fn(tirx.BufferLoad(regs[r], [vec(g)]), a4, load_b)
+            val = kernel.fn(tirx.BufferLoad(regs[r], [vec(g)]), a4, load)
             steps.append(tirx.BufferStore(regs[r], val, [vec(g)]))
+    loop: tirx.Stmt = tirx.SeqStmt(steps)
+    for var, extent in reversed(k_loops):
+        loop = tirx.For(var, tirx.IntImm(idx, 0), tirx.IntImm(idx, extent), tirx.ForKind.SERIAL,
+                        loop)
     zero = tirx.Broadcast(tirx.IntImm("int32", 0), lanes)
     tiles = [(r, g) for r in range(rows) for g in range(groups)]
-    body = [
+    return [
         *(tirx.AllocBuffer(reg) for reg in regs),
         *(tirx.BufferStore(regs[r], zero, [vec(g)]) for r, g in tiles),
-        tirx.For(
-            ko,
-            tirx.IntImm(idx, 0),
-            tirx.IntImm(idx, kb),
-            tirx.ForKind.SERIAL,
-            tirx.SeqStmt(steps),
-        ),
-        *(
-            tirx.BufferStore(
-                c.source,
-                tirx.BufferLoad(regs[r], [vec(g)]),
-                [row0 + r, tirx.Ramp(col0 + g * lanes, 1, lanes)],
-            )
-            for r, g in tiles
-        ),
+        loop,
+        *(tirx.BufferStore(c_buffer, tirx.BufferLoad(regs[r], [vec(g)]), c_index(r, g * lanes))
+          for r, g in tiles),
     ]
+
+
+def replace_block_body(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                       body: list[tirx.Stmt]) -> None:
+    """Replace a (blockized) block's body, keeping its iteration vars and regions."""
+    blk = sch.get(block)
     new = s_tir.SBlock(
         blk.iter_vars,
         blk.reads,
@@ -374,3 +408,23 @@ def _qdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     if packed is None:
         return None
     return schedule_qdense_packed(packed, target, VNNI)
+
+
+@rule(
+    "qconv2d",
+    "cpu",
+    name="x86.qconv2d_vnni",
+    requires=_X86_VNNI,
+    priority=20,
+    claims=("vectorize", "parallel", "insn:vpdpbusd"),
+)
+def _qconv2d_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """int8 direct convolution on vpdpbusd: blocked uint8-shifted input, packed weights,
+    zero-point compensation, 6-pixel x 64-channel register tiles in parallel, fused
+    requantize epilogue (dense convs; depthwise goes to the next rule)."""
+    from .._qconv import rebuild_qconv2d, schedule_qconv2d_packed  # (it imports this module)
+
+    packed = rebuild_qconv2d(func, act_dtype="uint8", rows=ROWS, cols=COLS)
+    if packed is None:
+        return None
+    return schedule_qconv2d_packed(packed, target, VNNI)
