@@ -1,13 +1,14 @@
 """Post-training int8 quantization: from one layer's parameters to a whole imported model.
 
-- :func:`quantize_model` rewrites the dense layers of an imported model (``opsdk.frontend``)
-  into ``quantize -> qdense`` after calibrating on a stream of inputs, with per-channel or
-  per-tensor weights, symmetric or asymmetric activations and min/max, percentile or MSE
-  ranges; :func:`sensitivity` reports each layer's own error, and ``mixed_precision=``
-  keeps the worst layers in float.
-- :func:`calibrate`, :func:`choose_qparams`, :func:`quantize_weights` and
-  :func:`quantize_dense` are the pieces, with exactly the integer semantics of the
-  ``quantize`` / ``qdense`` ops, so their parameters plug into ``opsdk.relax.qdense(...)``.
+- :func:`quantize_model` rewrites the dense and conv2d layers of an imported model
+  (``opsdk.frontend``) into ``quantize -> qdense`` / ``quantize -> qconv2d`` after
+  calibrating on a stream of inputs, with per-channel or per-tensor weights, symmetric or
+  asymmetric activations and min/max, percentile or MSE ranges; :func:`sensitivity` reports
+  each layer's own error, and ``mixed_precision=`` keeps the worst layers in float.
+- :func:`calibrate`, :func:`choose_qparams`, :func:`quantize_weights`,
+  :func:`quantize_dense` and :func:`quantize_conv2d` are the pieces, with exactly the
+  integer semantics of the ``quantize`` / ``qdense`` / ``qconv2d`` ops, so their parameters
+  plug into ``opsdk.relax.qdense(...)`` and ``opsdk.relax.qconv2d(...)``.
 
 Examples
 --------
@@ -25,10 +26,12 @@ True
 from __future__ import annotations
 
 from ._calibrate import (
+    ConvQuant,
     DenseQuant,
     QParams,
     calibrate,
     choose_qparams,
+    quantize_conv2d,
     quantize_dense,
     quantize_weights,
 )
@@ -43,6 +46,7 @@ from ._model import (
 )
 
 __all__ = [
+    "ConvQuant",
     "DenseQuant",
     "QParams",
     "QuantConfig",
@@ -52,6 +56,7 @@ __all__ = [
     "calibrate",
     "choose_qparams",
     "find_sites",
+    "quantize_conv2d",
     "quantize_dense",
     "quantize_model",
     "quantize_weights",

@@ -17,10 +17,12 @@ import numpy as np
 from ..ops._quant import QRANGE
 
 __all__ = [
+    "ConvQuant",
     "DenseQuant",
     "QParams",
     "calibrate",
     "choose_qparams",
+    "quantize_conv2d",
     "quantize_dense",
     "quantize_weights",
 ]
@@ -192,3 +194,48 @@ def quantize_dense(
     bias_scale = np.float32(act.scale) * w_scale
     bias_q = np.clip(np.rint(b / bias_scale), -(2**31), 2**31 - 1).astype(np.int32)
     return DenseQuant(w_q, w_scale, bias_q, act, w, b)
+
+
+@dataclass
+class ConvQuant(DenseQuant):
+    """A conv2d layer quantized for ``qconv2d``: OIHW int8 weights, scales, bias, activation
+    params and the convolution's geometry."""
+
+    stride: int = 1
+    padding: int = 0
+    layout: str = "NCHW"
+    depthwise: bool = False
+
+    def qconv2d_attrs(self, out_dtype: str = "float32", out: QParams | None = None) -> dict:
+        """Attributes for ``opsdk.relax.qconv2d`` / the reference."""
+        return {**self.qdense_attrs(out_dtype, out), "stride": self.stride,
+                "padding": self.padding, "layout": self.layout, "depthwise": self.depthwise}
+
+    def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
+        """Quantize ``x`` and evaluate the qconv2d reference (bit-exact with the kernels)."""
+        from ..ops.qconv2d import _reference
+
+        return _reference(self.act.quantize(x), self.w_q, self.w_scale, self.bias_q,
+                          **self.qconv2d_attrs(out_dtype, out))
+
+    def float_layer(self, x: np.ndarray) -> np.ndarray:
+        """The float64 layer ``conv(x, w) + b`` in the layer's layout."""
+        from ..ops.qconv2d import conv2d_nchw
+
+        xc = x if self.layout == "NCHW" else x.transpose(0, 3, 1, 2)
+        y = conv2d_nchw(xc.astype(np.float64), self.w_float.astype(np.float64),
+                        stride=self.stride, padding=self.padding, depthwise=self.depthwise)
+        y = y + self.b_float.astype(np.float64)[None, :, None, None]
+        return y if self.layout == "NCHW" else y.transpose(0, 2, 3, 1)
+
+
+def quantize_conv2d(
+    w: np.ndarray, b: np.ndarray | None, act: QParams, *, per_channel: bool = True,
+    stride: int = 1, padding: int = 0, layout: str = "NCHW", depthwise: bool = False,
+) -> ConvQuant:
+    """Quantize a float conv2d layer (``w`` OIHW) for ``qconv2d``: int8 weights per output
+    channel (or per tensor), the bias as int32 in units of ``act.scale * w_scale``."""
+    w = np.asarray(w, dtype=np.float32)
+    d = quantize_dense(w.reshape(w.shape[0], -1), b, act, per_channel=per_channel)
+    return ConvQuant(d.w_q.reshape(w.shape), d.w_scale, d.bias_q, act, w, d.b_float,
+                     stride, padding, layout, depthwise)

@@ -96,8 +96,8 @@ def _progress(total: int) -> Any:
 
 
 def format_sensitivity(rows: Sequence[dict[str, Any]], keep: Sequence[str]) -> str:
-    """The per-layer table, worst first."""
-    out = [f"{'layer':<10} {'K x N':<12} {'rel RMSE':>9} {'cosine':>9} {'max abs':>9}  "
+    """The per-layer table, worst first (weight shape: K x N of a dense, OIHW of a conv)."""
+    out = [f"{'layer':<10} {'weight':<12} {'rel RMSE':>9} {'cosine':>9} {'max abs':>9}  "
            "x range"]
     for r in rows:
         tag = "  (kept float)" if r["site"] in keep else ""

@@ -3,6 +3,10 @@
 The float model's dense layers with a constant weight (``matmul(x, W)``, optionally with its
 bias ``+ b`` or an ``opsdk.bias_gelu(., b)`` after it) become ``quantize -> qdense`` with the
 bias folded into the int32 accumulator and a float32 output (GELU stays float after it).
+Its 2-D convolutions with a constant weight (``conv2d(x, W)``, groups 1, symmetric padding,
+equal strides, no dilation; optionally ``+ b`` per channel, as left by BatchNorm folding)
+become ``quantize -> qconv2d`` the same way; depthwise convs stay float for now (no
+scheduled int8 depthwise kernel yet).
 Activation ranges come from calibration inputs streamed through the float model once (each
 layer's input is kept as exact min/max plus a bounded random sample for percentile / MSE);
 weights are symmetric int8 per channel or per tensor. Layers that should stay float
@@ -22,7 +26,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._calibrate import QParams, calibrate, choose_qparams, quantize_dense
+from ..ops._quant import QRANGE
+from ._calibrate import QParams, calibrate, choose_qparams, quantize_conv2d, quantize_dense
 
 __all__ = [
     "QuantConfig",
@@ -65,21 +70,22 @@ class QuantConfig:
 
 @dataclass
 class QuantSite:
-    """One dense layer of the model that can become ``quantize -> qdense``."""
+    """One layer of the model that can become ``quantize -> qdense`` (or ``-> qconv2d``)."""
 
-    name: str  # the weight's layer in order of appearance: dense0, dense1, ...
+    name: str  # the layer in order of appearance: dense0, dense1, ... / conv0, conv1, ...
     root: Any  # the Relax var the quantized value replaces
     x: Any  # the Relax var of the layer's input
-    w_kn: np.ndarray  # the float weight as x @ w_kn
+    w_kn: np.ndarray  # the float weight: as x @ w_kn (dense), OIHW (conv)
     bias: np.ndarray | None
     gelu: bool  # an opsdk.bias_gelu: GELU applied after the (biased) product
     act: QParams | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    conv: dict[str, Any] | None = None  # a conv's stride, padding, layout, depthwise
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """(K, N): input features, output features."""
-        return tuple(self.w_kn.shape)  # type: ignore[return-value]
+    def shape(self) -> tuple[int, ...]:
+        """(K, N) of a dense layer: input, output features; a conv's weight shape OIHW."""
+        return tuple(self.w_kn.shape)
 
 
 def _const(e: Any) -> np.ndarray | None:
@@ -90,6 +96,21 @@ def _const(e: Any) -> np.ndarray | None:
     return None
 
 
+def _value(e: Any, bindings: dict[Any, Any]) -> np.ndarray | None:
+    """A constant, or a transposed constant (a weight ConvertLayout or the importer
+    transposed: ``permute_dims(const)``), as numpy; None for anything computed."""
+    c = _const(e)
+    if c is not None:
+        return c
+    v = bindings.get(e) if e is not None and hasattr(e, "ty") else None
+    if v is not None and _op(v) == "relax.permute_dims":
+        inner = _const(v.args[0])
+        if inner is not None:
+            axes = v.attrs.axes
+            return np.transpose(inner, None if axes is None else [int(a) for a in axes])
+    return None
+
+
 def _op(e: Any) -> str | None:
     import tvm
     from tvm import relax
@@ -97,6 +118,61 @@ def _op(e: Any) -> str | None:
     if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
         return str(e.op.name)
     return None
+
+
+def _graph(func: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]], list[Any]]:
+    """``func``'s bindings (var -> value), users (var -> vars whose value uses it; the output
+    tuple counts as a user) and binding order."""
+    from tvm import relax
+
+    bindings: dict[Any, Any] = {}
+    users: dict[Any, list[Any]] = {}
+    order = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                continue
+            bindings[b.var] = b.value
+            order.append(b.var)
+            args = b.value.fields if isinstance(b.value, relax.Tuple) else getattr(
+                b.value, "args", []) or []
+            for arg in args:
+                if isinstance(arg, relax.Var):
+                    users.setdefault(arg, []).append(b.var)
+    if isinstance(func.body.body, relax.Var):
+        users.setdefault(func.body.body, []).append(None)
+    return bindings, users, order
+
+
+def _chains(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig
+            ) -> dict[str, tuple[QuantSite, Any]]:
+    """Consumer conv site name -> (producer conv site, the ReLU var between or None) for
+    int8 chains: the producer's only use is the consumer's input, directly or through a ReLU
+    whose only use it is; the producer then requantizes straight to the consumer's input
+    parameters (saturation at a zero point of the dtype's minimum is the ReLU), and the
+    consumer's quantize disappears."""
+    bindings, users, _ = _graph(mod["main"])
+    quant = [s for s in sites if s.name not in cfg.keep_float]
+    by_root = {s.root: s for s in quant if s.conv}
+    out = {}
+    for t in quant:
+        if not t.conv or t.act is None:
+            continue
+        relu = None
+        src = t.x
+        if _op(bindings.get(src)) == "relax.nn.relu":
+            if t.act.zero_point != QRANGE[t.act.dtype][0]:
+                continue  # a zero point above the minimum: saturation is not the ReLU
+            relu, src = src, bindings[src].args[0]
+        s = by_root.get(src)
+        if s is None or s is t or t.act.dtype != "int8":
+            continue
+        # The producer feeds only this conv (through the ReLU, if any): nothing else needs
+        # its float output.
+        if len(users.get(src, [])) != 1 or len(users.get(t.x, [])) != 1:
+            continue
+        out[t.name] = (s, relu)
+    return out
 
 
 def find_sites(mod: Any) -> list[QuantSite]:
@@ -119,60 +195,77 @@ def find_sites(mod: Any) -> list[QuantSite]:
     """
     from tvm import relax
 
-    func = mod["main"]
-    bindings = {}
-    users: dict[Any, list[Any]] = {}
-    order = []
-    for block in func.body.blocks:
-        for b in block.bindings:
-            if not isinstance(b, relax.VarBinding):
-                continue
-            bindings[b.var] = b.value
-            order.append(b.var)
-            for arg in getattr(b.value, "args", []) or []:
-                if isinstance(arg, relax.Var):
-                    users.setdefault(arg, []).append(b.var)
+    bindings, users, order = _graph(mod["main"])
 
-    def weight(e: Any) -> np.ndarray | None:
-        c = _const(e)
-        if c is not None:
-            return c
-        v = bindings.get(e) if isinstance(e, relax.Var) else None
-        if v is not None and _op(v) == "relax.permute_dims":
-            inner = _const(v.args[0])
-            axes = v.attrs.axes
-            if inner is not None and inner.ndim == 2 and (axes is None or [int(a) for a in axes]
-                                                          == [1, 0]):
-                return inner.T
-        return None
+    def bias_after(var: Any, n: int, shapes: tuple) -> tuple[Any, np.ndarray | None, str | None]:
+        # The layer's only user adding a constant per-channel bias (or a bias_gelu).
+        us = users.get(var, [])
+        if len(us) != 1 or us[0] is None:  # (None: the function's result)
+            return var, None, None
+        u = bindings[us[0]]
+        name = _op(u)
+        other = None
+        if name == "relax.add":
+            other = u.args[1] if u.args[0].same_as(var) else u.args[0]
+        elif name == "opsdk.bias_gelu" and u.args[0].same_as(var):
+            other = u.args[1]
+        b = _value(other, bindings) if other is not None else None
+        if b is not None and b.shape in shapes and str(b.dtype) == "float32":
+            return us[0], b.reshape(n), name
+        return var, None, None
 
     sites = []
+    convs = 0
     for var in order:
         val = bindings[var]
+        if _op(val) == "relax.nn.conv2d":
+            site = _conv_site(val, var, _value(val.args[1], bindings), bias_after,
+                              f"conv{convs}")
+            if site is not None:
+                sites.append(site)
+                convs += 1
+            continue
         if _op(val) != "relax.matmul":
             continue
         x, w = val.args
-        w_kn = weight(w)
+        w_kn = _value(w, bindings)
         ty = x.ty
         if (w_kn is None or w_kn.ndim != 2 or str(w_kn.dtype) != "float32"
                 or not isinstance(ty, relax.TensorType) or str(ty.dtype) != "float32"
                 or ty.ndim < 2 or not isinstance(x, relax.Var)):
             continue  # (a vector times a matrix stays float: qdense takes rows)
-        root, bias, gelu = var, None, False
-        us = users.get(var, [])
-        if len(us) == 1:
-            u = bindings[us[0]]
-            name = _op(u)
-            other = None
-            if name == "relax.add":
-                other = u.args[1] if u.args[0].same_as(var) else u.args[0]
-            elif name == "opsdk.bias_gelu" and u.args[0].same_as(var):
-                other = u.args[1]
-            b = _const(other) if other is not None else None
-            if b is not None and b.shape == (w_kn.shape[1],) and str(b.dtype) == "float32":
-                root, bias, gelu = us[0], b, name == "opsdk.bias_gelu"
-        sites.append(QuantSite(f"dense{len(sites)}", root, x, w_kn, bias, gelu))
+        n = w_kn.shape[1]
+        root, bias, how = bias_after(var, n, ((n,),))
+        sites.append(QuantSite(f"dense{len(sites) - convs}", root, x, w_kn, bias,
+                               how == "opsdk.bias_gelu"))
     return sites
+
+
+def _conv_site(val: Any, var: Any, wc: np.ndarray | None, bias_after: Callable,
+               name: str) -> QuantSite | None:
+    """A conv2d binding qconv2d can compute (weight ``wc``), as a site; None for any other."""
+    from tvm import relax
+
+    x = val.args[0]
+    a = val.attrs
+    layout = str(a.data_layout)
+    ints = [[int(v) for v in vals] for vals in (a.strides, a.padding, a.dilation)]
+    (sh, sw), pad, dil = ints
+    ty = x.ty
+    if (wc is None or wc.ndim != 4 or str(wc.dtype) != "float32" or not isinstance(x, relax.Var)
+            or not isinstance(ty, relax.TensorType) or str(ty.dtype) != "float32"
+            or (layout, str(a.kernel_layout)) not in (("NCHW", "OIHW"), ("NHWC", "HWIO"))
+            or str(a.out_layout) != layout or sh != sw or len(set(pad)) != 1
+            or dil != [1, 1] or int(a.groups) != 1):
+        return None  # (depthwise and grouped convs stay float: no scheduled int8 kernel yet)
+    if layout == "NHWC":  # ChannelsLast's HWIO: qconv2d takes OIHW in both layouts
+        wc = np.ascontiguousarray(wc.transpose(3, 2, 0, 1))
+    o = wc.shape[0]
+    shapes = ((1, o, 1, 1), (o, 1, 1)) if layout == "NCHW" else ((o,), (1, 1, 1, o))
+    root, bias, _ = bias_after(var, o, shapes)
+    return QuantSite(name, root, x, wc, bias, False,
+                     conv={"stride": sh, "padding": pad[0], "layout": layout,
+                           "depthwise": False})
 
 
 def _probe_module(mod: Any, sites: Sequence[QuantSite]) -> Any:
@@ -240,7 +333,7 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
                 st["sample"] = [rng.choice(np.concatenate(st["sample"]),
                                            cfg.samples_per_site, replace=False)]
             if len(st["inputs"]) < 4:  # a few whole inputs for the sensitivity report
-                st["inputs"].append(a.reshape(-1, a.shape[-1]).copy())
+                st["inputs"].append(a.copy() if s.conv else a.reshape(-1, a.shape[-1]).copy())
         n += 1
         if progress:
             progress(n)
@@ -297,14 +390,17 @@ def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
 
 
 def _site_quant(s: QuantSite, cfg: QuantConfig) -> Any:
-    return quantize_dense(s.w_kn.T, s.bias, s.act, per_channel=cfg.weights == "per_channel")
+    per_channel = cfg.weights == "per_channel"
+    if s.conv:
+        return quantize_conv2d(s.w_kn, s.bias, s.act, per_channel=per_channel, **s.conv)
+    return quantize_dense(s.w_kn.T, s.bias, s.act, per_channel=per_channel)
 
 
 def sensitivity(sites: Sequence[QuantSite], config: QuantConfig | None = None
                 ) -> list[dict[str, Any]]:
-    """Each calibrated site's own error: its int8 output (the ``qdense`` reference,
-    bit-exact with the kernels) on its float calibration inputs against the float64 layer
-    ``x @ W + b``, sorted worst first by relative RMSE.
+    """Each calibrated site's own error: its int8 output (the ``qdense`` / ``qconv2d``
+    reference, bit-exact with the kernels) on its float calibration inputs against the
+    float64 layer (``x @ W + b``, ``conv(x, W) + b``), sorted worst first by relative RMSE.
 
     Returns rows ``{"site", "shape", "max_abs", "rel_rmse", "cosine", "x_range"}``.
     """
@@ -316,9 +412,12 @@ def sensitivity(sites: Sequence[QuantSite], config: QuantConfig | None = None
         q = _site_quant(s, cfg)
         refs, gots = [], []
         for x in s.stats["inputs"]:
-            ref = x.astype(np.float64) @ s.w_kn.astype(np.float64)
-            if s.bias is not None:
-                ref = ref + s.bias
+            if s.conv:
+                ref = q.float_layer(x)
+            else:
+                ref = x.astype(np.float64) @ s.w_kn.astype(np.float64)
+                if s.bias is not None:
+                    ref = ref + s.bias
             gots.append(q.run(x.astype(np.float32)).ravel())
             refs.append(ref.ravel())
         a = agreement(np.concatenate(gots), np.concatenate(refs))
@@ -336,23 +435,42 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
     from .. import relax as ops
 
     todo = {s.root: s for s in sites if s.name not in cfg.keep_float}
+    chains = _chains(mod, sites, cfg)
+    # producer site name -> the consumer's input parameters it requantizes to
+    by_name = {s.name: s for s in sites}
+    to_int8 = {p.name: by_name[t].act for t, (p, _) in chains.items()}
+    relus = {r for _, r in chains.values() if r is not None}
 
     @relax.expr_functor.mutator
     class _Quantize(relax.PyExprMutator):
         def visit_var_binding_(self, binding: Any) -> None:
+            if binding.var in relus:  # folded into the producer's saturation
+                self.set_var_remap(binding.var, self.visit_expr(binding.value.args[0]))
+                return
             s = todo.get(binding.var)
             if s is None:
                 super().visit_var_binding_(binding)
                 return
             x = self.visit_expr(s.x)
             q = _site_quant(s, cfg)
+            act = s.act
+            if s.conv:
+                xq = x if s.name in chains else self.builder_.emit(ops.quantize(
+                    x, relax.const(np.array([act.scale], "float32")),
+                    relax.const(np.array([act.zero_point], "int32")), out_dtype=act.dtype))
+                out = to_int8.get(s.name)
+                attrs = q.qconv2d_attrs("int8", out) if out is not None else q.qconv2d_attrs()
+                new = self.builder_.emit(ops.qconv2d(
+                    xq, relax.const(q.w_q), relax.const(q.w_scale), relax.const(q.bias_q),
+                    **attrs))
+                self.set_var_remap(binding.var, new)
+                return
             shape = list(x.ty.shape.values)
             k, n = s.shape
             m = shape[0]
             for d in shape[1:-1]:
                 m = m * d
             x2 = self.builder_.emit(relax.op.reshape(x, [m, tirx.IntImm("int64", k)]))
-            act = s.act
             xq = self.builder_.emit(ops.quantize(
                 x2, relax.const(np.array([act.scale], "float32")),
                 relax.const(np.array([act.zero_point], "int32")), out_dtype=act.dtype))
@@ -380,7 +498,7 @@ def quantize_model(
     mixed_precision: int | float | None = None,
     progress: Callable[[int], Any] | None = None,
 ) -> QuantizedModel:
-    """Quantize the dense layers of an imported model to int8 after calibrating on data.
+    """Quantize the dense and conv2d layers of an imported model to int8 after calibrating.
 
     Parameters
     ----------
@@ -416,7 +534,12 @@ def quantize_model(
     >>> qm.quantized, qm.sensitivity()[0]["rel_rmse"] < 0.02
     (['dense0'], True)
     """
+    from ..transform import ChannelsLast
+
     cfg = config or QuantConfig()
+    # Convs in NHWC inside, as opsdk.compile runs the float model (their int8 kernels and
+    # what follows them read channels contiguously); a model without convs is unchanged.
+    mod = ChannelsLast()(mod)
     sites = find_sites(mod)
     if not sites:
         return QuantizedModel(mod, [], cfg)

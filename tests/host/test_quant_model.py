@@ -92,6 +92,77 @@ def test_one_layer_is_bit_exact_with_the_qdense_reference():
         assert (site.act.zero_point == 0) == (cfg.activations == "symmetric")
 
 
+
+def _conv_model(w1, b1, w2=None):
+    """conv(+bias) NCHW, and with ``w2`` a ReLU and a second conv after it."""
+    x = relax.Var("x", relax.TensorType((2, w1.shape[1], 9, 11), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w1), padding=1))
+            y = bb.emit(relax.op.add(y, relax.const(b1.reshape(1, -1, 1, 1))))
+            if w2 is not None:
+                y = bb.emit(relax.op.nn.relu(y))
+                y = bb.emit(relax.op.nn.conv2d(y, relax.const(w2), strides=2))
+            y = bb.emit_output(y)
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_conv_layers_are_bit_exact_with_the_qconv2d_reference():
+    from opsdk.ops.qconv2d import _reference as qconv_ref
+    from opsdk.quant import quantize_conv2d
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, 5, 3, 3)).astype("float32")
+    b1 = rng.standard_normal(16).astype("float32")
+    w2 = rng.standard_normal((8, 16, 1, 1)).astype("float32")
+    data = [rng.standard_normal((2, 5, 9, 11)).astype("float32") for _ in range(3)]
+    # One conv: quantize -> qconv2d (run in NHWC inside; the transposes are exact).
+    qm = quantize_model(_conv_model(w1, b1), data)
+    (site,) = qm.sites
+    assert site.name == "conv0" and site.conv["layout"] == "NHWC"
+    want = quantize_conv2d(w1, b1, site.act, padding=1).run(data[0])
+    assert np.array_equal(_run(qm.mod, [data[0]]), want)
+    # conv -> ReLU -> conv: the first requantizes straight to the second's input parameters
+    # (a zero point at -128: saturation is the ReLU), so one quantize is left.
+    qm = quantize_model(_conv_model(w1, b1, w2), data)
+    s1, s2 = qm.sites
+    assert s2.act.zero_point == -128
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.qconv2d"] == 2 and counts["opsdk.quantize"] == 1
+    assert "relax.nn.relu" not in opsdk.transform.op_counts(qm.mod, "relax.nn.")
+    q1 = quantize_conv2d(w1, b1, s1.act, padding=1)
+    mid = q1.run(data[0], out_dtype="int8", out=s2.act)
+    q2 = quantize_conv2d(w2, None, s2.act, stride=2)
+    want = qconv_ref(mid, q2.w_q, q2.w_scale, q2.bias_q, **q2.qconv2d_attrs())
+    assert np.array_equal(_run(qm.mod, [data[0]]), want)
+
+
+def test_conv_net_quantized_matches_float_within_two_percent():
+    import conv_net
+
+    model, (x,) = conv_net.build_model()
+    mod = opsdk.transform.FuseIntoOps()(opsdk.frontend.from_torch(
+        torch.export.export(model, (x,))))
+    rng = np.random.default_rng(1)
+    calib = [rng.standard_normal(x.shape).astype("float32") for _ in range(8)]
+    qm = quantize_model(mod, calib)
+    assert qm.quantized == ["conv0", "conv1", "conv2", "dense0"]
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    # conv1 -> ReLU -> conv2 stays int8: 3 quantizes for 4 layers; GroupNorm stays float
+    assert counts["opsdk.qconv2d"] == 3 and counts["opsdk.quantize"] == 3
+    assert counts["opsdk.group_norm"] == 1
+    ref, got = _run(mod, [x.numpy()]), _run(qm.mod, [x.numpy()])
+    rel = np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref**2))
+    assert 0 < rel < 0.02
+    rows = qm.sensitivity()
+    assert len(rows) == 4 and all(0 < r["rel_rmse"] < 0.05 for r in rows)
+    report = opsdk.model.report(qm.mod, "x86", profile=False, asm=False)
+    assert not report.problems, report.problems
+    assert {k.rule for k in report.kernels if "qconv2d" in k.name} <= {
+        "x86.qconv2d_vnni", "generic"}
+
 def test_mixed_precision_keeps_the_worst_layers_float(block):
     mod, _, calib = block
     full = quantize_model(mod, calib)
