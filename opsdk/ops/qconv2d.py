@@ -295,8 +295,9 @@ def qconv2d_packed(
     :func:`~opsdk.ops.qdense.qdense_packed`), padded with the (shifted) zero point and laid
     out ``(N, ceil(C/4), H', W', 4)``, its width padded so the output row is whole
     ``rows``-pixel tiles; ``wp`` the weights ``(ceil(O/16), ceil(C/4)*KH*KW, 16*4)`` (one group
-    per 4 input channels and window tap); ``wsum``/``comp`` the per-channel compensation
-    ``bias[o] - (x_zero_point + offset) * sum w[o]``; ``oscale`` the float32 factors;
+    per 4 input channels and window tap); ``wsum_lanes``/``wsum``/``comp`` the per-channel
+    compensation ``bias[o] - (x_zero_point + offset) * sum w[o]``; ``oscale`` the float32
+    factors;
     ``acc`` ``(N, OH, OW', O')`` the raw int32 sums (no im2col: each tap of a pixel tile reads
     one word per pixel); ``qtile`` the epilogue; ``qconv2d`` the copy of the valid part in the
     op's layout.
@@ -360,11 +361,21 @@ def qconv2d_packed(
 
     wp = te.compute((dim(_cdiv(op_, BLOCK)), dim(cb * taps), dim(BLOCK * KGROUP)), wp_f,
                     name="wp")
-    rc = te.reduce_axis((dim(0), dim(c)), name="rc")
-    ri = te.reduce_axis((dim(0), dim(kh)), name="ri")
-    rj = te.reduce_axis((dim(0), dim(kw)), name="rj")
+    # The weight sums read the packed weights (zero padded: the same sums), so that a rule
+    # may pack a constant weight at compile time (nothing else then reads ``w``): first per
+    # byte lane of each 16-channel block (contiguous vectors), then the 4 lanes of a channel.
+    rg = te.reduce_axis((dim(0), dim(cb * taps)), name="rg")
+    lanes = te.compute(
+        (dim(int(wp.shape[0])), dim(BLOCK * KGROUP)),
+        lambda bb, e: te.sum(wp[bb, rg, e].astype("int32"), axis=rg),
+        name="wsum_lanes",
+    )
     wsum = te.compute(
-        (dim(o),), lambda j: te.sum(w[j, rc, ri, rj].astype("int32"), axis=[rc, ri, rj]),
+        (dim(o),),
+        lambda j: lanes[j // BLOCK, (j % BLOCK) * KGROUP]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 1]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 2]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 3],
         name="wsum",
     )
     comp = te.compute(

@@ -187,8 +187,9 @@ def qdense_packed(
     Stages (block names): ``xa`` activations moved into ``act_dtype`` (``uint8`` for x86
     ``vpdpbusd``: ``x + 128`` for int8 inputs; ``int8`` for ARM ``sdot``: ``x - 128`` for uint8
     inputs), zero-padded to ``rows``-row tiles and K to a multiple of 4; ``wp`` weights packed
-    as ``(N/16, K/4, 16*4)`` with zero padding; ``wsum``/``comp`` the per-channel compensation
-    ``bias[n] - (x_zero_point + offset) * sum_k w[n, k]``, which turns the raw product into
+    as ``(N/16, K/4, 16*4)`` with zero padding; ``wsum_lanes``/``wsum``/``comp`` the per-channel
+    compensation ``bias[n] - (x_zero_point + offset) * sum_k w[n, k]``, which turns the raw
+    product into
     ``sum_k (x - x_zero_point) * w + bias`` (exact: integer identities, int32 wraps alike);
     ``oscale`` the per-channel float32 factor (the same float32 operations as :func:`qdense`);
     ``acc`` the raw int32 dot products (rows padded to whole tiles); ``qtile`` the epilogue on
@@ -262,8 +263,23 @@ def qdense_packed(
         return tirx.if_then_else(tirx.all(nn < n, kk < k), w[nn, kk], tirx.const(0, "int8"))
 
     wp = te.compute((dim(np_ // BLOCK), dim(kp // KGROUP), dim(BLOCK * KGROUP)), wp_f, name="wp")
-    rk = te.reduce_axis((dim(0), dim(k)), name="rk")
-    wsum = te.compute((dim(n),), lambda j: te.sum(w[j, rk].astype("int32"), axis=rk), name="wsum")
+    # The weight sums read the packed weights (zero padded: the same sums), so that a rule
+    # may pack a constant weight at compile time (nothing else then reads ``w``): first per
+    # byte lane of each 16-channel block (contiguous vectors), then the 4 lanes of a channel.
+    rg = te.reduce_axis((dim(0), dim(kp // KGROUP)), name="rg")
+    lanes = te.compute(
+        (dim(int(wp.shape[0])), dim(BLOCK * KGROUP)),
+        lambda bb, e: te.sum(wp[bb, rg, e].astype("int32"), axis=rg),
+        name="wsum_lanes",
+    )
+    wsum = te.compute(
+        (dim(n),),
+        lambda j: lanes[j // BLOCK, (j % BLOCK) * KGROUP]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 1]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 2]
+        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 3],
+        name="wsum",
+    )
     # Per-channel terms padded to the channel tiles (zero beyond N), so that the tile epilogue
     # runs unpredicated.
     comp = te.compute(

@@ -30,9 +30,11 @@ from .cpu.vnni import (
     Microkernel,
     _vector_bits,
     _vectorize_contiguous,
+    pack_at_compile_time,
     region,
     register_tile,
     replace_block_body,
+    schedule_weight_sums,
 )
 
 __all__ = ["qconv2d_attrs", "rebuild_qconv2d", "schedule_qconv2d_packed"]
@@ -163,7 +165,7 @@ def schedule_qconv2d_packed(
     ...                     cols=64)
     >>> sch = schedule_qconv2d_packed(f, opsdk.target("x86"), VNNI)
     >>> [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    ['xa', 'wp', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qconv2d']
+    ['xa', 'wp', 'wsum_lanes', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qconv2d']
     """
     rows, cols, stride = (int(v) for v in func.attrs["opsdk.qconv2d_tile"])
     bits = _vector_bits(target)
@@ -198,6 +200,6 @@ def schedule_qconv2d_packed(
     wb, _, we = sch.get_loops(blocks["wp"])
     sch.parallel(wb)
     _vectorize_contiguous(sch, we, bits // 8)
-    if "wsum" in blocks:  # absent when the zero point cancels the shift (no compensation)
-        sch.parallel(sch.get_loops(blocks["wsum"])[0])
+    pack_at_compile_time(sch, func, blocks["wp"])
+    schedule_weight_sums(sch, blocks)
     return sch

@@ -68,6 +68,9 @@ def test_block_quantized_matches_float_within_two_percent(block):
     assert all(0 < r["rel_rmse"] < 0.05 and r["cosine"] > 0.999 for r in rows)
     report = opsdk.model.report(qm.mod, "x86", profile=False, asm=False)
     assert not report.problems, report.problems  # every kernel scheduled, none serial
+    # constant weights packed once at compile time (their own folded function)
+    if "avx512vnni" in opsdk.targets.target_features(opsdk.target("x86")):
+        assert all(k.name.endswith("_prepacked") for k in report.kernels if "qdense" in k.name)
 
 
 def test_one_layer_is_bit_exact_with_the_qdense_reference():
@@ -160,8 +163,10 @@ def test_conv_net_quantized_matches_float_within_two_percent():
     assert len(rows) == 4 and all(0 < r["rel_rmse"] < 0.05 for r in rows)
     report = opsdk.model.report(qm.mod, "x86", profile=False, asm=False)
     assert not report.problems, report.problems
-    assert {k.rule for k in report.kernels if "qconv2d" in k.name} <= {
-        "x86.qconv2d_vnni", "generic"}
+    convs = [k for k in report.kernels if "qconv2d" in k.name]
+    if "avx512vnni" in opsdk.targets.target_features(opsdk.target("x86")):
+        assert [k.rule for k in convs] == ["x86.qconv2d_vnni"] * 3
+        assert all(k.name.endswith("_prepacked") for k in convs)
 
 def test_mixed_precision_keeps_the_worst_layers_float(block):
     mod, _, calib = block

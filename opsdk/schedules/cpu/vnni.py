@@ -38,6 +38,7 @@ from .. import rule
 __all__ = [
     "VNNI",
     "Microkernel",
+    "pack_at_compile_time",
     "qdense_attrs",
     "rebuild_packed",
     "region",
@@ -45,6 +46,7 @@ __all__ = [
     "replace_block_body",
     "replace_with_tile_kernel",
     "schedule_qdense_packed",
+    "schedule_weight_sums",
     "splat4",
 ]
 
@@ -337,7 +339,7 @@ def schedule_qdense_packed(
     >>> f = rebuild_packed(te.create_prim_func([x, w, s, y]), act_dtype="uint8", rows=6, cols=64)
     >>> sch = schedule_qdense_packed(f, opsdk.target("x86"), VNNI)
     >>> [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    ['xa', 'wp', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qdense']
+    ['xa', 'wp', 'wsum_lanes', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qdense']
     """
     rows, cols = _tile(func)
     bits = _vector_bits(target)
@@ -383,9 +385,32 @@ def schedule_qdense_packed(
     sch.reorder(wb, wc, wg, wk)
     sch.vectorize(wk)
     sch.parallel(wb)
-    if "wsum" in blocks:  # absent when the zero point cancels the shift (no compensation)
-        sch.parallel(sch.get_loops(blocks["wsum"])[0])
+    pack_at_compile_time(sch, func, blocks["wp"])
+    schedule_weight_sums(sch, blocks)
     return sch
+
+
+def schedule_weight_sums(sch: s_tir.Schedule, blocks: dict[str, Any]) -> None:
+    """The per-channel weight sums of the compensation: each 16-channel block's 64 byte lanes
+    summed over K in one vector (blocks in parallel), then 4 lanes per channel."""
+    if "wsum_lanes" not in blocks:  # absent when the zero point cancels the shift
+        return
+    b, e, g = sch.get_loops(blocks["wsum_lanes"])
+    sch.reorder(b, g, e)
+    sch.vectorize(e)
+    sch.parallel(b)
+
+
+def pack_at_compile_time(sch: s_tir.Schedule, func: tirx.PrimFunc, block: Any) -> None:
+    """Mark the weight packing ``block`` (it reads the weight ``w`` only) as a layout rewrite
+    when ``w`` is bound to a constant: SplitLayoutRewritePreproc then moves it into a function
+    of its own, which FoldConstant runs once at compile time (as the float matmul rule's
+    packing)."""
+    from .._gemm import is_layout_free
+
+    w = func.params[1]
+    if is_layout_free(func, w):
+        sch.annotate(block, "meta_schedule.layout_rewrite_preproc", True)
 
 
 def _static_k_unpadded(func: tirx.PrimFunc) -> bool:
