@@ -30,7 +30,14 @@ from .._opdef import Tensor, op
 from ._quant import QRANGE, rint_f32, round_to_te
 from .qdense import BLOCK, KGROUP
 
-__all__ = ["ATTRS_KEY", "conv2d_nchw", "conv_geometry", "qconv2d", "qconv2d_packed"]
+__all__ = [
+    "ATTRS_KEY",
+    "conv2d_nchw",
+    "conv_geometry",
+    "qconv2d",
+    "qconv2d_depthwise_padded",
+    "qconv2d_packed",
+]
 
 #: Annotation on the output block holding the op's attributes (see qdense's ``ATTRS_KEY``).
 ATTRS_KEY = "opsdk.qconv2d"
@@ -161,6 +168,17 @@ def _check(shapes, dtypes, attrs):
         )
 
 
+def _epilogue(v, oc, w_scale, x_scale, out_dtype, out_scale, out_zero_point, per_channel):
+    """int32 ``v`` (bias added) of output channel ``oc`` as the op's output dtype."""
+    if out_dtype == "int32":
+        return v
+    sc = tirx.const(x_scale, "float32") * w_scale(oc if per_channel else 0)
+    f = v.astype("float32")
+    if out_dtype == "float32":
+        return f * sc
+    return round_to_te(f * (sc / tirx.const(out_scale, "float32")), out_zero_point, out_dtype)
+
+
 @op(
     reference=_reference,
     dtypes={"x": ("int8", "uint8"), "w": ("int8",), "w_scale": ("float32",), "bias": ("int32",)},
@@ -240,18 +258,10 @@ def qconv2d(
 
     acc = te.compute((n, o, oh, ow), acc_f, name="acc")
 
-    def scale(oc):
-        return tirx.const(x_scale, "float32") * w_scale(oc if per_channel else 0)
-
     def body(b, oc, y, xx):
         v = acc(b, oc, y, xx) if bias is None else acc(b, oc, y, xx) + bias(oc)
-        if out_dtype == "int32":
-            return v
-        f = v.astype("float32")
-        if out_dtype == "float32":
-            return f * scale(oc)
-        return round_to_te(f * (scale(oc) / tirx.const(out_scale, "float32")), out_zero_point,
-                           out_dtype)
+        return _epilogue(v, oc, w_scale, x_scale, out_dtype, out_scale, out_zero_point,
+                         per_channel)
 
     attrs = {
         "layout": layout, "stride": stride, "padding": padding, "depthwise": depthwise,
@@ -427,3 +437,99 @@ def qconv2d_packed(
                           lambda b, j, y, xx: tile[b, y, xx, j], name="qconv2d")
     return te.compute((n, dim(oh), dim(g["OW"]), dim(o)),
                       lambda b, y, xx, j: tile[b, y, xx, j], name="qconv2d")
+
+
+def qconv2d_depthwise_padded(
+    x: te.Tensor,
+    w: te.Tensor,
+    w_scale: te.Tensor,
+    bias: te.Tensor | None = None,
+    *,
+    layout: Literal["NCHW", "NHWC"] = "NCHW",
+    stride: int = 1,
+    padding: int = 0,
+    x_scale: float = 1.0,
+    x_zero_point: int = 0,
+    out_dtype: Literal["int8", "int32", "float32"] = "int8",
+    out_scale: float = 1.0,
+    out_zero_point: int = 0,
+    per_channel: bool = True,
+) -> te.Tensor:
+    """A depthwise :func:`qconv2d` reading a padded copy of its input: bit-identical.
+
+    Stages: ``xp`` the input minus the zero point as int16 (``|x - zp| <= 383``), zero in the
+    padding, in the op's layout (so the window has no bounds test); ``wt`` the weights as
+    int32 ``(KH, KW, C)``; ``acc`` the int32 window sums, the ``KH x KW`` taps written out
+    (sizes are static); ``qconv2d`` the epilogue (the definition's float32 steps).
+
+    Examples
+    --------
+    >>> import numpy as np, tvm
+    >>> from tvm import te
+    >>> from opsdk.ops.qconv2d import qconv2d, qconv2d_depthwise_padded
+    >>> x = te.placeholder((1, 6, 7, 5), "uint8", name="x")
+    >>> w = te.placeholder((5, 1, 3, 3), "int8", name="w")
+    >>> s = te.placeholder((5,), "float32", name="w_scale")
+    >>> attrs = {"x_zero_point": 9, "out_dtype": "int32", "padding": 1, "layout": "NHWC"}
+    >>> y = qconv2d_depthwise_padded(x, w, s, **attrs)
+    >>> f = tvm.compile(te.create_prim_func([x, w, s, y]), target={"kind": "llvm"})
+    >>> rng = np.random.default_rng(0)
+    >>> ins = {"x": rng.integers(0, 256, (1, 6, 7, 5)).astype("uint8"),
+    ...        "w": rng.integers(-128, 128, (5, 1, 3, 3)).astype("int8"),
+    ...        "w_scale": np.ones(5, "float32")}
+    >>> out = tvm.runtime.empty((1, 6, 7, 5), "int32")
+    >>> f["main"](*[tvm.runtime.tensor(a) for a in ins.values()], out)
+    >>> bool(np.array_equal(out.numpy(), qconv2d.run_reference(ins, {**attrs, "depthwise": True})))
+    True
+    """
+    g = conv_geometry(x.shape, w.shape, {"layout": layout, "stride": stride,
+                                         "padding": padding})
+    n = x.shape[0]
+    idx = str(n.ty.dtype) if hasattr(n, "ty") else "int32"
+
+    def dim(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    c, h, wd, kh, kw, s, p = (g["C"], g["H"], g["W"], g["KH"], g["KW"], stride, padding)
+    nchw = layout == "NCHW"
+    hp, wpd = (g["OH"] - 1) * s + kh, (g["OW"] - 1) * s + kw
+
+    def xp_f(b, i1, i2, i3):
+        ch, y, xx = (i1, i2, i3) if nchw else (i3, i1, i2)
+        iy, ix = y - p, xx - p
+        inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < wd)
+        v = x[b, ch, iy, ix] if nchw else x[b, iy, ix, ch]
+        return tirx.if_then_else(inside, (v.astype("int32") - x_zero_point).astype("int16"),
+                                 tirx.const(0, "int16"))
+
+    pshape = (n, dim(c), dim(hp), dim(wpd)) if nchw else (n, dim(hp), dim(wpd), dim(c))
+    xp = te.compute(pshape, xp_f, name="xp")
+    # Weights tap-major, channels contiguous (OIHW would be gathered with stride KH*KW).
+    wt = te.compute((dim(kh), dim(kw), dim(c)), lambda i, j, ch: w[ch, 0, i, j].astype("int32"),
+                    name="wt")
+
+    def tap(b, ch, y, xx):
+        return (xp[b, ch, y, xx] if nchw else xp[b, y, xx, ch]).astype("int32")
+
+    def acc_f(b, i1, i2, i3):
+        # The window written out (static): an injective block the epilogue inlines, so the
+        # whole sum vectorizes along the last axis with no reduction loop.
+        ch, y, xx = (i1, i2, i3) if nchw else (i3, i1, i2)
+        terms = [tap(b, ch, y * s + i, xx * s + j) * wt[i, j, ch]
+                 for i in range(kh) for j in range(kw)]
+        total = terms[0]
+        for t in terms[1:]:
+            total = total + t
+        return total
+
+    oshape = ((n, dim(c), dim(g["OH"]), dim(g["OW"])) if nchw
+              else (n, dim(g["OH"]), dim(g["OW"]), dim(c)))
+    acc = te.compute(oshape, acc_f, name="acc")
+
+    def body(b, i1, i2, i3):
+        ch = i1 if nchw else i3
+        v = acc[b, i1, i2, i3] if bias is None else acc[b, i1, i2, i3] + bias[ch]
+        return _epilogue(v, ch, w_scale, x_scale, out_dtype, out_scale, out_zero_point,
+                         per_channel)
+
+    return te.compute(oshape, body, name="qconv2d")

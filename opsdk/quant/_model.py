@@ -144,34 +144,56 @@ def _graph(func: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]], list[Any]]:
     return bindings, users, order
 
 
+def _clamp_step(val: Any, bindings: dict[Any, Any]) -> tuple[Any, float, float] | None:
+    """``(input var, lo, hi)`` of a ReLU or a ``maximum`` / ``minimum`` with a scalar constant
+    (ReLU6 after ChannelsLast spells it so); None for anything else."""
+    name = _op(val)
+    if name == "relax.nn.relu":
+        return val.args[0], 0.0, float("inf")
+    if name not in ("relax.maximum", "relax.minimum"):
+        return None
+    var = [e for e in val.args if _value(e, bindings) is None]
+    const = [_value(e, bindings) for e in val.args if _value(e, bindings) is not None]
+    if len(var) != 1 or len(const) != 1 or const[0].size != 1:
+        return None
+    bound = float(const[0].reshape(()))
+    if name == "relax.maximum":
+        return var[0], bound, float("inf")
+    return var[0], -float("inf"), bound
+
+
 def _chains(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig
-            ) -> dict[str, tuple[QuantSite, Any]]:
-    """Consumer conv site name -> (producer conv site, the ReLU var between or None) for
-    int8 chains: the producer's only use is the consumer's input, directly or through a ReLU
-    whose only use it is; the producer then requantizes straight to the consumer's input
-    parameters (saturation at a zero point of the dtype's minimum is the ReLU), and the
-    consumer's quantize disappears."""
+            ) -> dict[str, tuple[QuantSite, list[Any]]]:
+    """Consumer conv site name -> (producer conv site, the clamp vars between) for int8
+    chains: the producer's only use is the consumer's input, directly or through ReLU /
+    ReLU6 clamps that nothing else reads. The producer then requantizes straight to the
+    consumer's input parameters and the consumer's quantize disappears; the clamps fold into
+    the saturation, which is exact when the int8 range lies inside the clamp's (a zero point
+    of -128 for a ReLU; also ``127`` at or under 6 for a ReLU6). Otherwise no chain."""
     bindings, users, _ = _graph(mod["main"])
     quant = [s for s in sites if s.name not in cfg.keep_float]
     by_root = {s.root: s for s in quant if s.conv}
     out = {}
     for t in quant:
-        if not t.conv or t.act is None:
+        if not t.conv or t.act is None or t.act.dtype != "int8":
             continue
-        relu = None
-        src = t.x
-        if _op(bindings.get(src)) == "relax.nn.relu":
-            if t.act.zero_point != QRANGE[t.act.dtype][0]:
-                continue  # a zero point above the minimum: saturation is not the ReLU
-            relu, src = src, bindings[src].args[0]
+        src, lo, hi, between = t.x, -float("inf"), float("inf"), []
+        while (step := _clamp_step(bindings.get(src), bindings)) is not None:
+            between.append(src)
+            src, lo, hi = step[0], max(lo, step[1]), min(hi, step[2])
         s = by_root.get(src)
-        if s is None or s is t or t.act.dtype != "int8":
+        if s is None or s is t:
             continue
-        # The producer feeds only this conv (through the ReLU, if any): nothing else needs
-        # its float output.
-        if len(users.get(src, [])) != 1 or len(users.get(t.x, [])) != 1:
+        # Everything from the producer to the consumer has one user: nothing else needs the
+        # float values.
+        if any(len(users.get(v, [])) != 1 for v in (src, *between)):
             continue
-        out[t.name] = (s, relu)
+        qmin, qmax = QRANGE["int8"]
+        edges = t.act.quantize(np.array([lo if lo > -np.inf else 0.0,
+                                         hi if hi < np.inf else 0.0], np.float32))
+        if (lo > -np.inf and edges[0] > qmin) or (hi < np.inf and edges[1] < qmax):
+            continue  # the clamp cuts inside the int8 range: saturation is not the clamp
+        out[t.name] = (s, between)
     return out
 
 
@@ -256,16 +278,19 @@ def _conv_site(val: Any, var: Any, wc: np.ndarray | None, bias_after: Callable,
             or not isinstance(ty, relax.TensorType) or str(ty.dtype) != "float32"
             or (layout, str(a.kernel_layout)) not in (("NCHW", "OIHW"), ("NHWC", "HWIO"))
             or str(a.out_layout) != layout or sh != sw or len(set(pad)) != 1
-            or dil != [1, 1] or int(a.groups) != 1):
-        return None  # (depthwise and grouped convs stay float: no scheduled int8 kernel yet)
+            or dil != [1, 1]):
+        return None
     if layout == "NHWC":  # ChannelsLast's HWIO: qconv2d takes OIHW in both layouts
         wc = np.ascontiguousarray(wc.transpose(3, 2, 0, 1))
-    o = wc.shape[0]
+    o, c_in = wc.shape[0], wc.shape[1] * int(a.groups)
+    depthwise = int(a.groups) > 1
+    if depthwise and not (int(a.groups) == c_in == o and wc.shape[1] == 1):
+        return None  # grouped (neither dense nor depthwise): stays float
     shapes = ((1, o, 1, 1), (o, 1, 1)) if layout == "NCHW" else ((o,), (1, 1, 1, o))
     root, bias, _ = bias_after(var, o, shapes)
     return QuantSite(name, root, x, wc, bias, False,
                      conv={"stride": sh, "padding": pad[0], "layout": layout,
-                           "depthwise": False})
+                           "depthwise": depthwise})
 
 
 def _probe_module(mod: Any, sites: Sequence[QuantSite]) -> Any:
@@ -439,13 +464,15 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
     # producer site name -> the consumer's input parameters it requantizes to
     by_name = {s.name: s for s in sites}
     to_int8 = {p.name: by_name[t].act for t, (p, _) in chains.items()}
-    relus = {r for _, r in chains.values() if r is not None}
+    clamps = {v for _, between in chains.values() for v in between}
+    bindings, _, _ = _graph(mod["main"])
 
     @relax.expr_functor.mutator
     class _Quantize(relax.PyExprMutator):
         def visit_var_binding_(self, binding: Any) -> None:
-            if binding.var in relus:  # folded into the producer's saturation
-                self.set_var_remap(binding.var, self.visit_expr(binding.value.args[0]))
+            if binding.var in clamps:  # folded into the producer's saturation
+                step = _clamp_step(bindings[binding.var], bindings)
+                self.set_var_remap(binding.var, self.visit_expr(step[0]))
                 return
             s = todo.get(binding.var)
             if s is None:

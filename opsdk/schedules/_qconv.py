@@ -13,8 +13,10 @@ tiles it as a direct convolution, no im2col:
 - the epilogue (compensation, requantize / dequantize) runs on the tile while it is in L1,
   and the valid part is written in the op's layout (NCHW or NHWC).
 
-Depthwise convs are left to the next rule (a dot product over 4 input channels does not
-apply: each output channel reads one input channel).
+A depthwise conv has no dot product over input channels (each output channel reads its own),
+so :func:`schedule_qconv2d_depthwise` vectorizes its int32 multiply-adds along the contiguous
+output axis instead (channels in NHWC, the output row in NCHW) over a padded int16 copy of
+the input (:func:`~opsdk.ops.qconv2d.qconv2d_depthwise_padded`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 from tvm import s_tir, te, tirx
 from tvm.target import Target
 
-from ..ops.qconv2d import ATTRS_KEY, conv_geometry, qconv2d_packed
+from ..ops.qconv2d import ATTRS_KEY, conv_geometry, qconv2d_depthwise_padded, qconv2d_packed
 from ..ops.qdense import BLOCK, KGROUP
+from ._common import _fuse, vector_lanes, vectorize_loop
+from ._gemm import is_layout_free
 from .cpu.vnni import (
     Microkernel,
     _vector_bits,
@@ -37,7 +41,12 @@ from .cpu.vnni import (
     schedule_weight_sums,
 )
 
-__all__ = ["qconv2d_attrs", "rebuild_qconv2d", "schedule_qconv2d_packed"]
+__all__ = [
+    "qconv2d_attrs",
+    "rebuild_qconv2d",
+    "schedule_qconv2d_depthwise",
+    "schedule_qconv2d_packed",
+]
 
 _ATTR_TYPES = (
     ("layout", str), ("stride", int), ("padding", int), ("depthwise", bool),
@@ -202,4 +211,64 @@ def schedule_qconv2d_packed(
     _vectorize_contiguous(sch, we, bits // 8)
     pack_at_compile_time(sch, func, blocks["wp"])
     schedule_weight_sums(sch, blocks)
+    return sch
+
+
+def schedule_qconv2d_depthwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A depthwise ``qconv2d`` (static sizes but the batch) rebuilt on a padded int16 input
+    and vectorized along its contiguous output axis; None for any other function.
+
+    Loop nest: ``parallel (all axes but the last)`` -> vectors along the last axis (a
+    partitioned tail), each the ``KH x KW`` int32 multiply-adds and the epilogue. The padded
+    copy is one parallel, vectorized pass.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te
+    >>> from opsdk.ops.qconv2d import qconv2d
+    >>> from opsdk.schedules._qconv import schedule_qconv2d_depthwise
+    >>> x = te.placeholder((1, 9, 9, 24), "int8", name="x")
+    >>> w = te.placeholder((24, 1, 3, 3), "int8", name="w")
+    >>> s = te.placeholder((24,), "float32", name="w_scale")
+    >>> a = {**qconv2d.default_attrs(), "padding": 1, "depthwise": True, "layout": "NHWC"}
+    >>> y = qconv2d.call_compute([x, w, s, None], a)
+    >>> sch = schedule_qconv2d_depthwise(te.create_prim_func([x, w, s, y]), opsdk.target("x86"))
+    >>> # the padded copy, the weights and the conv, each as 16 channels + a tail of 8
+    >>> [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    ['xp_i3_common', 'wt_ch_common', 'qconv2d_i3_common']
+    """
+    attrs = qconv2d_attrs(func)
+    if attrs is None or not attrs.pop("depthwise"):
+        return None
+    has_bias = attrs.pop("has_bias")
+    bufs = list(func.params)
+    if len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs):
+        return None
+    try:
+        conv_geometry(bufs[0].shape, bufs[1].shape, attrs)
+    except ValueError:
+        return None
+    names = ["x", "w", "w_scale", "bias"][: len(bufs) - 1]
+    phs = [te.placeholder(b.shape, b.dtype, name=nm) for b, nm in zip(bufs, names)]
+    out = qconv2d_depthwise_padded(*phs[:3], phs[3] if has_bias else None, **attrs)
+    new = te.create_prim_func([*phs, out])
+    for key, value in (func.attrs or {}).items():
+        new = new.with_attr(key, value)
+    lanes = vector_lanes(target, 32)
+    sch = s_tir.Schedule(new)
+    xp = sch.get_sblock("xp")
+    loops = sch.get_loops(xp)
+    vectorize_loop(sch, loops[-1], lanes)
+    sch.parallel(_fuse(sch, loops[:-1]))
+    wt = sch.get_sblock("wt")
+    if is_layout_free(new, new.params[1]):
+        pack_at_compile_time(sch, new, wt)  # runs once at compile time: left as it is
+    else:
+        vectorize_loop(sch, sch.get_loops(wt)[-1], lanes)
+    epi = sch.get_sblock("qconv2d")
+    sch.compute_inline(sch.get_sblock("acc"))
+    e_loops = sch.get_loops(epi)
+    sch.parallel(_fuse(sch, e_loops[:-1]))
+    vectorize_loop(sch, e_loops[-1], lanes)
     return sch

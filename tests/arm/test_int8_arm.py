@@ -150,7 +150,7 @@ def _conv_cases() -> Any:
 )
 def test_qconv2d_rules_are_bit_exact(target, rule, insn, absent, a76) -> None:
     # Both rules on the Cortex-A76 emulation (it has the dot product; the plain NEON rule
-    # does not use it, checked in the asm). Depthwise cases go to the generic lowering.
+    # does not use it, checked in the asm). Depthwise cases get their own NEON rule.
     Q = _conv_cases()
     cases = Q.make_cases()
     if target == "arm":
@@ -159,7 +159,7 @@ def test_qconv2d_rules_are_bit_exact(target, rule, insn, absent, a76) -> None:
     ex, rules = Q.compile_cases(cases, target)
     TIMINGS[f"qconv2d compile {target}"] = time.monotonic() - t0
     dw = sum(c.attrs["depthwise"] for c in cases)
-    assert rules == {rule: len(cases) - dw, **({"generic": dw} if dw else {})}
+    assert rules == {rule: len(cases) - dw, **({"neon.qconv2d_depthwise": dw} if dw else {})}
     asm = asm_of(ex)
     assert re.search(rf"^\s*{insn}", asm, flags=re.M), f"no {insn} in the {target} kernels"
     assert not re.search(rf"^\s*{absent}", asm, flags=re.M)

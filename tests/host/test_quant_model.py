@@ -142,6 +142,46 @@ def test_conv_layers_are_bit_exact_with_the_qconv2d_reference():
     assert np.array_equal(_run(qm.mod, [data[0]]), want)
 
 
+
+def test_relu6_depthwise_chain_is_bit_exact():
+    # MobileNet's expand -> ReLU6 -> depthwise -> ReLU6 -> project: all int8 between, the
+    # clamps folded into saturation (the calibrated ranges lie within [0, 6]).
+    from opsdk.ops.qconv2d import _reference as qconv_ref
+    from opsdk.quant import quantize_conv2d
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((12, 4, 1, 1)) * 0.5).astype("float32")
+    wd = rng.standard_normal((12, 1, 3, 3)).astype("float32") * 0.3
+    w3 = rng.standard_normal((6, 12, 1, 1)).astype("float32")
+    x = relax.Var("x", relax.TensorType((1, 4, 9, 9), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w1)))
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            y = bb.emit(relax.op.nn.conv2d(y, relax.const(wd), padding=1, groups=12))
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            y = bb.emit_output(relax.op.nn.conv2d(y, relax.const(w3)))
+        bb.emit_func_output(y)
+    data = [rng.standard_normal((1, 4, 9, 9)).astype("float32") for _ in range(4)]
+    qm = quantize_model(bb.get(), data)
+    s1, s2, s3 = qm.sites
+    assert s2.conv["depthwise"] and s2.act.zero_point == s3.act.zero_point == -128
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.qconv2d"] == 3 and counts["opsdk.quantize"] == 1
+    q1 = quantize_conv2d(w1, None, s1.act)
+    q2 = quantize_conv2d(wd, None, s2.act, padding=1, depthwise=True)
+    q3 = quantize_conv2d(w3, None, s3.act)
+    mid = q1.run(data[0], out_dtype="int8", out=s2.act)
+    mid = qconv_ref(mid, q2.w_q, q2.w_scale, q2.bias_q, **q2.qconv2d_attrs("int8", s3.act))
+    want = qconv_ref(mid, q3.w_q, q3.w_scale, q3.bias_q, **q3.qconv2d_attrs())
+    assert np.array_equal(_run(qm.mod, [data[0]]), want)
+    # Symmetric activations put the zero point at 0: the clamps' lower bound 0 cuts inside
+    # the int8 range, saturation is not the clamp, so no chain (each conv quantizes its input).
+    qm = quantize_model(bb.get(), data, QuantConfig(activations="symmetric"))
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.quantize"] == 3 and counts["opsdk.qconv2d"] == 3
+
 def test_conv_net_quantized_matches_float_within_two_percent():
     import conv_net
 

@@ -134,3 +134,19 @@ def _qconv2d_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 direct convolution on NEON without dot product (smull/saddlp/addp), same
     tiling and epilogue as the sdot rule."""
     return _schedule_conv(func, target, NEON_SMULL)
+
+
+@rule(
+    "qconv2d",
+    "arm_cpu",
+    name="neon.qconv2d_depthwise",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _qconv2d_depthwise_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Depthwise int8 conv in NEON int32 vectors along the contiguous output axis (the x86
+    rule's schedule)."""
+    from .._qconv import schedule_qconv2d_depthwise
+
+    return schedule_qconv2d_depthwise(func, target)

@@ -453,3 +453,19 @@ def _qconv2d_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     if packed is None:
         return None
     return schedule_qconv2d_packed(packed, target, VNNI)
+
+
+@rule(
+    "qconv2d",
+    "cpu",
+    name="x86.qconv2d_depthwise",
+    requires=("kind:llvm", "arch:x86_64"),
+    priority=15,
+    claims=("vectorize", "parallel"),
+)
+def _qconv2d_depthwise_x86(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Depthwise int8 conv: int32 multiply-adds of a padded int16 input in vectors along the
+    contiguous output axis (channels in NHWC), all other axes in parallel."""
+    from .._qconv import schedule_qconv2d_depthwise
+
+    return schedule_qconv2d_depthwise(func, target)
