@@ -240,7 +240,7 @@ def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray
     """The int8 module, what the manifest records of it, and the float model's outputs on
     ``inputs`` (the int8 host build, compiled once by the caller, is compared with them)."""
     from ..model import compile_model
-    from ..quant import QuantConfig, quantize_model
+    from ..quant import QuantConfig, find_sites, quantize_model
     from ..runners import LocalRunner
 
     cfg = int8 if isinstance(int8, QuantConfig) else QuantConfig()
@@ -249,10 +249,12 @@ def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray
         calibration = ([rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
                        for _ in range(32 if calibration is None else calibration))
     say("calibrating and quantizing to int8")
+    if not find_sites(mod):
+        raise ArtifactError("--int8: the model has no dense or conv2d layer with a constant "
+                            "float32 weight to quantize")
     qm = quantize_model(mod, calibration, cfg)
     if not qm.quantized:
-        raise ArtifactError("--int8: the model has no dense layer with a constant float32 "
-                            "weight to quantize")
+        raise ArtifactError("--int8: every layer is kept float: nothing to quantize")
     with LocalRunner() as host:
         float_out = host.run(compile_model(mod, "host").ex, inputs)
     info = {"int8_layers": qm.quantized, "float_layers": list(qm.config.keep_float),
@@ -421,7 +423,7 @@ def build_artifact(
         intermediates' memory for the largest inputs, and a torch.export batch dim allows up
         to 1024 unless told. The manifest gives the bounds used.
     int8
-        Quantize the dense layers to int8 first (:func:`opsdk.quant.quantize_model`): True
+        Quantize the dense and conv layers to int8 first (:func:`opsdk.quant.quantize_model`): True
         or a :class:`opsdk.quant.QuantConfig`; ``calibration`` are its inputs (an iterable
         of input lists, or a count of random normal samples shaped like the example inputs;
         default 32). The manifest records the int8 layers and the model's agreement with

@@ -134,7 +134,7 @@ def run_quantize_command(args: argparse.Namespace) -> int:
     from ..bench._model import setup_threads
     from ..model import compile_model, load_model, parse_entry_args
     from ..runners import LocalRunner
-    from . import QuantConfig, agreement, quantize_model
+    from . import QuantConfig, agreement, find_sites, quantize_model
 
     spec = args.model
     mp: int | float | None = None
@@ -174,11 +174,15 @@ def run_quantize_command(args: argparse.Namespace) -> int:
 
     cfg = QuantConfig(weights=args.weights, activations=args.activations, method=args.method,
                       percentile=args.percentile)
-    qm = quantize_model(loaded.opsdk_mod, stream(), cfg, mixed_precision=mp,
-                        progress=_progress(total))
-    if not qm.sites:
-        print(f"{spec}: no dense layer with a constant float32 weight to quantize")
+    if not find_sites(loaded.opsdk_mod):
+        print(f"{spec}: no dense or conv2d layer with a constant float32 weight to quantize")
         return 0
+    try:
+        qm = quantize_model(loaded.opsdk_mod, stream(), cfg, mixed_precision=mp,
+                            progress=_progress(total))
+    except ValueError as e:  # bad calibration data: the message names the batch and input
+        print(file=sys.stderr)  # (ends the progress line)
+        raise _usage(f"{spec}: {e}") from None
     rows = qm.sensitivity()
     keep = list(qm.config.keep_float)
     print(format_sensitivity(rows, keep))

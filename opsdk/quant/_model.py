@@ -339,11 +339,18 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
     for s in sites:
         s.stats = {"lo": np.inf, "hi": -np.inf, "sample": [], "inputs": []}
     n = 0
+    params = list(mod["main"].params)
     for batch in batches:
         arrays = [batch] if isinstance(batch, np.ndarray) else list(batch)
+        _check_batch(arrays, params, n)
         outs = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
         for s, o in zip(sites, outs):
             a = o.numpy()
+            if not np.isfinite(a).all():
+                raise ValueError(
+                    f"quantize_model: calibration batch {n}: the input of layer {s.name} has "
+                    "NaN or infinite values (the float model computes them from this batch); "
+                    "calibrate on finite data that the float model handles")
             st = s.stats
             st["lo"], st["hi"] = min(st["lo"], float(a.min())), max(st["hi"], float(a.max()))
             flat = a.ravel()
@@ -364,6 +371,28 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
             progress(n)
     if n == 0:
         raise ValueError("quantize_model: the calibration data is empty")
+
+
+def _check_batch(arrays: Sequence[Any], params: Sequence[Any], n: int) -> None:
+    """One calibration batch against the model's inputs: count, dtype, static dims, finite."""
+    where = f"quantize_model: calibration batch {n}"
+    if len(arrays) != len(params):
+        raise ValueError(f"{where} has {len(arrays)} array(s); the model takes "
+                         f"{len(params)} input(s) ({', '.join(p.name for p in params)})")
+    for a, p in zip(arrays, params):
+        a = np.asarray(a)
+        ty = p.ty
+        want = [int(d) if hasattr(d, "value") else None for d in ty.shape.values]
+        if str(a.dtype) != str(ty.dtype):
+            raise ValueError(f"{where}, input {p.name!r}: dtype {a.dtype}; the model takes "
+                             f"{ty.dtype}")
+        if a.ndim != len(want) or any(w is not None and w != d for w, d in zip(want, a.shape)):
+            shown = tuple("?" if w is None else w for w in want)
+            raise ValueError(f"{where}, input {p.name!r}: shape {a.shape}; the model takes "
+                             f"{shown} ('?' any size)")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{where}, input {p.name!r} has NaN or infinite values; "
+                             "calibrate on finite data")
 
 
 def _act_params(s: QuantSite, cfg: QuantConfig) -> QParams:
@@ -569,7 +598,9 @@ def quantize_model(
     mod = ChannelsLast()(mod)
     sites = find_sites(mod)
     if not sites:
-        return QuantizedModel(mod, [], cfg)
+        raise ValueError(
+            "quantize_model: the model has no dense (matmul) or conv2d layer with a constant "
+            "float32 weight: nothing to quantize")
     _collect(mod, sites, calibration, cfg, progress)
     for s in sites:
         s.act = _act_params(s, cfg)

@@ -208,6 +208,66 @@ def test_conv_net_quantized_matches_float_within_two_percent():
         assert [k.rule for k in convs] == ["x86.qconv2d_vnni"] * 3
         assert all(k.name.endswith("_prepacked") for k in convs)
 
+
+def _dense_model(scale: float = 1.0):
+    """dense0 -> ReLU -> dense1; a large ``scale`` makes dense1's input overflow."""
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = np.full((8, 8), scale, "float32")
+            y = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w))))
+            y = bb.emit_output(relax.op.matmul(y, relax.const(w)))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _no_layer_model():
+    x = relax.Var("x", relax.TensorType((8, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, x))  # two activations: not a layer
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+_GOOD = np.ones((4, 8), "float32")
+_NAN = _GOOD.copy()
+_NAN[1, 2] = np.nan
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"),
+    [
+        (_dense_model, [], r"the calibration data is empty"),
+        (_dense_model, [np.ones((4, 9), "float32")],
+         r"calibration batch 0, input 'x': shape \(4, 9\); the model takes \(4, 8\)"),
+        (_dense_model, [_GOOD, np.ones((4, 8), "float64")],
+         r"calibration batch 1, input 'x': dtype float64; the model takes float32"),
+        (_dense_model, [[_GOOD, _GOOD]], r"batch 0 has 2 array\(s\); the model takes 1 input"),
+        (_dense_model, [_GOOD, _NAN], r"calibration batch 1, input 'x' has NaN or infinite"),
+        (lambda: _dense_model(1e30), [_GOOD * 1e10],
+         r"calibration batch 0: the input of layer dense1 has NaN or infinite values"),
+        (_no_layer_model, [], r"no dense \(matmul\) or conv2d layer with a constant"),
+    ],
+    ids=["empty", "shape", "dtype", "count", "nan", "overflow", "no-layer"],
+)
+def test_bad_calibration_input_is_named(model, data, message):
+    with pytest.raises(ValueError, match=message):
+        quantize_model(model(), iter(data))
+
+
+def test_quantize_command_names_nan_calibration_data(tmp_path, capsys):
+    x = np.random.default_rng(0).standard_normal((3, 1, 3, 56, 56)).astype("float32")
+    x[1, 0, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "cal.npz", x=x)
+    assert cli(["quantize", str(ROOT / "examples" / "conv_net.py"), "--calibration",
+                str(tmp_path / "cal.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "calibration batch 1, input 'x' has NaN or infinite values" in err
+    assert "Traceback" not in err
+
 def test_mixed_precision_keeps_the_worst_layers_float(block):
     mod, _, calib = block
     full = quantize_model(mod, calib)
