@@ -483,7 +483,9 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     if n_inner == len(loops):
         flat = _fuse(sch, loops)
         total = extent_of(sch, flat) or 0
-        if total <= lanes * 64:  # too small to split across cores
+        # too small to split across cores (counted in 32-bit vectors: an int8 output has 4x
+        # the lanes, not 4x the work)
+        if total <= vector_lanes(target, 32) * 64:
             vectorize_loop(sch, flat, lanes)
             return sch
         main = total - total % lanes

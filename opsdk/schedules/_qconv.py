@@ -97,8 +97,9 @@ def rebuild_qconv2d(
         return None
     has_bias = attrs.pop("has_bias")
     bufs = list(func.params)
-    if len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs):
-        return None
+    if (len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs)
+            or len(bufs[0].shape) != 4 or len(bufs[1].shape) != 4):
+        return None  # (not the op's (x, w, w_scale[, bias], out) signature)
     try:
         g = conv_geometry(bufs[0].shape, bufs[1].shape, attrs)
     except ValueError:
@@ -243,8 +244,9 @@ def schedule_qconv2d_depthwise(func: tirx.PrimFunc, target: Target) -> s_tir.Sch
         return None
     has_bias = attrs.pop("has_bias")
     bufs = list(func.params)
-    if len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs):
-        return None
+    if (len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs)
+            or len(bufs[0].shape) != 4 or len(bufs[1].shape) != 4):
+        return None  # (not the op's (x, w, w_scale[, bias], out) signature)
     try:
         conv_geometry(bufs[0].shape, bufs[1].shape, attrs)
     except ValueError:
