@@ -9,8 +9,8 @@ import pathlib
 
 from ._files import check_can_create
 
-__all__ = ["host_port", "model_file", "nonneg_int", "output_path", "positive_float",
-           "positive_int", "split_host_port"]
+__all__ = ["distinct_outputs", "host_port", "model_file", "nonneg_float", "nonneg_int",
+           "output_path", "parse_dims", "positive_float", "positive_int", "split_host_port"]
 
 
 def positive_int(text: str) -> int:
@@ -46,11 +46,44 @@ def positive_float(text: str) -> float:
     return v
 
 
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0 (``drift --max-rel``: NaN compared false and passed every site)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (0 <= v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def parse_dims(text: str) -> tuple[int, ...]:
+    """A shape as the commands write it, ``4096x768`` or ``4096,768``: positive whole dims,
+    no empty part, and an element count TVM's int64 indices can hold (a bigger one failed
+    deep inside TVM or numpy).
+
+    Examples
+    --------
+    >>> parse_dims("4096x768")
+    (4096, 768)
+    """
+    parts = text.lower().replace("x", ",").split(",")
+    if not all(p.strip().isdigit() for p in parts) or any(int(p) < 1 for p in parts):
+        raise ValueError(f"{text!r}: write positive dims like 4096x768")
+    dims = tuple(int(p) for p in parts)
+    n = 1
+    for d in dims:
+        n *= d
+    if n >= 2**63:
+        raise ValueError(f"{text!r} has {n} elements, more than an int64 index can count")
+    return dims
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -87,6 +120,12 @@ def output_path(text: str) -> str:
     p = pathlib.Path(text)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path in it")
+    if p.exists() and not p.is_file():  # /dev/null, a FIFO: written into, not replaced
+        import os
+
+        if not os.access(p, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text}: not writable")
+        return text
     parent = p.resolve().parent
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: its directory does not exist; create it "
@@ -97,6 +136,28 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text}: cannot create files in {parent} ({e.strerror or e})") from None
     return text
+
+
+def distinct_outputs(**paths: str | None) -> None:
+    """Raise ``ValueError`` when two output flags (``report=..., junit=...``) name one file:
+    the second write would silently replace the first.
+
+    Examples
+    --------
+    >>> distinct_outputs(json="r.json", plot="r.png")
+    """
+    seen: dict[pathlib.Path, str] = {}
+    for flag, path in paths.items():
+        if not path or not isinstance(path, str):  # `opsdk list --json` is a switch
+            continue
+        p = pathlib.Path(path)
+        if p.exists() and not p.is_file():  # /dev/null twice is fine
+            continue
+        key, name = p.resolve(), "--" + flag.replace("_", "-")
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {name} name the same file ({path}); give two "
+                             "paths")
+        seen[key] = name
 
 
 def model_file(text: str) -> str:

@@ -6,7 +6,16 @@ import os
 import pathlib
 import tempfile
 
-__all__ = ["check_can_create", "new_file_mode", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["OutputError", "check_can_create", "new_file_mode", "write_bytes_atomic",
+           "write_text_atomic"]
+
+
+class OutputError(OSError):
+    """A result file could not be written (a full disk, a folder gone meanwhile); the message
+    names the file, and the file is as it was before."""
+
+    def __str__(self) -> str:  # the sentence, without OSError's "[Errno 28]" prefix
+        return str(self.strerror)
 
 
 def new_file_mode() -> int:
@@ -42,14 +51,27 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """:func:`write_text_atomic` for bytes (a PNG plot)."""
+    """:func:`write_text_atomic` for bytes (a PNG plot). A path that is not a regular file
+    (``/dev/null``, ``/dev/stdout``, a FIFO) is written into, and a symbolic link's target is
+    replaced, not the link: renaming over them would replace the device node or the link."""
     target = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        if target.exists() and not target.is_file():
+            with open(target, "wb") as f:
+                f.write(data)
+            return
+        target = pathlib.Path(os.path.realpath(target))
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OutputError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, new_file_mode())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         pathlib.Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a traceback after a long run hid which file and why
+            raise OutputError(e.errno, f"cannot write {path}: {e.strerror or e}; nothing "
+                              "was written to it") from None
         raise

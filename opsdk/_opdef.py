@@ -417,11 +417,15 @@ class OpDef:
                     # Equal only at run time, maybe: the kernel would index one input with
                     # the other's extent and read out of bounds when they differ.
                     a, b = unproven[0]
+                    # Two tirx.Var("c") are two dims: "c and c are different" needs saying.
+                    which = (f"its {a} and the {a} of '{prim}' are two different tirx.Var "
+                             "objects with one name (create the Var once and use it in both "
+                             "shapes)" if str(a) == str(b) else
+                             f"{a} and {b} are different symbolic dims")
                     raise self.error(
                         name,
                         f"has shape {_fmt(shp)}, which must equal {_fmt(want)} for '{prim}' of "
-                        f"shape {_fmt(pshape)}, but {a} and {b} are different symbolic dims "
-                        "that cannot be proven equal",
+                        f"shape {_fmt(pshape)}, but {which}, which cannot be proven equal",
                         f"give both the same dim (e.g. R.match_cast '{name}' to shape "
                         f"{_fmt(want)}), which TVM checks at run time",
                     )
@@ -867,8 +871,19 @@ def op(
         else:
             per_input, primary_dtypes = {}, tuple(dtypes)
         for dt in (*primary_dtypes, *(d for v in per_input.values() for d in v)):
-            np_dtype(dt)  # raises for unknown dtypes
+            try:
+                np_dtype(dt)
+            except ValueError as e:  # a typo: name the op and the argument
+                raise OpDefinitionError(f"op {opname!r}: dtypes= {e}") from None
         _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
+        if examples is not None and (isinstance(examples, (str, bytes)) or not all(
+                isinstance(e, (tuple, list)) and e and all(
+                    isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+                    for v in e)
+                for e in examples)):  # else a TVM type error (a string) or empty tensors (0)
+            raise OpDefinitionError(
+                f"op {opname!r}: examples={examples!r} must be shapes of the first input, "
+                "tuples of positive ints, e.g. [(2, 8), (2, 4, 8)]")
         attr_names = {p.name for p in params if p.kind == "attr"}
         rules = output_dtype if isinstance(output_dtype, (tuple, list)) else [output_dtype]
         for rule in rules:
@@ -946,6 +961,10 @@ def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dty
             if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
                 raise OpDefinitionError(
                     f"{where}: domain[{name!r}] = {dom!r}: needs finite lo <= hi")
+        elif not isinstance(dom, (LogUniform, Bounded)):  # else silently the default range
+            raise OpDefinitionError(
+                f"{where}: domain[{name!r}] = {dom!r}: give (lo, hi), opsdk.log_uniform(lo, "
+                "hi) or opsdk.bounded(lo, hi)")
     for name in dict(attr_domain or {}):
         if name not in attrs:
             raise OpDefinitionError(

@@ -137,7 +137,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         opsdk.target(args.target)
     except (KeyError, ValueError) as e:
         raise UsageError(str(e).strip("'\"")) from None
-    shape = _parse_shape(args.shape) if args.shape else None
+    shape = _parse_shape(args.shape) if args.shape is not None else None  # '' too
     try:
         e = opsdk.explain(
             args.op,
@@ -157,13 +157,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def _parse_shape(text: str) -> tuple[int, ...]:
     """``4096x768`` (as ``opsdk bench --shapes`` writes it) or ``4096,768``."""
+    from opsdk._cliargs import parse_dims
+
     try:
-        dims = tuple(int(s) for s in text.replace("x", ",").split(","))
-    except ValueError:  # also an empty part: "4096,,768"
-        dims = ()
-    if not dims or any(d <= 0 for d in dims):
-        raise UsageError(f"--shape {text!r}: write positive dims like 4096x768")
-    return dims
+        return parse_dims(text)
+    except ValueError as e:
+        raise UsageError(f"--shape {e}") from None
 
 
 def _write_json(path: str, data: object) -> None:
@@ -177,7 +176,10 @@ def _cmd_setup(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown setup target {args.what!r}; supported: arm")
     from opsdk.runners import setup_arm
 
-    path = setup_arm(force=args.force)
+    try:
+        path = setup_arm(force=args.force)
+    except RuntimeError as e:  # missing tools, no apt-get, a failed download: say which
+        raise UsageError(str(e)) from None  # exit 2, as verify's "cannot start the runner"
     print(f"arm emulation ready: {path}")
     return 0
 
@@ -351,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `opsdk verify | head`: the reader left; no traceback
+        import contextlib
+        import os
+
+        # stdout is broken: point it at /dev/null, or the flush at exit raises again
+        with contextlib.suppress(OSError, ValueError):  # no real stdout (captured)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by it
 
 
 def _main(argv: list[str]) -> int:
@@ -364,11 +374,23 @@ def _main(argv: list[str]) -> int:
     if not getattr(args, "fn", None):
         parser.print_help()
         return 2
+    from opsdk._cliargs import distinct_outputs
+    from opsdk._files import OutputError
+
+    try:  # every command: a second output on the path of the first silently replaced it
+        distinct_outputs(**{k: getattr(args, k, None) for k in ("report", "junit", "json",
+                                                                "plot")})
+    except ValueError as e:
+        print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args.fn(args) or 0)
     except UsageError as e:
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OutputError as e:  # the results are printed above; the file is as it was
+        print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

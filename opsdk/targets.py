@@ -7,6 +7,7 @@ features through LLVM rather than ``target.features``; this module hides all thr
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 from dataclasses import dataclass, field
@@ -132,10 +133,16 @@ def _checked(t: Target) -> Target:
     return t
 
 
+@functools.lru_cache(maxsize=1)
+def _llvm_targets() -> frozenset[str]:
+    """The architectures this LLVM has back ends for (asked once: rule choice checks them)."""
+    return frozenset(str(a) for a in codegen.llvm_get_targets())
+
+
 def _check_llvm(triple: str, cpu: str) -> None:
     if triple:
         arch = triple.split("-")[0]
-        known = {str(a) for a in codegen.llvm_get_targets()}
+        known = _llvm_targets()
         aliases = {"arm64": "aarch64", "amd64": "x86_64"}
         if aliases.get(arch, arch) not in known:
             raise ValueError(
@@ -170,6 +177,9 @@ def target_features(t: Target) -> frozenset[str]:
     >>> "dotprod" in target_features(opsdk.target("arm-dotprod"))
     True
     """
+    if t.kind.name == "llvm":  # plain tvm.compile lands here (rule choice) unchecked: an
+        # unknown triple made llvm_get_cpu_features segfault (an unknown mcpu TVM only logs)
+        _check_llvm(str(t.attrs.get("mtriple", "") or ""), "")
     feats = {f"arch:{target_arch(t)}", f"kind:{t.kind.name}"}
     if t.kind.name == "llvm":
         with contextlib.suppress(Exception):  # an LLVM without the target's backend

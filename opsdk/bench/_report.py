@@ -10,7 +10,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cliargs import host_port, model_file, output_path, positive_float, positive_int
+from .._cliargs import (
+    distinct_outputs,
+    host_port,
+    model_file,
+    output_path,
+    positive_float,
+    positive_int,
+)
 from .._files import write_text_atomic
 
 __all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
@@ -168,14 +175,18 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
+def _message(e: BaseException) -> str:
+    """An error's text without the quotes a KeyError's repr adds (either kind)."""
+    return str(e).strip("'\"")
+
+
 def _shape(text: str) -> tuple[int, ...]:
+    from .._cliargs import parse_dims
+
     try:
-        dims = tuple(int(p) for p in text.lower().replace(",", "x").split("x") if p)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}; write it like 4096x768") from None
-    if not dims or any(d < 1 for d in dims):
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}; dims must be positive")
-    return dims
+        return parse_dims(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"bad shape {e}") from None
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,6 +282,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """Run ``opsdk bench`` with parsed ``args``; returns the exit code (2: usage error)."""
     from ._run import run_bench
 
+    try:  # before any work: the plot would silently replace the JSON
+        distinct_outputs(json=getattr(args, "json", None), plot=getattr(args, "plot", None))
+    except ValueError as e:
+        print(f"opsdk bench: error: {e}", file=sys.stderr)
+        return 2
     if getattr(args, "module", None):
         import opsdk
 
@@ -306,7 +322,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True),
         )
     except (KeyError, ValueError) as e:
-        print(f"opsdk bench: error: {str(e).strip(chr(39))}", file=sys.stderr)
+        print(f"opsdk bench: error: {_message(e)}", file=sys.stderr)
         return 2
     print(format_table(rows))
     for dt in dict.fromkeys(r["dtype"] for r in rows):
@@ -362,7 +378,7 @@ def _bench_remote(args: argparse.Namespace) -> int:
                 progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True))
             device = runner.device_info()["device"]
     except (KeyError, ValueError) as e:
-        return fail(str(e).strip(chr(39)))
+        return fail(_message(e))
     except RuntimeError as e:
         return fail(f"cannot run on the device: {str(e).strip().splitlines()[0]}")
     print(format_remote_table(rows, device))
@@ -453,7 +469,7 @@ def _bench_models(args: argparse.Namespace) -> int:
             out["gemm"] = grows
     except (KeyError, ValueError, TypeError, ImportError, AttributeError,
             FileNotFoundError) as e:
-        print(f"opsdk bench: error: {str(e).strip(chr(39))}", file=sys.stderr)
+        print(f"opsdk bench: error: {_message(e)}", file=sys.stderr)
         return 2
     if args.json:
         write_text_atomic(args.json, json.dumps(out, indent=2))

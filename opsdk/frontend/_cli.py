@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from .._cliargs import output_path
+from .._cliargs import model_file, nonneg_float, output_path, parse_dims
 from .._files import write_text_atomic
 
 __all__ = ["add_drift_arguments", "run_drift_command"]
@@ -64,7 +64,7 @@ def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
         "--max-rel",
-        type=float,
+        type=nonneg_float,
         default=None,
         help="exit 1 when a site's local max_rel exceeds this",
     )
@@ -159,9 +159,12 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
     shapes = {}
     for item in items:
         name, sep, dims = item.partition("=")
-        if not sep:
+        if not sep or not name.strip():
             raise ValueError(f"--shape {item!r}: expected NAME=D0,D1,...")
-        shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d]
+        try:
+            shapes[name] = list(parse_dims(dims))
+        except ValueError as e:
+            raise ValueError(f"--shape {item!r}: {name}={e}") from None
     return shapes
 
 
@@ -185,9 +188,16 @@ def run_drift_command(args: argparse.Namespace) -> int:
         bad = [r for r in names if r not in _REWRITES]
         if bad or not names:
             raise ValueError(f"--rewrite {args.rewrite!r}: choose from {', '.join(_REWRITES)}")
+        from ..targets import target as resolve_target
+
+        resolve_target(args.target)  # a typo was a traceback after the model loaded
+        try:  # a missing file was "No module named '/path/m'"
+            model_file(args.model)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
         mod, inputs = _load_model(args.model, args.entry, _parse_shapes(args.shape), args.seed)
     except (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError) as e:
-        print(f"opsdk drift: {e}", file=sys.stderr)
+        print(f"opsdk drift: error: {e}", file=sys.stderr)
         return 2
     passes = {"replace": ReplaceTVMOps(), "fuse": FuseIntoOps()}
     rewrite = tvm.transform.Sequential([passes[n] for n in names], name="opsdk.drift")

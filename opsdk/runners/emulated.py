@@ -286,10 +286,14 @@ class _GuestServer:
                 last = next((ln for ln in reversed(lines)
                              if re.match(r"\w+(Error|Exception)\b", ln)),
                             lines[-1] if lines else "no output")
+                # An OPSDK_QEMU that is executable but no qemu fails here, not in arm_env().
+                qemu = os.environ.get("OPSDK_QEMU")
+                suspect = (f"check that OPSDK_QEMU={qemu} is qemu-aarch64(-static) (or unset "
+                           "it); else, " if qemu else "")
                 raise RuntimeError(
                     f"the emulated RPC server exited with status {rc} during start-up "
-                    f"({last[:300]}); if the environment in {self.env.root} is damaged, "
-                    "rebuild it with `opsdk setup arm --force`"
+                    f"({last[:300]}); {suspect}if the environment in {self.env.root} is "
+                    "damaged, rebuild it with `opsdk setup arm --force`"
                 )
             time.sleep(0.05)
         tail = self.log_tail()

@@ -24,6 +24,7 @@ from ._base import (
     IdentityCache,
     OutputSpec,
     Runner,
+    RunnerUnavailable,
     _CallTimeout,
     call_with_timeout,
     run_on_device,
@@ -73,6 +74,31 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
+def _socket_fds() -> set[int]:
+    """The file descriptors of this process's sockets (Linux /proc; empty elsewhere)."""
+    fds = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    fds.add(int(name))
+    return fds
+
+
+def _shut_down(fds: set[int]) -> None:
+    """Shut the sockets down (not close: TVM still owns the descriptors), so a call blocked
+    on one returns with an error instead of holding its session's lock forever; else the
+    interpreter hangs at exit freeing that session."""
+    import socket
+
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            s = socket.socket(fileno=os.dup(fd))
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
 class _Session:
     """One RPC session and the modules loaded into it (dropped together)."""
 
@@ -102,7 +128,11 @@ class RPCRunner(Runner):
         Compiler used by ``export_library``. Default: ``aarch64-linux-gnu-g++`` when
         ``arch`` is ``aarch64`` and the host is not, else TVM's default (``g++``).
     timeout : float
-        Bound, in seconds, on each call (connect, upload, run and copy back).
+        Bound, in seconds, on each call (connect, upload, run and copy back). After a call
+        times out or loses its session, the next one first re-checks the server with
+        :meth:`preflight` (at most 25 s); when that fails the runner is given up and every
+        later call raises :class:`~opsdk.runners.RunnerUnavailable` at once, so a device that
+        stops answering costs one time-out and one re-check, not one time-out per call.
     session_timeout : float
         Passed to the server: it kills a session older than this (0: never). Lets a board
         recover from a hung kernel on its own.
@@ -115,6 +145,7 @@ class RPCRunner(Runner):
     """
 
     name = "rpc"
+    recheck_timeout = 20.0  # seconds for the re-check after a failed call (see timeout)
 
     def __init__(
         self,
@@ -142,6 +173,9 @@ class RPCRunner(Runner):
         self._generation = 0  # bumped when a session is dropped
         self._phase = "connect"  # what the current call is doing, for time-out messages
         self._lock = threading.RLock()
+        self._recheck = False  # the last call timed out or lost its session
+        self._session_fds: set[int] = set()  # the sockets the kept session was opened on
+        self._gone: str | None = None  # why the runner was given up
 
     @classmethod
     def from_tracker(cls, host: str, port: int, key: str, **kwargs: Any) -> RPCRunner:
@@ -183,7 +217,22 @@ class RPCRunner(Runner):
         gc.collect()
 
     def _after_failure(self, timed_out: bool) -> None:
-        """Hook: bring the server back after a crash or a time-out (emulated runner)."""
+        """Hook: bring the server back after a crash or a time-out (emulated runner). A
+        plain server is re-checked before the next call (see ``timeout``)."""
+        self._recheck = True
+
+    def _check_still_there(self) -> None:
+        # A wedged board accepts connections and never answers: without this each later
+        # call (every example of a verify run) would wait out its own time-out.
+        if self._gone is None and self._recheck:
+            try:
+                self.preflight(timeout=self.recheck_timeout)
+            except RuntimeError as e:
+                self._gone = (f"{self._where()} stopped answering after a failed call ({e}); "
+                              "restart the server on the device and run again")
+            self._recheck = False
+        if self._gone is not None:
+            raise RunnerUnavailable(self._gone)
 
     def _abort(self) -> None:
         """Hook: a call was interrupted (Ctrl-C) while the remote may still be busy."""
@@ -246,10 +295,12 @@ class RPCRunner(Runner):
             with socket.create_connection((host, int(port)), timeout=min(5.0, timeout)):
                 pass
         except OSError as e:
-            raise RuntimeError(
-                f"{self._where()}: cannot connect ({e.strerror or e}); check HOST:PORT and "
-                "that the server runs there (python -m tvm.exec.rpc_server --host 0.0.0.0 "
-                f"--port {port} on the device)") from None
+            serve = ("the tracker runs there (python -m tvm.exec.rpc_tracker --host 0.0.0.0 "
+                     f"--port {port})" if self._tracker else
+                     "the server runs there (python -m tvm.exec.rpc_server --host 0.0.0.0 "
+                     f"--port {port} on the device)")
+            raise RuntimeError(f"{self._where()}: cannot connect ({e.strerror or e}); check "
+                               f"HOST:PORT and that {serve}") from None
         found: dict[str, Any] = {}
 
         def attempt() -> None:
@@ -258,10 +309,12 @@ class RPCRunner(Runner):
             except Exception as e:  # reported below, in the caller's thread
                 found["error"] = e
 
+        before = _socket_fds()
         t = threading.Thread(target=attempt, name="opsdk-rpc-preflight", daemon=True)
         t.start()
         t.join(timeout)
         if t.is_alive():
+            _shut_down(_socket_fds() - before)
             what = (f"no device with key {self._tracker[2]!r} became free"
                     if self._tracker else "it did not answer the TVM RPC handshake")
             raise RuntimeError(
@@ -297,6 +350,8 @@ class RPCRunner(Runner):
             if generation == self._generation:
                 self._session = None
         if session is None:
+            if generation != self._generation:  # abandoned by a time-out: connect no more
+                raise RuntimeError("abandoned call")
             session = _Session(self._connect())
             if generation == self._generation:  # not abandoned by a time-out meanwhile
                 self._session = session
@@ -375,21 +430,31 @@ class RPCRunner(Runner):
     ) -> list[np.ndarray]:
         with self._lock:
             self._ensure_started()
+            self._check_still_there()
             lib = self.export(executable)
             session, generation = self._session, self._generation
+            before = _socket_fds()
             try:
-                return call_with_timeout(
+                result = call_with_timeout(
                     lambda: self._remote_call(
                         session, generation, executable, lib, inputs, entry, outputs, timing
                     ),
                     self.timeout,
                     "rpc-run",
                 )
+                if self._session is not session:  # this call opened a new session
+                    self._session_fds = _socket_fds() - before
+                return result
             except KeyboardInterrupt:
                 self._drop_session()
                 self._abort()
                 raise
             except _CallTimeout:
+                # Unblock the abandoned call (on the kept session or a new connection); the
+                # generation is bumped first, so once unblocked it does not connect again.
+                self._drop_session()
+                _shut_down(self._session_fds | (_socket_fds() - before))
+                self._session_fds = set()
                 failure: tuple[type[RuntimeError], str] | None = (
                     DeviceTimeout,
                     self._timeout_message(entry),

@@ -140,8 +140,15 @@ def rule(
         else:
             ops.append(it if isinstance(it, str) else it.name)
     _check_rule_args(name, target_key, kinds, requires, claims)
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)) \
+            or priority != priority:  # else every choose() on the target raised TypeError
+        raise ValueError(f"schedule rule {name or '(unnamed)'}: priority={priority!r} must be "
+                         "a number (higher runs first)")
 
     def deco(fn: Callable) -> Callable:
+        if not callable(fn):
+            raise TypeError(f"schedule rule {name or '(unnamed)'}: @rule decorates a function "
+                            f"(func, target) -> Schedule | None, got {type(fn).__name__}")
         r = Rule(
             name=name or f"{target_key}.{fn.__name__.lstrip('_')}",
             fn=fn,

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .._cliargs import host_port, nonneg_int, output_path
+from .._cliargs import distinct_outputs, host_port, nonneg_int, output_path
 
 __all__ = ["add_verify_arguments", "run_verify_command"]
 
@@ -66,10 +66,14 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
                         help="failures without their lowered TIR (it stays in --report)")
 
 
-def _split(values: list[str] | None) -> list[str] | None:
+def _split(values: list[str] | None, flag: str) -> list[str] | None:
     if not values:
         return None
-    return [v for item in values for v in item.split(",") if v]
+    out = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    if not out:  # `--dtypes ''` would otherwise mean "no filter": every dtype
+        raise _Usage(f"argument {flag}: empty; name at least one (or leave {flag} out for "
+                     "all)")
+    return out
 
 
 class _Usage(Exception):
@@ -112,7 +116,7 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
         except KeyError as e:
             raise _Usage(str(e).strip("'\"")) from None
     pool = defs or opsdk.list_ops()
-    dtypes, layouts = _split(args.dtypes), _split(args.layouts)
+    dtypes, layouts = _split(args.dtypes, "--dtypes"), _split(args.layouts, "--layouts")
     from ._strategies import cell_dtypes
 
     known_dt = {dt for d in pool for dt in cell_dtypes(d)}
@@ -126,11 +130,10 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
             raise _Usage(f"unknown layout {ly!r}; known: {', '.join(sorted(known_ly))}")
     if args.tracker and not args.key:
         raise _Usage("--tracker needs --key")
-    import pathlib
-
-    if args.report and args.junit and (
-            pathlib.Path(args.report).resolve() == pathlib.Path(args.junit).resolve()):
-        raise _Usage(f"--report and --junit name the same file ({args.report}); give two paths")
+    try:
+        distinct_outputs(report=args.report, junit=args.junit)
+    except ValueError as e:
+        raise _Usage(str(e)) from None
     return defs, tname, dtypes, layouts
 
 
@@ -250,10 +253,14 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
         d = opsdk.get_op(case.op)
     except KeyError as e:
         raise _Usage(str(e).strip("'\"")) from None
+    _check_case_fields(case, d)
     from ..runners._base import RunnerUnavailable
     from ._engine import _runner_for
 
-    runner = _runner_for(case.target, args.rpc, args.tracker, args.key)
+    try:
+        runner = _runner_for(case.target, args.rpc, args.tracker, args.key)
+    except ValueError as e:  # the up-front connection check (as for a whole run)
+        raise RunnerUnavailable(str(e)) from None
     try:
         runner.__enter__()
     except (RuntimeError, OSError) as e:
@@ -269,6 +276,33 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
     report = VerifyReport(target=case.target, device={"device": device})
     _write(args, json.dumps(res.to_dict(), indent=2), report.to_junit())
     return 0 if res.ok else 1
+
+
+def _check_case_fields(case: Any, d: Any) -> None:
+    """A hand-edited ``--case`` is a usage error (exit 2) naming the field, not a failed case
+    (a typo of a layout even passed, as the default layout)."""
+    from ._strategies import (
+        GRID_RECIPES,
+        INT_AUX_RECIPES,
+        RECIPES,
+        SPECIAL_RECIPES,
+        cell_dtypes,
+    )
+
+    recipes = {*RECIPES, *INT_AUX_RECIPES, *GRID_RECIPES, *SPECIAL_RECIPES}
+    problems = []
+    if case.dtype not in cell_dtypes(d):
+        problems.append(f"dtype {case.dtype!r} is not one of {', '.join(cell_dtypes(d))}")
+    if case.layout not in d.layouts:
+        problems.append(f"layout {case.layout!r} is not one of {', '.join(d.layouts)}")
+    problems += [f"data {k!r}: {v!r} is not a recipe ({', '.join(sorted(recipes))})"
+                 for k, v in case.data.items() if v not in recipes]
+    if not isinstance(case.seed, int) or isinstance(case.seed, bool):
+        problems.append(f"seed {case.seed!r} is not a whole number")
+    if not case.shape or any(n < 1 for n in case.shape):
+        problems.append(f"shape {list(case.shape)} needs positive dims")
+    if problems:
+        raise _Usage(f"bad --case for {d.name}: " + "; ".join(problems))
 
 
 def _write(args: argparse.Namespace, report_json: str, junit: str) -> None:

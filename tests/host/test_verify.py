@@ -212,6 +212,11 @@ def _cli(argv: list[str]) -> int:
     ["gelu", "--case", "{not json"],
     ["gelu", "--case", '{"op": "softmax"}'],
     ["gelu", "--case", '{"bogus_field": 1}'],
+    ["gelu", "--case", '{"layout": "zzz", "dtype": "float32", "shape": [2, 3]}'],  # bad field
+    ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [2], "seed": "x"}'],
+    ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [2], "data": {"x": "z"}}'],
+    ["gelu", "--target", "arm", "--rpc", "127.0.0.1:1",  # nothing listens: refused at once
+     "--case", '{"layout": "erf", "dtype": "float32", "shape": [2]}'],
 ])
 def test_cli_usage_errors_exit_2(argv: list[str], capsys) -> None:
     assert _cli([*argv, "--quiet", "--no-db"]) == 2

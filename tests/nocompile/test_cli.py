@@ -72,33 +72,93 @@ def test_any_module_can_be_imported_first():
     assert not bad, bad
 
 
-def test_rpc_preflight_fails_fast_and_clearly():
-    # A port that accepts and never answers, and one that refuses: both a clear error in a
-    # bounded time, not a 120 s wait per example (or forever, for a tracker).
+def _silent_port():
+    """A port that accepts connections and never says a word (a wedged board)."""
     import socket
     import threading
-    import time
-
-    from opsdk.runners.rpc import RPCRunner
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
+    srv.listen(8)
     held = []
-    threading.Thread(target=lambda: held.extend(srv.accept() for _ in range(2)),
-                     daemon=True).start()
-    port = srv.getsockname()[1]
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="did not answer the TVM RPC handshake within 1 s"):
-        RPCRunner("127.0.0.1", port, arch="x86_64").preflight(timeout=1.0)
-    assert time.monotonic() - t0 < 10
+
+    def accept():
+        while True:
+            try:
+                held.append(srv.accept())
+            except OSError:  # closed at the end of the test
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def _closed_port() -> int:
+    import socket
+
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
-    closed = free.getsockname()[1]
+    port = free.getsockname()[1]
     free.close()
-    with pytest.raises(RuntimeError, match="cannot connect"):
-        RPCRunner.from_tracker("127.0.0.1", closed, "k", arch="x86_64").preflight(timeout=1.0)
-    srv.close()
+    return port
+
+
+def _stuck_call(runner, monkeypatch):
+    # A call that hangs on a socket to the silent server (as one on a board that stopped
+    # answering mid-run does): it must time out, be unblocked, and the runner be given up
+    # after one re-check instead of every later call waiting out its own time-out.
+    import socket
+
+    def remote_call(*args, **kwargs):
+        s = socket.create_connection((runner.host, runner.port))
+        s.recv(1)  # returns only when the runner shuts the socket down
+        raise RuntimeError("abandoned call")
+
+    monkeypatch.setattr(runner, "_remote_call", remote_call)
+    runner.timeout, runner.recheck_timeout = 1.0, 1.0
+    runner.run("kernel.so", [])
+
+
+# One table per boundary: each RPC fault is one clear RuntimeError within a stated bound.
+RPC_FAULTS = [
+    ("silent server", lambda r, mp: r.preflight(timeout=1.0), False,
+     "did not answer the TVM RPC handshake within 1 s", 10),
+    ("refused tracker", lambda r, mp: r.preflight(timeout=1.0), True,
+     "cannot connect .*tvm.exec.rpc_tracker", 10),
+    ("stops answering mid-run", _stuck_call, False, "could not open an RPC session .* within 1.0 s",
+     10),
+]
+
+
+@pytest.mark.parametrize(("fault", "action", "tracker", "message", "bound"), RPC_FAULTS,
+                         ids=[f[0] for f in RPC_FAULTS])
+def test_rpc_faults_fail_fast_and_clearly(fault, action, tracker, message, bound,
+                                          monkeypatch):
+    import threading
+    import time
+
+    from opsdk.runners._base import RunnerUnavailable
+    from opsdk.runners.rpc import RPCRunner
+
+    srv, port = _silent_port()
+    try:
+        runner = (RPCRunner.from_tracker("127.0.0.1", _closed_port(), "k", arch="x86_64")
+                  if tracker else RPCRunner("127.0.0.1", port, arch="x86_64"))
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=message):
+            action(runner, monkeypatch)
+        assert time.monotonic() - t0 < bound
+        if fault == "stops answering mid-run":
+            t0 = time.monotonic()
+            for _ in range(2):  # one re-check (1 s), then at once
+                with pytest.raises(RunnerUnavailable,
+                                   match=r"stopped answering after a failed call.*restart"):
+                    runner.run("kernel.so", [])
+            assert time.monotonic() - t0 < 5
+            time.sleep(0.5)  # the abandoned call was unblocked: nothing left to hang the exit
+            assert not [t for t in threading.enumerate() if t.name == "opsdk-rpc-run"]
+    finally:
+        srv.close()
 
 
 # One table per boundary: each bad argument is a usage error (exit 2) that names the flag and
@@ -119,7 +179,20 @@ BAD_ARGUMENTS = [
     (["verify", "gelu", "--junit", "/nonexistent/j.xml"], "its directory does not exist"),
     (["explain", "gelu", "--json", "/proc/e.json"], "cannot create files in /proc"),
     (["explain", "gelu", "--shape", "4096,,768"], "--shape '4096,,768': write positive dims"),
+    (["explain", "gelu", "--shape", "99999999999999999999,4"], "more than an int64 index"),
+    (["explain", "gelu", "--shape", ""], "--shape '': write positive dims"),
+    (["bench", "gelu", "--shapes", "4x,3"], "bad shape '4x,3': write positive dims"),
+    (["bench", "gelu", "--shapes", "99999999999999999999x4"], "more than an int64 index"),
+    (["verify", "gelu", "--dtypes", ""], "--dtypes: empty; name at least one"),
+    (["verify", "gelu", "--layouts", ","], "--layouts: empty; name at least one"),
     (["drift", "m.py", "--json", "/nonexistent/d.json"], "its directory does not exist"),
+    (["quantize", __file__, "--json", "q.out", "--plot", "q.out"],  # any .py that exists
+     "--json and --plot name the"),
+    (["bench", "gelux"], "error: no opsdk op named 'gelux'"),  # not the KeyError's quotes
+    (["bench", "gelu", "--json", "r.out", "--plot", "./r.out"], "--json and --plot name the same"),
+    (["drift", "m.py", "--max-rel", "nan"], "--max-rel: must be a finite number >= 0"),
+    (["drift", "m.py", "--target", "armv9"], "unknown target 'armv9'"),
+    (["drift", "/nonexistent/m.py"], "model file '/nonexistent/m.py' does not exist"),
 ]
 
 
@@ -134,12 +207,83 @@ def test_bad_arguments_are_usage_errors_naming_the_flag(argv, message, capsys):
     assert f"opsdk {argv[0]}: error:" in err and message in err, err
 
 
-def test_ctrl_c_during_start_up_is_a_word_not_a_traceback(monkeypatch, capsys):
+@pytest.mark.parametrize(("error", "rc", "said"), [
+    (KeyboardInterrupt, 130, "interrupted"),  # Ctrl-C while TVM was being imported
+    (BrokenPipeError, 141, ""),  # `opsdk verify | head`: the reader went away
+])
+def test_ctrl_c_during_start_up_is_a_word_not_a_traceback(monkeypatch, capsys, error, rc,
+                                                          said):
     import opsdk.cli as cli
 
     def interrupted(command):
-        raise KeyboardInterrupt  # as if Ctrl-C landed while TVM was being imported
+        raise error
 
     monkeypatch.setattr(cli, "_build_parser", interrupted)
-    assert cli.main(["verify", "gelu"]) == 130
-    assert capsys.readouterr().err.strip() == "interrupted"
+    assert cli.main(["verify", "gelu"]) == rc
+    assert capsys.readouterr().err.strip() == said
+
+
+def _device_node(path) -> None:
+    import os
+    import stat
+
+    try:  # a stand-in for /dev/null (char 1,3), which a test must never risk replacing
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+
+
+# Where a report goes: each kind of path keeps what it is, and gets the whole text.
+OUTPUT_TARGETS = ["new file", "existing file", "symlink", "device node", "full disk"]
+
+
+@pytest.mark.parametrize("kind", OUTPUT_TARGETS)
+def test_reports_are_written_whole_without_replacing_links_or_devices(tmp_path, kind,
+                                                                      monkeypatch, capsys):
+    import argparse
+    import errno
+    import stat
+
+    import opsdk._files as files
+    from opsdk._cliargs import output_path
+    from opsdk._files import write_text_atomic
+
+    path, real = tmp_path / "r.json", tmp_path / "real.json"
+    if kind == "full disk":  # ENOSPC once the text is out: one line, the old file kept
+        path.write_text("old")
+
+        def full(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(files.os, "chmod", full)
+        assert main(["explain", "gelu", "--no-asm", "--json", str(path)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"opsdk explain: error: cannot write {path}: No space left on device; "
+                       "nothing was written to it"], err
+        assert path.read_text() == "old" and not list(tmp_path.glob(".*.tmp"))
+        return
+    if kind == "existing file":
+        path.write_text("old")
+    elif kind == "symlink":  # the link stays; the file it points to is replaced
+        real.write_text("old")
+        path.symlink_to(real)
+    elif kind == "device node":  # `--report /dev/null` renamed a regular file over it
+        _device_node(path)
+    assert output_path(str(path)) == str(path)
+    write_text_atomic(path, '{"ok": true}')
+    if kind == "device node":
+        assert stat.S_ISCHR(path.lstat().st_mode)
+    else:
+        assert (real if kind == "symlink" else path).read_text() == '{"ok": true}'
+        assert path.is_symlink() == (kind == "symlink")
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
+        output_path(str(tmp_path))
+
+
+def test_a_json_switch_is_not_taken_for_an_output_path(capsys):
+    # the same-file check looks at --json/--plot/--report/--junit: `list --json` is a switch
+    import json
+
+    assert main(["list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)

@@ -65,7 +65,7 @@ def test_a_bad_qemu_override_is_named_before_anything_runs(tmp_path, monkeypatch
     assert "opsdk verify: error: cannot start the arm runner: OPSDK_QEMU=" in err
 
 
-def test_setup_without_apt_get_names_the_packages_not_root(monkeypatch):
+def test_setup_without_apt_get_names_the_packages_not_root(monkeypatch, capsys):
     # As root on a system without apt-get, "run as root" was the wrong advice.
     monkeypatch.setattr(prov, "arm_tools_available", lambda: False)
     monkeypatch.setattr(prov, "find_qemu", lambda: None)
@@ -74,18 +74,44 @@ def test_setup_without_apt_get_names_the_packages_not_root(monkeypatch):
     with pytest.raises(RuntimeError, match="has no apt-get") as e:
         prov._ensure_host_tools(lambda *_: None)
     assert "run as root" not in str(e.value) and "qemu-user-static" in str(e.value)
+    from opsdk.cli import main
+
+    assert main(["setup", "arm"]) == 2  # one line naming the packages, not a traceback
+    err = capsys.readouterr().err
+    assert err.startswith("opsdk setup: error: opsdk's arm support needs")
+    assert "has no apt-get" in err
 
 
-def test_a_guest_server_that_dies_at_start_up_says_why_in_one_line(tmp_path):
-    # The guest interpreter stands in for one whose TVM runtime cannot load.
+# Each way the guest server dies at start-up, and what the one-line message must say.
+GUEST_START_FAULTS = [
+    # the guest interpreter stands in for one whose TVM runtime cannot load
+    ("damaged runtime", None,
+     "echo 'Traceback (most recent call last):'\n"
+     "echo 'RuntimeError: Cannot find library libtvm_runtime.so; searched:'\n"
+     "echo '  /usr/local/lib'\nexit 1\n",
+     ["exited with status 1 during start-up (RuntimeError: Cannot find library "
+      "libtvm_runtime.so", "opsdk setup arm --force"]),
+    # an executable OPSDK_QEMU that is no qemu passes arm_env(): name it, not only the cache
+    ("OPSDK_QEMU not qemu", "/bin/false", 'exec "$OPSDK_QEMU" "$@"\n',
+     ["exited with status 1 during start-up (no output); check that OPSDK_QEMU=/bin/false "
+      "is qemu-aarch64(-static)", "opsdk setup arm --force"]),
+]
+
+
+@pytest.mark.parametrize(("fault", "qemu", "wrapper", "needles"), GUEST_START_FAULTS,
+                         ids=[f[0] for f in GUEST_START_FAULTS])
+def test_a_guest_server_that_dies_at_start_up_says_why_in_one_line(
+        tmp_path, monkeypatch, fault, qemu, wrapper, needles):
     from opsdk.runners.emulated import _GuestServer
 
+    if qemu:
+        monkeypatch.setenv("OPSDK_QEMU", qemu)
+    else:
+        monkeypatch.delenv("OPSDK_QEMU", raising=False)
     fake = tmp_path / "python3"
-    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
-                    "echo 'RuntimeError: Cannot find library libtvm_runtime.so; searched:'\n"
-                    "echo '  /usr/local/lib'\nexit 1\n")
+    fake.write_text("#!/bin/sh\n" + wrapper)
     fake.chmod(0o755)
-    env = prov.ArmEnv(root=tmp_path, sysroot=tmp_path, python=fake, qemu="/bin/true")
+    env = prov.ArmEnv(root=tmp_path, sysroot=tmp_path, python=fake, qemu=qemu or "/bin/true")
     server = _GuestServer(env, None, "127.0.0.1", 0, "")
     try:
         with pytest.raises(RuntimeError) as e:
@@ -93,6 +119,6 @@ def test_a_guest_server_that_dies_at_start_up_says_why_in_one_line(tmp_path):
     finally:
         server.cleanup()
     msg = str(e.value)
-    assert "exited with status 1 during start-up (RuntimeError: Cannot find library " \
-           "libtvm_runtime.so" in msg and "opsdk setup arm --force" in msg
+    assert all(n in msg for n in needles), msg
+    assert ("OPSDK_QEMU" in msg) == bool(qemu)
     assert "\n" not in msg and "{tail}" not in msg

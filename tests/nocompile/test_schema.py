@@ -173,20 +173,23 @@ def test_error_shape_mismatch():
     )
 
 
-@pytest.mark.parametrize(("op", "build"), [
-    ("layer_norm", lambda x, v: opsdk.relax.layer_norm(x, v, v)),
-    ("bias_gelu", lambda x, v: opsdk.relax.bias_gelu(x, v)),
+@pytest.mark.parametrize(("op", "build", "dim", "needle"), [
+    ("layer_norm", lambda x, v: opsdk.relax.layer_norm(x, v, v), "m", "m and k are different"),
+    ("bias_gelu", lambda x, v: opsdk.relax.bias_gelu(x, v), "m", "m and k are different"),
     ("quantize", lambda x, v: opsdk.relax.quantize(
         x, v, relax.Var("zp", relax.TensorType((tirx.Var("c", "int64"),), "int32")),
-        axis=-1, per_channel=True)),
+        axis=-1, per_channel=True), "m", "cannot be proven equal"),
+    # a second tirx.Var("k") is another dim: "k and k are different" said nothing
+    ("layer_norm", lambda x, v: opsdk.relax.layer_norm(x, v), "k",
+     "two different tirx.Var objects with one name"),
 ])
-def test_symbolic_dims_that_may_differ_are_refused(op, build):
+def test_symbolic_dims_that_may_differ_are_refused(op, build, dim, needle):
     # x: (n, k), a parameter of shape (m,): equal only if k == m at run time; a kernel built
     # from such a call would read one with the other's extent (out of bounds when m < k).
-    n, k, m = (tirx.Var(v, "int64") for v in "nkm")
+    n, k = (tirx.Var(v, "int64") for v in "nk")
     x = relax.Var("x", relax.TensorType((n, k), "float32"))
-    v = relax.Var("v", relax.TensorType((m,), "float32"))
-    _err(lambda: build(x, v), f"opsdk.{op}", "cannot be proven equal", "R.match_cast")
+    v = relax.Var("v", relax.TensorType((tirx.Var(dim, "int64"),), "float32"))
+    _err(lambda: build(x, v), f"opsdk.{op}", "cannot be proven equal", "R.match_cast", needle)
     same = relax.Var("v", relax.TensorType((k,), "float32"))
     if op != "quantize":
         assert relax.BlockBuilder().normalize(build(x, same)).ty.shape is not None
@@ -344,17 +347,25 @@ def test_targets_resolve():
         opsdk.target("armv9")
 
 
-@pytest.mark.parametrize(("spec", "needle"), [
-    ({"kind": "llvm", "mtriple": "garbage"}, "no 'garbage' back end"),
-    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "nosuchcpu"}, "mcpu 'nosuchcpu'"),
-    ({"kind": "nosuch"}, "not a valid TVM target"),
+@pytest.mark.parametrize(("spec", "needle", "plain"), [
+    ({"kind": "llvm", "mtriple": "garbage"}, "no 'garbage' back end", True),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "nosuchcpu"}, "mcpu 'nosuchcpu'",
+     False),  # plain tvm.compile only logs an unknown CPU, and so opsdk's rules let it be
+    ({"kind": "nosuch"}, "not a valid TVM target", False),
 ])
-def test_bad_target_dicts_are_refused_before_llvm_sees_them(spec, needle):
+def test_bad_target_dicts_are_refused_before_llvm_sees_them(spec, needle, plain):
     # an unknown triple used to crash the process in target_features (a segfault)
     with pytest.raises(ValueError, match=needle):
         opsdk.target(spec)
     with pytest.raises(ValueError, match=needle):  # compile resolves through opsdk.target
         opsdk.compile(tvm.IRModule(), spec)
+    if plain:  # plain tvm.compile of an opsdk op reaches the rules' target_features unchecked
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+        with bb.function("main", [x]):
+            bb.emit_func_output(bb.emit(opsdk.relax.gelu(x)))
+        with pytest.raises(ValueError, match=needle):
+            tvm.compile(bb.get(), target=tvm.target.Target(spec))
 
 
 def test_output_dtype_contract_is_declared_and_validated():
@@ -404,6 +415,10 @@ BAD_DEFINITIONS = [
     ({"reference": lambda x: 1 / 0}, "the reference raised ZeroDivisionError"),
     ({"ranks": (2, 2), "infer_type": _sym_infer}, "infer_type must follow symbolic dims"),
     ({"output_dtype": ("float32", "float16")}, "output_dtype gives 2 rules"),
+    ({"domain": {"x": 5}}, "domain['x'] = 5: give (lo, hi), opsdk.log_uniform"),
+    ({"dtypes": ("flaot32",)}, "dtypes= unsupported dtype 'flaot32'"),
+    ({"examples": "abc"}, "examples='abc' must be shapes of the first input"),
+    ({"examples": [(0, 3)]}, "tuples of positive ints"),
 ]
 
 
@@ -421,12 +436,18 @@ def test_definition_mistakes_name_the_op_and_argument(kwargs, message):
     ({"target_key": "cpu", "claims": ("vectorise",)}, "did you mean 'vectorize'"),
     ({"target_key": "cpu", "requires": ("AVX 512",)}, "is not a feature name"),
     ({"op_or_kinds": "kind:nrom", "target_key": "cpu"}, "'kind:nrom' names no op kind"),
+    ({"target_key": "cpu", "priority": "high"}, "priority='high' must be a number"),
+    ({"target_key": "cpu", "fn": 42}, "@rule decorates a function"),  # what it decorates
 ])
 def test_rule_registration_mistakes_are_refused(kwargs, message):
     from opsdk.schedules import rule
 
-    with pytest.raises(ValueError, match="schedule rule") as e:
-        rule(**{"op_or_kinds": "kind:norm", **kwargs})
+    kwargs = dict(kwargs)
+    fn = kwargs.pop("fn", None)
+    with pytest.raises((ValueError, TypeError), match="schedule rule") as e:
+        deco = rule(**{"op_or_kinds": "kind:norm", **kwargs})
+        if fn is not None:
+            deco(fn)
     assert message in str(e.value)
 
 
