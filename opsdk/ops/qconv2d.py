@@ -28,7 +28,7 @@ from tvm import te, tirx
 from .._domains import log_uniform
 from .._opdef import Tensor, op
 from ._quant import QRANGE, rint_f32, round_to_te
-from .qdense import BLOCK, KGROUP
+from .qdense import BLOCK, KGROUP, packed_channel_terms, packed_epilogue
 
 __all__ = [
     "ATTRS_KEY",
@@ -371,43 +371,9 @@ def qconv2d_packed(
 
     wp = te.compute((dim(_cdiv(op_, BLOCK)), dim(cb * taps), dim(BLOCK * KGROUP)), wp_f,
                     name="wp")
-    # The weight sums read the packed weights (zero padded: the same sums), so that a rule
-    # may pack a constant weight at compile time (nothing else then reads ``w``): first per
-    # byte lane of each 16-channel block (contiguous vectors), then the 4 lanes of a channel.
-    rg = te.reduce_axis((dim(0), dim(cb * taps)), name="rg")
-    lanes = te.compute(
-        (dim(int(wp.shape[0])), dim(BLOCK * KGROUP)),
-        lambda bb, e: te.sum(wp[bb, rg, e].astype("int32"), axis=rg),
-        name="wsum_lanes",
-    )
-    wsum = te.compute(
-        (dim(o),),
-        lambda j: lanes[j // BLOCK, (j % BLOCK) * KGROUP]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 1]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 2]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 3],
-        name="wsum",
-    )
-    comp = te.compute(
-        (dim(op_),),
-        lambda j: tirx.if_then_else(
-            j < o,
-            (0 if bias is None else bias[j]) - wsum[j] * tirx.const(zp_eff, "int32"),
-            tirx.const(0, "int32"),
-        ),
-        name="comp",
-    )
-
-    def scale(j):
-        sc = tirx.const(x_scale, "float32") * w_scale[j if per_channel else 0]
-        return sc / tirx.const(out_scale, "float32") if out_dtype == "int8" else sc
-
-    if out_dtype != "int32":
-        osc = te.compute(
-            (dim(op_),),
-            lambda j: tirx.if_then_else(j < o, scale(j), tirx.const(0.0, "float32")),
-            name="oscale",
-        )
+    comp, osc = packed_channel_terms(
+        wp, w_scale, bias, n=o, padded=op_, zp_eff=zp_eff, x_scale=x_scale,
+        out_dtype=out_dtype, out_scale=out_scale, per_channel=per_channel)
     rq = te.reduce_axis((dim(0), dim(cb)), name="rq")
     rh = te.reduce_axis((dim(0), dim(kh)), name="rh")
     rw = te.reduce_axis((dim(0), dim(kw)), name="rw")
@@ -423,13 +389,7 @@ def qconv2d_packed(
     )
 
     def body(b, y, xx, j):
-        v = acc[b, y, xx, j] + comp[j]
-        if out_dtype == "int32":
-            return v
-        f = v.astype("float32") * osc[j]
-        if out_dtype == "float32":
-            return f
-        return round_to_te(f, out_zero_point, out_dtype)
+        return packed_epilogue(acc[b, y, xx, j], j, comp, osc, out_dtype, out_zero_point)
 
     tile = te.compute((n, dim(oh), dim(owp), dim(op_)), body, name="qtile")
     if nchw:

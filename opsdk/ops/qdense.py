@@ -29,7 +29,15 @@ from .._domains import log_uniform
 from .._opdef import Tensor, op
 from ._quant import QRANGE, rint_f32, round_to_te
 
-__all__ = ["ATTRS_KEY", "BLOCK", "KGROUP", "qdense", "qdense_packed"]
+__all__ = [
+    "ATTRS_KEY",
+    "BLOCK",
+    "KGROUP",
+    "packed_channel_terms",
+    "packed_epilogue",
+    "qdense",
+    "qdense_packed",
+]
 
 #: Annotation on the output block holding the op's attributes (``x_scale``, ``x_zero_point``,
 #: ``out_dtype``, ``out_scale``, ``out_zero_point``, ``per_channel``, ``has_bias``): a schedule
@@ -166,6 +174,73 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def packed_channel_terms(
+    wp: te.Tensor, w_scale: te.Tensor, bias: te.Tensor | None, *, n: int, padded: int,
+    zp_eff: int, x_scale: float, out_dtype: str, out_scale: float, per_channel: bool,
+) -> tuple[te.Tensor, te.Tensor | None]:
+    """The per-channel stages of a packed int8 kernel (qdense, qconv2d): ``comp`` (bias minus
+    the zero point times the weight sums) and ``oscale`` (None for an int32 output), both
+    padded with zeros to ``padded`` channels so the tile epilogue runs unpredicated.
+
+    The weight sums read the packed weights ``wp`` (``(N/16, groups, 16*4)``, zero padded: the
+    same sums), so that a rule may pack a constant weight at compile time (nothing else then
+    reads the weight): first per byte lane of each 16-channel block (contiguous vectors,
+    ``wsum_lanes``), then the 4 lanes of a channel (``wsum``).
+    """
+    idx = str(wp.shape[0].ty.dtype)
+
+    def dim(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    rg = te.reduce_axis((dim(0), dim(int(wp.shape[1]))), name="rg")
+    lanes = te.compute(
+        (dim(int(wp.shape[0])), dim(BLOCK * KGROUP)),
+        lambda bb, e: te.sum(wp[bb, rg, e].astype("int32"), axis=rg),
+        name="wsum_lanes",
+    )
+
+    def lane(j, r):
+        return lanes[j // BLOCK, (j % BLOCK) * KGROUP + r]
+
+    wsum = te.compute((dim(n),), lambda j: lane(j, 0) + lane(j, 1) + lane(j, 2) + lane(j, 3),
+                      name="wsum")
+    comp = te.compute(
+        (dim(padded),),
+        lambda j: tirx.if_then_else(
+            j < n,
+            (0 if bias is None else bias[j]) - wsum[j] * tirx.const(zp_eff, "int32"),
+            tirx.const(0, "int32"),
+        ),
+        name="comp",
+    )
+    if out_dtype == "int32":
+        return comp, None
+
+    def scale(j):
+        s = tirx.const(x_scale, "float32") * w_scale[j if per_channel else 0]
+        return s / tirx.const(out_scale, "float32") if out_dtype == "int8" else s
+
+    osc = te.compute(
+        (dim(padded),),
+        lambda j: tirx.if_then_else(j < n, scale(j), tirx.const(0.0, "float32")),
+        name="oscale",
+    )
+    return comp, osc
+
+
+def packed_epilogue(raw: tirx.PrimExpr, j: tirx.PrimExpr, comp: te.Tensor,
+                    osc: te.Tensor | None, out_dtype: str, out_zero_point: int) -> tirx.PrimExpr:
+    """The output of channel ``j`` from a raw int32 dot product: compensation, then the
+    float32 rescale and (int8) rounding of :func:`qdense`'s definition."""
+    v = raw + comp[j]
+    if out_dtype == "int32":
+        return v
+    f = v.astype("float32") * osc[j]
+    if out_dtype == "float32":
+        return f
+    return round_to_te(f, out_zero_point, out_dtype)
+
+
 def qdense_packed(
     x: te.Tensor,
     w: te.Tensor,
@@ -263,45 +338,9 @@ def qdense_packed(
         return tirx.if_then_else(tirx.all(nn < n, kk < k), w[nn, kk], tirx.const(0, "int8"))
 
     wp = te.compute((dim(np_ // BLOCK), dim(kp // KGROUP), dim(BLOCK * KGROUP)), wp_f, name="wp")
-    # The weight sums read the packed weights (zero padded: the same sums), so that a rule
-    # may pack a constant weight at compile time (nothing else then reads ``w``): first per
-    # byte lane of each 16-channel block (contiguous vectors), then the 4 lanes of a channel.
-    rg = te.reduce_axis((dim(0), dim(kp // KGROUP)), name="rg")
-    lanes = te.compute(
-        (dim(int(wp.shape[0])), dim(BLOCK * KGROUP)),
-        lambda bb, e: te.sum(wp[bb, rg, e].astype("int32"), axis=rg),
-        name="wsum_lanes",
-    )
-    wsum = te.compute(
-        (dim(n),),
-        lambda j: lanes[j // BLOCK, (j % BLOCK) * KGROUP]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 1]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 2]
-        + lanes[j // BLOCK, (j % BLOCK) * KGROUP + 3],
-        name="wsum",
-    )
-    # Per-channel terms padded to the channel tiles (zero beyond N), so that the tile epilogue
-    # runs unpredicated.
-    comp = te.compute(
-        (dim(np_),),
-        lambda j: tirx.if_then_else(
-            j < n,
-            (0 if bias is None else bias[j]) - wsum[j] * tirx.const(zp_eff, "int32"),
-            tirx.const(0, "int32"),
-        ),
-        name="comp",
-    )
-
-    def scale(j):
-        s = tirx.const(x_scale, "float32") * w_scale[j if per_channel else 0]
-        return s / tirx.const(out_scale, "float32") if out_dtype == "int8" else s
-
-    if out_dtype != "int32":
-        osc = te.compute(
-            (dim(np_),),
-            lambda j: tirx.if_then_else(j < n, scale(j), tirx.const(0.0, "float32")),
-            name="oscale",
-        )
+    comp, osc = packed_channel_terms(
+        wp, w_scale, bias, n=n, padded=np_, zp_eff=zp_eff, x_scale=x_scale,
+        out_dtype=out_dtype, out_scale=out_scale, per_channel=per_channel)
     rr = te.reduce_axis((dim(0), dim(kp)), name="k")
     acc = te.compute(
         (mp, dim(np_)),
@@ -314,13 +353,7 @@ def qdense_packed(
     )
 
     def body(i, j):
-        v = acc[i, j] + comp[j]
-        if out_dtype == "int32":
-            return v
-        f = v.astype("float32") * osc[j]
-        if out_dtype == "float32":
-            return f
-        return round_to_te(f, out_zero_point, out_dtype)
+        return packed_epilogue(acc[i, j], j, comp, osc, out_dtype, out_zero_point)
 
     # The epilogue covers whole (padded) tiles, so it vectorizes without bounds predicates
     # (a predicate on the channel lanes would scalarize it); only the copy out is cut to (M, N).

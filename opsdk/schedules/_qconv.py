@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm import s_tir, te, tirx
+from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..ops.qconv2d import ATTRS_KEY, conv_geometry, qconv2d_depthwise_padded, qconv2d_packed
@@ -34,10 +34,13 @@ from .cpu.vnni import (
     Microkernel,
     _vector_bits,
     _vectorize_contiguous,
+    op_buffers,
     pack_at_compile_time,
+    recompute,
     region,
     register_tile,
     replace_block_body,
+    schedule_tile_epilogue,
     schedule_weight_sums,
 )
 
@@ -96,23 +99,17 @@ def rebuild_qconv2d(
     if attrs is None or attrs.pop("depthwise"):
         return None
     has_bias = attrs.pop("has_bias")
-    bufs = list(func.params)
-    if (len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs)
-            or len(bufs[0].shape) != 4 or len(bufs[1].shape) != 4):
-        return None  # (not the op's (x, w, w_scale[, bias], out) signature)
+    bufs = op_buffers(func, has_bias, rank=4)
+    if bufs is None:
+        return None
     try:
         g = conv_geometry(bufs[0].shape, bufs[1].shape, attrs)
     except ValueError:
         return None
     cols = min(cols, -(-g["O"] // BLOCK) * BLOCK)
     rows = min(rows, g["OW"])
-    names = ["x", "w", "w_scale", "bias"][: len(bufs) - 1]
-    phs = [te.placeholder(b.shape, b.dtype, name=nm) for b, nm in zip(bufs, names)]
-    out = qconv2d_packed(*phs[:3], phs[3] if has_bias else None, act_dtype=act_dtype,  # type: ignore[arg-type]
-                         rows=rows, cols=cols, **attrs)
-    new = te.create_prim_func([*phs, out])
-    for key, value in (func.attrs or {}).items():
-        new = new.with_attr(key, value)
+    new = recompute(func, bufs, has_bias, lambda *ins: qconv2d_packed(
+        *ins, act_dtype=act_dtype, rows=rows, cols=cols, **attrs))  # type: ignore[arg-type]
     return new.with_attr("opsdk.qconv2d_tile", [rows, cols, attrs["stride"]])
 
 
@@ -193,15 +190,7 @@ def schedule_qconv2d_packed(
     # The first loop under the tile (unit loops are elided: a 1-wide row, one channel block)
     _conv_tile_kernel(sch, sch.blockize(sch.get_loops(acc)[1]), kernel, stride)
 
-    lanes32 = bits // 32
-    if cols % lanes32 == 0:
-        nv, vl = sch.split(ji, [None, lanes32])
-        sch.vectorize(vl)
-        sch.unroll(nv)
-    sch.unroll(xi)
-    copy = sch.get_sblock("qconv2d")
-    sch.reverse_compute_at(copy, tile)
-    _vectorize_contiguous(sch, sch.get_loops(copy)[-1], bits // 8)
+    schedule_tile_epilogue(sch, tile, xi, ji, cols, bits, "qconv2d")
 
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
     xn, xq, xy, _, xe = sch.get_loops(blocks["xa"])
@@ -243,20 +232,15 @@ def schedule_qconv2d_depthwise(func: tirx.PrimFunc, target: Target) -> s_tir.Sch
     if attrs is None or not attrs.pop("depthwise"):
         return None
     has_bias = attrs.pop("has_bias")
-    bufs = list(func.params)
-    if (len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs)
-            or len(bufs[0].shape) != 4 or len(bufs[1].shape) != 4):
-        return None  # (not the op's (x, w, w_scale[, bias], out) signature)
+    bufs = op_buffers(func, has_bias, rank=4)
+    if bufs is None:
+        return None
     try:
         conv_geometry(bufs[0].shape, bufs[1].shape, attrs)
     except ValueError:
         return None
-    names = ["x", "w", "w_scale", "bias"][: len(bufs) - 1]
-    phs = [te.placeholder(b.shape, b.dtype, name=nm) for b, nm in zip(bufs, names)]
-    out = qconv2d_depthwise_padded(*phs[:3], phs[3] if has_bias else None, **attrs)
-    new = te.create_prim_func([*phs, out])
-    for key, value in (func.attrs or {}).items():
-        new = new.with_attr(key, value)
+    new = recompute(func, bufs, has_bias,
+                    lambda *ins: qconv2d_depthwise_padded(*ins, **attrs))
     lanes = vector_lanes(target, 32)
     sch = s_tir.Schedule(new)
     xp = sch.get_sblock("xp")

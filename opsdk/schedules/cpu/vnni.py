@@ -38,14 +38,17 @@ from .. import rule
 __all__ = [
     "VNNI",
     "Microkernel",
+    "op_buffers",
     "pack_at_compile_time",
     "qdense_attrs",
     "rebuild_packed",
+    "recompute",
     "region",
     "register_tile",
     "replace_block_body",
     "replace_with_tile_kernel",
     "schedule_qdense_packed",
+    "schedule_tile_epilogue",
     "schedule_weight_sums",
     "splat4",
 ]
@@ -255,6 +258,31 @@ def _py(v: Any) -> Any:
     return v.value if isinstance(v, (tirx.IntImm, tirx.FloatImm)) else v
 
 
+def op_buffers(func: tirx.PrimFunc, has_bias: bool, rank: int) -> list[Any] | None:
+    """The input buffers ``(x, w, w_scale[, bias])`` of an int8 op's legalized function, or
+    None when its parameters are not that signature (``x`` of ``rank``, ``w`` too for a conv)
+    (TVM 0.27: tensor params carry their shape and dtype)."""
+    bufs = list(func.params)
+    if len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs):
+        return None
+    if len(bufs[0].shape) != rank or len(bufs[1].shape) != (4 if rank == 4 else 2):
+        return None
+    return bufs[:-1]
+
+
+def recompute(func: tirx.PrimFunc, bufs: list[Any], has_bias: bool,
+              build: Callable[..., te.Tensor]) -> tirx.PrimFunc:
+    """``func`` with its body rebuilt as ``build(x, w, w_scale, bias_or_None)`` on
+    placeholders of the same buffers, keeping the signature and the function attributes."""
+    names = ["x", "w", "w_scale", "bias"][: len(bufs)]
+    phs = [te.placeholder(b.shape, b.dtype, name=nm) for b, nm in zip(bufs, names)]
+    out = build(*phs[:3], phs[3] if has_bias else None)
+    new = te.create_prim_func([*phs, out])
+    for key, value in (func.attrs or {}).items():
+        new = new.with_attr(key, value)
+    return new
+
+
 def rebuild_packed(
     func: tirx.PrimFunc, *, act_dtype: str, rows: int, cols: int
 ) -> tirx.PrimFunc | None:
@@ -267,27 +295,16 @@ def rebuild_packed(
     if attrs is None:
         return None
     has_bias = attrs.pop("has_bias")
-    bufs = list(func.params)  # TVM 0.27: tensor params carry their shape and dtype
-    if len(bufs) != (5 if has_bias else 4) or not all(hasattr(b, "shape") for b in bufs):
+    bufs = op_buffers(func, has_bias, rank=2)
+    if bufs is None:
         return None
     x, w = bufs[0], bufs[1]
-    if len(x.shape) != 2 or not all(isinstance(d, tirx.IntImm) for d in (x.shape[1], w.shape[0])):
+    if not all(isinstance(d, tirx.IntImm) for d in (x.shape[1], w.shape[0])):
         return None
     n = int(w.shape[0])
     cols = min(cols, -(-n // BLOCK) * BLOCK)
-    names = ["x", "w", "w_scale", "bias"][: len(bufs) - 1]
-    phs = [te.placeholder(b.shape, b.dtype, name=nm) for b, nm in zip(bufs, names)]
-    out = qdense_packed(
-        *phs[:3],
-        phs[3] if has_bias else None,
-        act_dtype=act_dtype,  # type: ignore[arg-type]
-        rows=rows,
-        cols=cols,
-        **attrs,
-    )
-    new = te.create_prim_func([*phs, out])
-    for key, value in (func.attrs or {}).items():
-        new = new.with_attr(key, value)
+    new = recompute(func, bufs, has_bias, lambda *ins: qdense_packed(
+        *ins, act_dtype=act_dtype, rows=rows, cols=cols, **attrs))  # type: ignore[arg-type]
     return new.with_attr("opsdk.qdense_tile", [rows, cols])
 
 
@@ -361,16 +378,7 @@ def schedule_qdense_packed(
     replace_with_tile_kernel(sch, sch.blockize(sch.get_loops(acc)[-3]), kernel)
 
     # Epilogue on the tile: whole vectors of int32 lanes, unrolled.
-    lanes32 = bits // 32
-    if cols % lanes32 == 0:
-        nv, vl = sch.split(nj, [None, lanes32])
-        sch.vectorize(vl)
-        sch.unroll(nv)
-    sch.unroll(mi)
-    # The copy of the tile's in-bounds part to the output (predicated on M and N).
-    copy = sch.get_sblock("qdense")
-    sch.reverse_compute_at(copy, tile)
-    _vectorize_contiguous(sch, sch.get_loops(copy)[-1], bits // 8)
+    schedule_tile_epilogue(sch, tile, mi, nj, cols, bits, "qdense")
 
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
     xa_row, xa_k = sch.get_loops(blocks["xa"])
@@ -411,6 +419,22 @@ def pack_at_compile_time(sch: s_tir.Schedule, func: tirx.PrimFunc, block: Any) -
     w = func.params[1]
     if is_layout_free(func, w):
         sch.annotate(block, "meta_schedule.layout_rewrite_preproc", True)
+
+
+def schedule_tile_epilogue(sch: s_tir.Schedule, tile: Any, rows_loop: Any, cols_loop: Any,
+                           cols: int, bits: int, out_block: str) -> None:
+    """The epilogue of a register tile (whole vectors of int32 lanes, unrolled) and the copy
+    of the tile's in-bounds part to the output block ``out_block`` (predicated on the
+    edges), both inside the parallel ``tile`` loop."""
+    lanes32 = bits // 32
+    if cols % lanes32 == 0:
+        nv, vl = sch.split(cols_loop, [None, lanes32])
+        sch.vectorize(vl)
+        sch.unroll(nv)
+    sch.unroll(rows_loop)
+    copy = sch.get_sblock(out_block)
+    sch.reverse_compute_at(copy, tile)
+    _vectorize_contiguous(sch, sch.get_loops(copy)[-1], bits // 8)
 
 
 def _static_k_unpadded(func: tirx.PrimFunc) -> bool:
