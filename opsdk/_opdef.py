@@ -330,6 +330,10 @@ class OpDef:
             # The compute embeds it as a float32 constant (TVM refuses the literal).
             raise self.error(p.name, f"is {v!r}, beyond float32's range (the kernel's "
                              "constants are float32)", f"pass a value within +-{_F32_MAX:.4g}")
+        if want is float and v != 0 and np.float32(v) == 0:
+            # silently 0 in the kernel: an epsilon of 1e-300 is no epsilon (NaN rows)
+            raise self.error(p.name, f"is {v!r}, which is 0 in float32 (the kernel's constants "
+                             "are float32)", "pass 0, or a magnitude of at least 1.4e-45")
         return v
 
     def normalize_attrs(self, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:

@@ -276,6 +276,8 @@ def new_op(
         raise ScaffoldError(
             f"--targets {','.join(bad)}: supported targets are {', '.join(TARGETS)}"
         )
+    if folder.exists() and not folder.is_dir():
+        raise ScaffoldError(f"--dir {folder}: is a file, not a directory; pass a folder")
     if not folder.is_dir():
         raise ScaffoldError(f"--dir {folder}: no such directory; create it first")
     folder = folder.resolve()

@@ -189,6 +189,9 @@ def _cmd_new_op(args: argparse.Namespace) -> int:
 
     _load_ops(args.module)
     targets = [t for t in (args.targets or "").split(",") if t]
+    if not targets:  # `--targets ''`: an op with no rules would have been written silently
+        raise UsageError(f"--targets {args.targets!r}: name at least one of x86, arm (the "
+                         "generic lowering needs no rule: leave the schedules file out)")
     try:
         r = new_op(
             args.name,

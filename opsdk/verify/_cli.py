@@ -301,6 +301,10 @@ def _check_case_fields(case: Any, d: Any) -> None:
         problems.append(f"seed {case.seed!r} is not a whole number")
     if not case.shape or any(n < 1 for n in case.shape):
         problems.append(f"shape {list(case.shape)} needs positive dims")
+    try:  # an attribute value the op refuses is the edit's fault, not a failed kernel
+        d.bind_attrs(case.attrs)
+    except ValueError as e:
+        problems.append(f"attrs: {e}")
     if problems:
         raise _Usage(f"bad --case for {d.name}: " + "; ".join(problems))
 

@@ -124,11 +124,17 @@ class Case:
         if extra:
             raise ValueError(f"unknown case fields {sorted(extra)}; known: {sorted(known)}")
         kw = dict(d)
-        kw["shape"] = tuple(int(s) for s in kw.get("shape", ()))
+
+        def whole(field: str, v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+                raise ValueError(f"case field {field!r}: {v!r} is not a whole number")
+            return int(v)
+
+        kw["shape"] = tuple(whole("shape", s) for s in kw.get("shape", ()))
         kw["present"] = tuple(kw.get("present", ()))
         kw["attrs"] = dict(kw.get("attrs", {}))
         kw["data"] = dict(kw.get("data", {}))
-        kw["free"] = {k: int(v) for k, v in kw.get("free", {}).items()}
+        kw["free"] = {k: whole(f"free.{k}", v) for k, v in kw.get("free", {}).items()}
         return cls(**kw)
 
     @classmethod

@@ -215,6 +215,9 @@ def _cli(argv: list[str]) -> int:
     ["gelu", "--case", '{"layout": "zzz", "dtype": "float32", "shape": [2, 3]}'],  # bad field
     ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [2], "seed": "x"}'],
     ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [2], "data": {"x": "z"}}'],
+    ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [-1, "a"]}'],
+    ["gelu", "--case", '{"layout": "erf", "dtype": "float32", "shape": [2],'
+                       ' "attrs": {"approximate": "fast"}}'],
     ["gelu", "--target", "arm", "--rpc", "127.0.0.1:1",  # nothing listens: refused at once
      "--case", '{"layout": "erf", "dtype": "float32", "shape": [2]}'],
 ])

@@ -164,6 +164,8 @@ def test_rpc_faults_fail_fast_and_clearly(fault, action, tracker, message, bound
 # One table per boundary: each bad argument is a usage error (exit 2) that names the flag and
 # says what was wrong, before any work (none of these loads TVM's kernels or runs anything).
 BAD_ARGUMENTS = [
+    (["new-op", "swt", "--targets", ""], "--targets '': name at least one of x86, arm"),
+    (["new-op", "swt", "--targets", ","], "--targets ',': name at least one of x86, arm"),
     (["bench", "gelu", "--repeats", "0"], "--repeats: must be a whole number >= 1"),
     (["bench", "gelu", "--repeats", "-3"], "--repeats: must be a whole number >= 1"),
     (["bench", "gelu", "--threads", "0"], "--threads: must be a whole number >= 1"),

@@ -48,6 +48,10 @@ def test_bad_kind_target_dir_and_from(tmp_path):
         new_op("ok_name", targets=["cuda"], directory=tmp_path)
     with pytest.raises(ScaffoldError, match="no such directory"):
         new_op("ok_name", directory=tmp_path / "missing")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ScaffoldError, match="is a file, not a directory"):
+        new_op("ok_name", directory=tmp_path / "afile")
+    (tmp_path / "afile").unlink()
     with pytest.raises(ScaffoldError, match="--from nope"):
         new_op("ok_name", from_op="nope", directory=tmp_path)
     assert list(tmp_path.iterdir()) == []

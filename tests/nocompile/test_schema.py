@@ -223,6 +223,12 @@ def test_error_attribute_value_and_type():
         "'epsilon'",
         "beyond float32's range",
     )
+    _err(  # 1e-300 is 0 in float32: a constant row then gave NaN
+        lambda: opsdk.relax.layer_norm(_var("x", (2, 8)), epsilon=1e-300),
+        "opsdk.layer_norm",
+        "'epsilon'",
+        "which is 0 in float32",
+    )
 
 
 def test_error_non_tensor_argument():
