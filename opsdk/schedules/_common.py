@@ -489,9 +489,12 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
             vectorize_loop(sch, flat, lanes)
             return sch
         main = total - total % lanes
-        if main != total:
-            flat, tail = sch.loop_partition(flat, [main])
-            sch.vectorize(tail)
+        if main != total:  # the tail as power-of-two vectors, as vectorize_loop's (aarch64)
+            pieces = _pow2_pieces(total - main)
+            flat, *tails = sch.loop_partition(flat, [main, *pieces[:-1]])
+            for part, n in zip(tails, pieces):
+                if n > 1:
+                    sch.vectorize(part)
         outer, vec = sch.split(flat, [None, lanes])
         sch.parallel(outer)
         sch.vectorize(vec)
