@@ -152,8 +152,9 @@ def _clamp_step(val: Any, bindings: dict[Any, Any]) -> tuple[Any, float, float] 
         return val.args[0], 0.0, float("inf")
     if name not in ("relax.maximum", "relax.minimum"):
         return None
-    var = [e for e in val.args if _value(e, bindings) is None]
-    const = [_value(e, bindings) for e in val.args if _value(e, bindings) is not None]
+    values = [_value(e, bindings) for e in val.args]
+    var = [e for e, v in zip(val.args, values) if v is None]
+    const = [v for v in values if v is not None]
     if len(var) != 1 or len(const) != 1 or const[0].size != 1:
         return None
     bound = float(const[0].reshape(()))

@@ -149,19 +149,19 @@ def schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
 
 
 # ----------------------------------------------------------------------------- spatial loops
-def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int) -> bool:
+def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV,
+                   lanes: int) -> s_tir.schedule.LoopRV | None:
     """Vectorize a contiguous spatial loop by ``lanes``, handling any static extent.
 
     A multiple of ``lanes`` is split and vectorized; otherwise the loop is partitioned into a
     vectorized main part and a tail vectorized as power-of-two vectors. A symbolic extent is left
     serial for LLVM's loop vectorizer (TVM cannot partition it and would scalarize a predicated
-    vector loop). Returns whether a TIR vector loop was made.
+    vector loop). Returns the loop over the main part's whole vectors (a caller may run it
+    across the cores), or None when there is no such part.
     """
     ext = extent_of(sch, loop)
-    if ext is None:
-        return False
-    if ext <= 1:
-        return False
+    if ext is None or ext <= 1:
+        return None
     # LLVM's aarch64 back end miscompiles some odd-width vectors (requantize's int64
     # arithmetic in a <3 x i64> tail returned -128 for 127; found by verify's static
     # residues, tails of 5 and 7 were right), so a tail is vectorized as power-of-two pieces
@@ -171,14 +171,15 @@ def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int)
     pieces = _pow2_pieces(ext - main)
     factors = ([main] if main and pieces else []) + pieces[:-1]
     parts = sch.loop_partition(loop, factors) if factors else [loop]
+    outer = None
     if main:
-        _, vec = sch.split(parts[0], [None, lanes])
+        outer, vec = sch.split(parts[0], [None, lanes])
         sch.vectorize(vec)
         parts = parts[1:]
     for part, n in zip(parts, pieces):
         if n > 1:
             sch.vectorize(part)
-    return True
+    return outer
 
 
 def _pow2_pieces(n: int) -> list[int]:
@@ -488,16 +489,7 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         if total <= vector_lanes(target, 32) * 64:
             vectorize_loop(sch, flat, lanes)
             return sch
-        main = total - total % lanes
-        if main != total:  # the tail as power-of-two vectors, as vectorize_loop's (aarch64)
-            pieces = _pow2_pieces(total - main)
-            flat, *tails = sch.loop_partition(flat, [main, *pieces[:-1]])
-            for part, n in zip(tails, pieces):
-                if n > 1:
-                    sch.vectorize(part)
-        outer, vec = sch.split(flat, [None, lanes])
-        sch.parallel(outer)
-        sch.vectorize(vec)
+        sch.parallel(vectorize_loop(sch, flat, lanes))  # (total > lanes: a main part)
         return sch
     rows = _fuse(sch, loops[: len(loops) - n_inner])
     sch.parallel(rows)

@@ -34,6 +34,7 @@ from .cpu.vnni import (
     Microkernel,
     _vector_bits,
     _vectorize_contiguous,
+    block_attrs,
     op_buffers,
     pack_at_compile_time,
     recompute,
@@ -58,10 +59,6 @@ _ATTR_TYPES = (
 )
 
 
-def _py(v: Any) -> Any:
-    return v.value if isinstance(v, (tirx.IntImm, tirx.FloatImm)) else v
-
-
 def qconv2d_attrs(func: tirx.PrimFunc) -> dict[str, Any] | None:
     """The qconv2d attributes recorded on ``func``'s output block, or None.
 
@@ -77,15 +74,7 @@ def qconv2d_attrs(func: tirx.PrimFunc) -> dict[str, Any] | None:
     >>> qconv2d_attrs(te.create_prim_func([x, w, s, y]))["padding"]
     1
     """
-    try:
-        sch = s_tir.Schedule(func)
-        block = sch.get(sch.get_sblock("qconv2d"))
-    except Exception:  # no (single) block of that name: not a qconv2d PrimFunc
-        return None
-    raw = block.annotations.get(ATTRS_KEY)
-    if raw is None:
-        return None
-    return {key: conv(_py(raw[key])) for key, conv in _ATTR_TYPES}
+    return block_attrs(func, "qconv2d", ATTRS_KEY, _ATTR_TYPES)
 
 
 def rebuild_qconv2d(

@@ -32,11 +32,11 @@ pytestmark = [
 ]
 
 
-def _host_cases() -> Any:
-    """The case matrix and its helpers, shared with tests/host/test_int8_schedules.py."""
-    name = "opsdk_int8_cases"
+def _host_module(filename: str) -> Any:
+    """A test module of tests/host (its case matrix and helpers), loaded once by path."""
+    name = f"opsdk_host_{Path(filename).stem}"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "host" / "test_int8_schedules.py"
+        path = Path(__file__).resolve().parents[1] / "host" / filename
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while being built
@@ -44,7 +44,7 @@ def _host_cases() -> Any:
     return sys.modules[name]
 
 
-C = _host_cases()
+C = _host_module("test_int8_schedules.py")  # the qdense case matrix
 TIMINGS: dict[str, float] = {}
 
 
@@ -131,18 +131,6 @@ def test_sdot_kernel_on_cortex_a72_is_an_illegal_instruction(cases, dotprod_buil
 # ----------------------------------------------------------------------------- qconv2d
 
 
-def _conv_cases() -> Any:
-    """The qconv2d case matrix of tests/host/test_qconv2d.py."""
-    name = "opsdk_qconv2d_cases"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "host" / "test_qconv2d.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.mark.parametrize(
     ("target", "rule", "insn", "absent"),
     [("arm-dotprod", "neon.qconv2d_dotprod", r"sdot\s+v\d+\.4s", r"smull\s+v\d+\.8h"),
@@ -151,7 +139,7 @@ def _conv_cases() -> Any:
 def test_qconv2d_rules_are_bit_exact(target, rule, insn, absent, a76) -> None:
     # Both rules on the Cortex-A76 emulation (it has the dot product; the plain NEON rule
     # does not use it, checked in the asm). Depthwise cases get their own NEON rule.
-    Q = _conv_cases()
+    Q = _host_module("test_qconv2d.py")
     cases = Q.make_cases()
     if target == "arm":
         cases = cases[::2]  # every layout and dtype, half the geometries

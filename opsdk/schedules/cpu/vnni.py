@@ -38,6 +38,7 @@ from .. import rule
 __all__ = [
     "VNNI",
     "Microkernel",
+    "block_attrs",
     "op_buffers",
     "pack_at_compile_time",
     "qdense_attrs",
@@ -232,30 +233,31 @@ def qdense_attrs(func: tirx.PrimFunc) -> dict[str, Any] | None:
     >>> qdense_attrs(te.create_prim_func([x, w, s, y]))["out_dtype"]
     'int8'
     """
+    return block_attrs(func, "qdense", ATTRS_KEY, _QDENSE_ATTRS)
+
+
+_QDENSE_ATTRS = (
+    ("x_scale", float), ("x_zero_point", int), ("out_dtype", str), ("out_scale", float),
+    ("out_zero_point", int), ("per_channel", bool), ("has_bias", bool),
+)
+
+
+def block_attrs(func: tirx.PrimFunc, block_name: str, key: str,
+                types: tuple[tuple[str, type], ...]) -> dict[str, Any] | None:
+    """The op attributes a definition recorded under ``key`` on ``func``'s block
+    ``block_name``, converted to ``types``; None when ``func`` has no such block (it is not
+    that op's function) or the block no annotation."""
     try:
         sch = s_tir.Schedule(func)
-        block = sch.get(sch.get_sblock("qdense"))
-    except Exception:  # no (single) block of that name: not a qdense PrimFunc
+        block = sch.get(sch.get_sblock(block_name))
+    except Exception:  # no (single) block of that name
         return None
-    raw = block.annotations.get(ATTRS_KEY)
+    raw = block.annotations.get(key)
     if raw is None:
         return None
-    out: dict[str, Any] = {}
-    for key, conv in (
-        ("x_scale", float),
-        ("x_zero_point", int),
-        ("out_dtype", str),
-        ("out_scale", float),
-        ("out_zero_point", int),
-        ("per_channel", bool),
-        ("has_bias", bool),
-    ):
-        out[key] = conv(_py(raw[key]))
-    return out
-
-
-def _py(v: Any) -> Any:
-    return v.value if isinstance(v, (tirx.IntImm, tirx.FloatImm)) else v
+    plain = {k: v.value if isinstance(v, (tirx.IntImm, tirx.FloatImm)) else v
+             for k, v in raw.items()}
+    return {name: conv(plain[name]) for name, conv in types}
 
 
 def op_buffers(func: tirx.PrimFunc, has_bias: bool, rank: int) -> list[Any] | None:
