@@ -419,9 +419,11 @@ def _input_contiguous_loop(sch: s_tir.Schedule, rv, loops: Sequence):
         return None
     big = max(blk.reads, key=lambda r: len(r.region))
     inner = big.region[-1].min
-    for lp, iv in zip(loops, blk.iter_vars):
+    # Through the block's bindings: folded unit axes leave fewer loops than iter vars.
+    bindings = _realize(sch, rv).iter_values
+    for iv, bound in zip(blk.iter_vars, bindings):
         if inner.same_as(iv.var):
-            return lp
+            return next((lp for lp in loops if sch.get(lp).loop_var.same_as(bound)), None)
     return None
 
 

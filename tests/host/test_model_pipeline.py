@@ -18,9 +18,7 @@ import opsdk
 from opsdk.model import LoadedModel, compile_model, load_model, report
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-_SMALL = {  # build_model()'s own defaults are the small sizes
-    "transformer_block": {}, "conv_net": {}, "mobilenet_block": {},
-}
+_EXAMPLES = ("transformer_block", "conv_net", "mobilenet_block")
 
 
 def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
@@ -96,10 +94,12 @@ def test_opsdk_ops_keep_their_kernels_and_elementwise_ones_fuse():
 
 
 @pytest.mark.parametrize("target", ["x86", "arm"])
-@pytest.mark.parametrize("name", list(_SMALL))
+@pytest.mark.parametrize("name", _EXAMPLES)
 def test_every_kernel_of_the_examples_is_scheduled(name, target):
-    m = load_model(str(EXAMPLES / f"{name}.py"), entry_args=_SMALL[name],
-                   dynamic_batch=name == "mobilenet_block")
+    # At the benchmark sizes (the files' DEFAULT_ARGS): the small ones keep some kernels
+    # under the report's serial limit (conv_net's 3-channel NCHW -> NHWC transpose had no
+    # vector instruction on arm at 56x56 and went unnoticed at 16x16).
+    m = load_model(str(EXAMPLES / f"{name}.py"), baselines=False)
     rep = report(m, target, profile=False)
     assert rep.kernels
     assert not rep.problems, rep.format()
