@@ -921,7 +921,7 @@ def op(
 
 
 #: Op kinds the generic rules and error models know (see :func:`op`).
-OP_KINDS = ("elementwise", "reduction", "norm", "dense", "matmul", "conv2d", "pool")
+OP_KINDS = ("elementwise", "reduction", "norm", "dense", "matmul", "conv2d", "winograd", "pool")
 
 
 def _check_declaration(opname: str, params: Sequence[Param], reference: Any, dtypes: Any,

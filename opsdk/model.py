@@ -281,8 +281,10 @@ class CompiledModel:
     planned: tvm.IRModule | None = None  # after memory planning (StaticPlanBlockMemory)
 
 
-def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
-    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module."""
+def compile_model(mod: tvm.IRModule, target: Any = "x86", *,
+                  winograd: bool = True) -> CompiledModel:
+    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
+    (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``)."""
     from .transform._lower import lowering_passes, schedule_passes
 
     tgt = resolve_target(target)
@@ -292,7 +294,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86") -> CompiledModel:
     cut = next((i + 1 for i, p in enumerate(passes)
                 if p.info.name == "StaticPlanBlockMemory"), len(passes))
     with tgt:
-        scheduled = tvm.transform.Sequential(schedule_passes(tgt))(mod)
+        scheduled = tvm.transform.Sequential(schedule_passes(tgt, winograd=winograd))(mod)
         planned = tvm.transform.Sequential(passes[:cut])(scheduled)
         lowered = tvm.transform.Sequential(passes[cut:])(planned)
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)

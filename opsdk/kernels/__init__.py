@@ -3,7 +3,8 @@
 A model's matmuls, convolutions and pools are not opsdk ops; TVM legalizes them and opsdk's
 rules for the kinds ``matmul``, ``conv2d`` and ``pool`` schedule them. To verify those rules
 like op rules, each family here is an op definition whose compute is the TE that TVM's
-legalization emits (``topi.nn.conv``, ``topi.nn.pool2d``, relax's matmul compute) followed by
+legalization emits (``topi.nn.conv``, ``topi.nn.pool2d``, relax's matmul compute, and the
+Winograd convolution the model pipeline legalizes eligible convs to) followed by
 the epilogue FuseOps appends (bias, residual add, ReLU / ReLU6), with a float64 reference
 and an error model. ``opsdk verify --kernels`` runs them through the same engine as the ops:
 float64 reference, schedule invariance against the unscheduled kernel, hypothesis-drawn
@@ -16,7 +17,7 @@ Examples
 --------
 >>> from opsdk.kernels import KERNEL_OPS
 >>> [d.name for d in KERNEL_OPS]
-['tvm_matmul', 'tvm_conv2d', 'tvm_pool2d']
+['tvm_matmul', 'tvm_conv2d', 'tvm_conv2d_winograd', 'tvm_pool2d']
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from __future__ import annotations
 from .conv2d import tvm_conv2d
 from .matmul import tvm_matmul
 from .pool2d import tvm_pool2d
+from .winograd import tvm_conv2d_winograd
 
-__all__ = ["KERNEL_OPS", "register_kernels", "tvm_conv2d", "tvm_matmul", "tvm_pool2d"]
+__all__ = [
+    "KERNEL_OPS",
+    "register_kernels",
+    "tvm_conv2d",
+    "tvm_conv2d_winograd",
+    "tvm_matmul",
+    "tvm_pool2d",
+]
 
 #: The kernel families, in verification order. Adding one means adding it here.
-KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_pool2d)
+KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_conv2d_winograd, tvm_pool2d)
 
 
 def register_kernels() -> list:

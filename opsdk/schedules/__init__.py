@@ -171,8 +171,8 @@ def rule(
 #: TVM target keys a rule may be keyed by (``Target(...).keys``).
 TARGET_KEYS = ("cpu", "arm_cpu", "cuda", "gpu", "rocm", "opencl", "vulkan", "metal",
                "hexagon", "webgpu")
-_RULE_KINDS = ("elementwise", "reduction", "norm", "dense", "any", "matmul", "conv2d", "pool",
-               "opaque")
+_RULE_KINDS = ("elementwise", "reduction", "norm", "dense", "any", "matmul", "conv2d", "winograd",
+               "pool", "opaque")
 
 
 def _check_rule_args(name: str | None, target_key: str, kinds: Sequence[str],

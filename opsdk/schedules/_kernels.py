@@ -4,6 +4,9 @@ The driver chooses rules by op name or op *kind*. A kernel that TVM's ops lower 
 FuseOps/FuseTIR may have fused with its neighbours) has no opsdk op, so it gets a
 :class:`Kernel` whose kind is classified from the loop and buffer structure:
 
+- ``winograd``: a Winograd convolution (``opsdk.kernels.winograd``: blocks tagged
+  ``opsdk.winograd``, which the model pipeline legalizes eligible 3x3 convs to) with its
+  epilogue;
 - ``matmul``: one multiply-accumulate reduction ``C[S, I, J] += A[S, I, K] * B[S, J, K]``
   (dense, matmul, batch_matmul), plus injective producers and elementwise consumers;
 - ``conv2d``: one multiply-accumulate reduction whose input index is a window
@@ -29,8 +32,10 @@ from ._gemm import analyze_gemm
 
 __all__ = ["KERNEL_KINDS", "Kernel", "classify", "kernel_for"]
 
+_WINOGRAD_TAG = "opsdk.winograd"  # the stage annotation of opsdk.kernels.winograd
+
 #: Kinds :func:`classify` assigns, in the order they are tested.
-KERNEL_KINDS = ("matmul", "conv2d", "pool", "reduction", "elementwise", "opaque")
+KERNEL_KINDS = ("winograd", "matmul", "conv2d", "pool", "reduction", "elementwise", "opaque")
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ def classify(func: tirx.PrimFunc) -> str:
     if not blocks:
         return "opaque"
     infos = [sch.get(b) for b in blocks]
+    if any(_WINOGRAD_TAG in blk.annotations for blk in infos):
+        return "winograd"
     for blk in infos:
         if any(iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce)
                for iv in blk.iter_vars):

@@ -6,13 +6,14 @@
    a conv chain starts and one where it ends;
 1. opsdk ops are legalized with their own compute, unscheduled, tagged ``opsdk.op``; all but
    elementwise ones are marked opaque to fusion so their kernels stay whole;
-2. TVM's ops are legalized (``LegalizeOps``), the kernels annotated with their fusion pattern,
+2. TVM's ops are legalized (``LegalizeOps``; eligible 3x3 convs as Winograd F(2x2, 3x3),
+   :mod:`opsdk.kernels.winograd`), the kernels annotated with their fusion pattern,
    constants folded (weight transposes happen once, here);
 3. ``FuseOps`` / ``FuseTIR``: elementwise epilogues (bias, activation, residual add, scale)
    join the matmul or conv that produces them;
 4. :func:`ScheduleKernels`: every PrimFunc gets a rule from the one driver: an opsdk op its
-   op's rules, any other kernel the rules for its classified kind (matmul, conv2d, pool,
-   reduction, elementwise);
+   op's rules, any other kernel the rules for its classified kind (winograd, matmul, conv2d,
+   pool, reduction, elementwise);
 5. weight packing that a rule asked for (``meta_schedule.layout_rewrite_preproc`` blocks) is
    split into its own function and folded into the constants;
 6. TVM's CPU dataflow lowering and VM finalization.
@@ -115,11 +116,18 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
     return _pass
 
 
-def fusion_passes() -> list[tvm.transform.Pass]:
+def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     """TVM's legalization, constant folding and fusion (what its CPU pipelines run before
-    codegen, and steps 2-3 of :func:`pipeline` after the opsdk ops)."""
+    codegen, and steps 2-3 of :func:`pipeline` after the opsdk ops). ``winograd``: eligible
+    3x3 convs legalize to the Winograd kernel (:mod:`opsdk.kernels.winograd`) instead of
+    TVM's direct convolution."""
+    custom = None
+    if winograd:
+        from ..kernels.winograd import legalize_conv2d
+
+        custom = {"relax.nn.conv2d": legalize_conv2d}
     return [
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(customize_legalize_map=custom),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -129,7 +137,7 @@ def fusion_passes() -> list[tvm.transform.Pass]:
 
 
 def schedule_passes(
-    target: str | dict | Target, *, channels_last: bool = True
+    target: str | dict | Target, *, channels_last: bool = True, winograd: bool = True
 ) -> list[tvm.transform.Pass]:
     """Steps 0-5 of :func:`pipeline`: layout, legalize, fold, fuse, schedule every kernel,
     pack weights."""
@@ -138,7 +146,7 @@ def schedule_passes(
     tgt = _resolve(target)
     return [ChannelsLast()] * channels_last + [
         _legalize_opsdk_ops(tgt, "opsdk.LegalizeOpsDeferred", deferred=True),
-        *fusion_passes(),
+        *fusion_passes(winograd=winograd),
         relax.transform.AttachAttrLayoutFreeBuffers(),
         ScheduleKernels(tgt),
         relax.transform.SplitLayoutRewritePreproc(),
@@ -156,14 +164,17 @@ def lowering_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
 
 
 def pipeline(
-    target: str | dict | Target, base: str = "opsdk", *, channels_last: bool = True
+    target: str | dict | Target, base: str = "opsdk", *, channels_last: bool = True,
+    winograd: bool = True,
 ) -> tvm.transform.Pass:
     """The Relax pipeline compiling a model for ``target`` with every kernel scheduled.
 
     ``base="opsdk"`` (the default) is the whole model pipeline described in this module;
     any other name is a TVM pipeline (``relax.get_pipeline(base)``, e.g. ``"default"``) with
     only the opsdk ops lowered by their rules in front, TVM's kernels left as TVM leaves them.
-    ``channels_last=False`` keeps convolutions in the model's own layout.
+    ``channels_last=False`` keeps convolutions in the model's own layout (NCHW convs are all
+    direct); ``winograd=False`` computes every conv directly (by default 3x3 stride-1 convs
+    with 16+ channels run Winograd F(2x2, 3x3), :mod:`opsdk.kernels.winograd`).
 
     Examples
     --------
@@ -181,7 +192,8 @@ def pipeline(
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with tgt:
             seq = tvm.transform.Sequential(
-                schedule_passes(tgt, channels_last=channels_last) + lowering_passes(tgt)
+                schedule_passes(tgt, channels_last=channels_last, winograd=winograd)
+                + lowering_passes(tgt)
             )
             return seq(mod)
 

@@ -56,8 +56,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also load ops from this module (OPS = [...])")
     parser.add_argument("--kernels", action="store_true",
                         help="verify the schedule rules of the kernels TVM's own ops lower to "
-                        "(matmul, conv2d, pool: the kernel families of opsdk.kernels) instead "
-                        "of the ops")
+                        "(matmul, conv2d, winograd, pool: the kernel families of "
+                        "opsdk.kernels) instead of the ops")
     parser.add_argument("--no-lints", action="store_true", help="skip the schedule-claim lints")
     parser.add_argument("--no-db", action="store_true",
                         help="do not read or write the example database")

@@ -435,7 +435,8 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
                 ) -> CaseResult:
     """All oracles for one example; the generic lowering runs when ``generic`` is set or
     when the scheduled kernel fails (to tell a schedule bug from a compute bug)."""
-    res = CaseResult(case=case, status="pass", reproducer=reproducer_command(case, _module_of(d)))
+    res = CaseResult(case=case, status="pass", reproducer=reproducer_command(
+        case, _module_of(d), kernels=d.module.startswith("opsdk.kernels")))
     try:
         inputs = make_inputs(d, case)
         b = _get_build(d, case, tgt, generic=generic)

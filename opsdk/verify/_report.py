@@ -362,9 +362,11 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def reproducer_command(case: Case, module: str | None = None) -> str:
-    """The one-line command that re-runs ``case`` exactly."""
-    parts = ["opsdk", "verify", case.op, "--target", case.target]
+def reproducer_command(case: Case, module: str | None = None, *, kernels: bool = False) -> str:
+    """The one-line command that re-runs ``case`` exactly (``kernels``: the op is a kernel
+    family of :mod:`opsdk.kernels`, which ``opsdk verify`` finds with ``--kernels``)."""
+    parts = ["opsdk", "verify", *(["--kernels"] if kernels else []), case.op, "--target",
+             case.target]
     if module:
         parts += ["--module", module]
     parts += ["--case", case.to_json()]

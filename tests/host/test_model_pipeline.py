@@ -105,10 +105,70 @@ def test_every_kernel_of_the_examples_is_scheduled(name, target):
     assert not rep.problems, rep.format()
     for k in rep.kernels:
         assert k.rule != "generic", k
-        if k.kind in ("matmul", "conv2d"):  # the heavy kernels: register-tiled SIMD
+        if k.kind in ("matmul", "conv2d", "winograd"):  # heavy: register-tiled SIMD
             assert k.vectorized_loops and k.parallel_loops, k
             wide = ("neon",) if target == "arm" else ("zmm", "ymm")  # 8 channels: ymm
             assert sum(k.vector_ops.get(w, 0) for w in wide) > 0, k
+
+
+def _conv_model(c, k, *, stride=1, kernel=3, groups=1, batch=None, rng):
+    """NCHW ``relu(conv2d(x, w) + b)`` with constant weights (a conv + folded BN)."""
+    n = batch if batch is not None else tirx.Var("n", "int64")
+    w = rng.uniform(-1, 1, (k, c // groups, kernel, kernel)).astype("float32")
+    b = rng.uniform(-1, 1, (k,)).astype("float32")
+    x = relax.Var("x", relax.TensorType((n, c, 13, 11), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), strides=stride,
+                                           padding=kernel // 2, groups=groups))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(b.reshape(1, k, 1, 1)))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def test_3x3_convs_run_winograd_with_folded_weights_and_fused_epilogue():
+    from opsdk.kernels.winograd import EXTRA_ROUNDINGS, winograd_abs
+    from opsdk.kernels.winograd import _reference as direct
+
+    rng = np.random.default_rng(3)
+    mod, w, b = _conv_model(16, 24, rng=rng)
+    cm = compile_model(mod, "x86")
+    kinds = {k: str(f.attrs["opsdk.kind"]) for k, f in _kernels(cm.scheduled).items()}
+    # One conv kernel, Winograd, with bias + ReLU fused into it and the weight transform
+    # folded into a constant (no weight block left).
+    (name,) = [k for k in kinds if "conv2d" in k]
+    assert kinds[name] == "winograd" and "relu" in name, kinds
+    f = _kernels(cm.scheduled)[name]
+    assert f.attrs["opsdk.rule"] == "x86.winograd"
+    assert 'T.sblock("wino_weight")' not in f.script()
+    direct_cm = compile_model(mod, "x86", winograd=False)
+    kinds = {str(f.attrs["opsdk.kind"]) for f in _kernels(direct_cm.scheduled).values()}
+    assert "conv2d" in kinds and "winograd" not in kinds, kinds
+    whc = np.transpose(w, (2, 3, 1, 0))
+    for batch in (1, 3):  # one executable, symbolic batch
+        x = rng.uniform(-2, 2, (batch, 16, 13, 11)).astype("float32")
+        xh = np.transpose(x, (0, 2, 3, 1)).astype(np.float64)
+        want = direct(xh, whc.astype(np.float64), b.astype(np.float64), activation="relu",
+                      channels=24, padding=1)
+        u = 2.0**-24
+        n = 16 + EXTRA_ROUNDINGS + 2
+        bound = n * u / (1 - n * u) * (winograd_abs(xh, whc, 1) + np.abs(b))
+        for ex in (cm.ex, direct_cm.ex):
+            got = np.transpose(_run(ex, x), (0, 2, 3, 1))
+            assert np.all(np.abs(got - want) <= bound)
+
+
+@pytest.mark.parametrize("case", [
+    {"stride": 2}, {"kernel": 1}, {"groups": 16}, {"c": 8}, {"k": 8}])
+def test_other_convs_stay_direct(case):
+    rng = np.random.default_rng(4)
+    kw = {"c": 16, "k": 16, **case}
+    mod, _, _ = _conv_model(kw.pop("c"), kw.pop("k"), rng=rng, **kw)
+    kinds = {f.attrs["opsdk.kind"] for f in _kernels(compile_model(mod, "x86").scheduled)
+             .values()}
+    assert "conv2d" in kinds and "winograd" not in kinds, kinds
 
 
 def test_model_report_profile_and_json(tmp_path):

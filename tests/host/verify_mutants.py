@@ -603,11 +603,13 @@ def mut_gelu_tanh_coeff(x: Tensor, *, approximate: Literal["none", "tanh"] = "no
 
 #: What each mutant gets wrong (for the test table).
 # ------------------------------------------------------------------------- kernel families
-# The rules for the kernels TVM's own ops lower to (x86.matmul, x86.conv2d) with one bug
-# each, registered for a copy of the kernel family (same compute, reference and error model).
-from opsdk.kernels import tvm_conv2d, tvm_matmul  # noqa: E402
+# The rules for the kernels TVM's own ops lower to (x86.matmul, x86.conv2d, x86.winograd) with
+# one bug each, registered for a copy of the kernel family (same compute, reference and error
+# model).
+from opsdk.kernels import tvm_conv2d, tvm_conv2d_winograd, tvm_matmul  # noqa: E402
 from opsdk.schedules._conv import schedule_conv2d  # noqa: E402
 from opsdk.schedules._gemm import schedule_matmul  # noqa: E402
+from opsdk.schedules._winograd import schedule_winograd  # noqa: E402
 
 
 def _family_copy(base: opsdk.OpDef, name: str) -> opsdk.OpDef:
@@ -718,6 +720,45 @@ def _conv_short_rc(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None
                                    lambda e: tirx.max(e - 1, 1)))
 
 
+mut_winograd_short_c = _family_copy(tvm_conv2d_winograd, "mut_winograd_short_c")
+mut_winograd_tile_edge = _family_copy(tvm_conv2d_winograd, "mut_winograd_tile_edge")
+
+
+def _winograd_loop(sch: s_tir.Schedule, block: str, pick) -> tirx.Var | None:
+    """The variable of the first loop around ``block`` that ``pick(loop)`` selects."""
+    for lp in sch.get_loops(sch.get_sblock(block)):
+        if pick(sch.get(lp)):
+            return sch.get(lp).loop_var
+    return None
+
+
+@opsdk.rule("mut_winograd_short_c", "cpu", name="mut.winograd_short_c", priority=1000,
+            claims=("vectorize",))
+def _winograd_short_c(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.winograd whose GEMMs forget the last input channel."""
+    sch = schedule_winograd(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    c = int(func.params[0].shape[3])
+    var = _winograd_loop(sch, "wino_gemm_update", lambda lp: isinstance(lp.extent, tirx.IntImm)
+                         and int(lp.extent.value) == c and lp.kind == tirx.ForKind.SERIAL)
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: n.loop_var.same_as(var),
+                                   lambda e: tirx.max(e - 1, 1)))
+
+
+@opsdk.rule("mut_winograd_tile_edge", "cpu", name="mut.winograd_tile_edge", priority=1000,
+            claims=("vectorize",))
+def _winograd_tile_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.winograd whose output transform writes the left column of each 2x2 tile only."""
+    sch = schedule_winograd(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("wino_output"))]
+    pairs = [lp.loop_var for lp in loops if lp.kind == tirx.ForKind.UNROLLED]
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: n.loop_var.same_as(pairs[-1]),
+                                   lambda e: e - 1))
+
+
 @_like(_SOFTMAX)
 def mut_softmax_merge_short(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
     """Correct softmax; its rule (below) drops the last chunk of the merged exp-and-sum loop."""
@@ -824,7 +865,8 @@ def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 #: Mutants whose bug is in a schedule rule (the compute is correct): checked on arm too.
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
-                "mut_conv_short_rc", "mut_softmax_merge_short")
+                "mut_conv_short_rc", "mut_softmax_merge_short", "mut_winograd_short_c",
+                "mut_winograd_tile_edge")
 
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
@@ -862,6 +904,8 @@ BUGS = {
     "mut_matmul_drop_tail": "matmul rule skips the last row tile (a dropped tail)",
     "mut_matmul_tile_edge": "matmul rule writes one column fewer per tile",
     "mut_conv_tile_edge": "conv2d rule writes one pixel row fewer per tile",
+    "mut_winograd_short_c": "winograd rule's GEMMs forget the last input channel",
+    "mut_winograd_tile_edge": "winograd rule writes the left column of each output tile only",
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
     "mut_ln_overflow_zero": "layer_norm returns zeros, not NaN, when the sum of squares overflows",
     "mut_qconv2d_zp_sign": "qconv2d adds the input zero point instead of subtracting it",
@@ -912,6 +956,8 @@ OPS = [
     mut_matmul_drop_tail,
     mut_matmul_tile_edge,
     mut_conv_tile_edge,
+    mut_winograd_short_c,
+    mut_winograd_tile_edge,
     mut_softmax_merge_short,
     mut_qconv2d_zp_sign,
     mut_qconv2d_int16_acc,

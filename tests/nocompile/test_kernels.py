@@ -40,6 +40,12 @@ def test_classify_the_kernel_kinds():
     assert classify(te.create_prim_func([x, pool])) == "pool"
     assert classify(te.create_prim_func([x, mean])) == "reduction"
     assert classify(te.create_prim_func([x, tr])) == "elementwise"
+    from opsdk.kernels.winograd import winograd_conv2d
+
+    xh, wh = te.placeholder((1, 8, 8, 16), name="xh"), te.placeholder((3, 3, 16, 16), name="wh")
+    y = winograd_conv2d(xh, wh, 1)
+    relu = te.compute(y.shape, lambda *i: te.max(y(*i), 0.0), name="relu")
+    assert classify(te.create_prim_func([xh, wh, relu])) == "winograd"
 
 
 def test_fallback_rules_take_model_kernels_not_ops():
@@ -55,11 +61,40 @@ def test_fallback_rules_take_model_kernels_not_ops():
 @pytest.mark.parametrize("d", KERNEL_OPS, ids=lambda d: d.name)
 def test_kernel_families_are_defined_with_their_rules(d):
     load_builtin_rules()
-    assert d.kind in ("matmul", "conv2d", "pool")
+    assert d.kind in ("matmul", "conv2d", "winograd", "pool")
     names = {r.name for r in rules_for(d)}
     assert any(n.startswith("x86.") for n in names) and any(n.startswith("neon.") for n in names)
     # Not in the built-in op list: a model does not call them.
     assert d.name not in {o.name for o in opsdk.ops.BUILTIN_OPS}
+
+
+def test_winograd_transforms_compute_the_convolution():
+    # The four stages in float64 numpy (the transforms the TE writes, U = G g G^T, V = B^T d B,
+    # Y = A^T (U . V) A) against the direct reference, odd sizes and asymmetric padding.
+    from opsdk.kernels import winograd as W
+
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(2, 7, 5, 3)), rng.normal(size=(3, 3, 3, 4))
+    bt, g, at = (np.array(m, dtype=np.float64) for m in (W.BT, W.G, W.AT))
+    for pads in [(1, 1, 1, 1), (0, 0, 0, 0), (2, 1, 0, 2)]:
+        top, left, bottom, right = pads
+        oh, ow = 7 + top + bottom - 2, 5 + left + right - 2
+        th, tw = -(-oh // 2), -(-ow // 2)
+        xp = np.pad(x, ((0, 0), (top, th * 2 + 2 - 7 - top), (left, tw * 2 + 2 - 5 - left),
+                        (0, 0)))
+        u = np.einsum("ai,ijck,bj->abck", g, w, g)
+        y = np.zeros((2, th * 2, tw * 2, 4))
+        for ty in range(th):
+            for tx in range(tw):
+                d = xp[:, ty * 2:ty * 2 + 4, tx * 2:tx * 2 + 4, :]
+                v = np.einsum("ai,nijc,bj->nabc", bt, d, bt)
+                m = np.einsum("nabc,abck->nabk", v, u)
+                y[:, ty * 2:ty * 2 + 2, tx * 2:tx * 2 + 2] = np.einsum("ra,nabk,sb->nrsk", at,
+                                                                       m, at)
+        want = np.moveaxis(W._conv_np(np.moveaxis(xp[:, :oh + 2, :ow + 2], -1, 1),
+                                      np.transpose(w, (3, 2, 0, 1)), 1, 0, 1), 1, -1)
+        np.testing.assert_allclose(y[:, :oh, :ow], want, rtol=1e-12, atol=1e-12)
+        assert W.winograd_abs(x, w, pads).shape == want.shape
 
 
 def test_conv_family_reference_matches_a_direct_sum():

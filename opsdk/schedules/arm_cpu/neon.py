@@ -9,6 +9,7 @@ from .. import rule
 from .._common import schedule_elementwise, schedule_fallback, schedule_rows, schedule_whole
 from .._conv import schedule_conv2d
 from .._gemm import schedule_matmul
+from .._winograd import schedule_winograd
 from ..cpu.x86 import group_norm_schedule
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
@@ -68,6 +69,21 @@ def _whole(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """A norm or softmax over the whole tensor (no row axis, so one core): NEON partial
     sums for the reductions, vectorized producers and output."""
     return schedule_whole(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    "kind:winograd",
+    "arm_cpu",
+    name="neon.winograd",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _winograd(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Winograd F(2x2, 3x3) conv with its fused epilogue, one kernel: chunks of a tile row
+    across the cores (input transform, 16 GEMMs in 4-lane register tiles, output transform);
+    transformed weights packed and folded at compile time."""
+    return schedule_winograd(func, target, acc_regs=24)
 
 
 @rule(

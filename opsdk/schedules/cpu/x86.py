@@ -16,6 +16,7 @@ from .._common import (
 )
 from .._conv import schedule_conv2d
 from .._gemm import schedule_matmul
+from .._winograd import schedule_winograd
 
 _X86 = ("kind:llvm", "arch:x86_64")  # the C backend cannot print vector code
 # Partial sums per reduction step: 2 x 16 lanes (AVX-512) = 128 bytes per iteration. Measured
@@ -160,3 +161,19 @@ def _pool(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Max / average pooling: the padding read in place, window loops outside the innermost
     output axis (channels in NHWC), which is vectorized; rows across the cores."""
     return schedule_fallback(func, target)
+
+
+@rule(
+    "kind:winograd",
+    "cpu",
+    name="x86.winograd",
+    requires=_X86,
+    priority=10,
+    claims=("vectorize", "parallel"),
+)
+def _winograd(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Winograd F(2x2, 3x3) conv (what the pipeline picks for 3x3 stride-1 convs with 16+
+    channels) with its fused epilogue, one kernel: chunks of a tile row across the cores,
+    each running its input transform, 16 register-tiled GEMMs (24 accumulators) and output
+    transform in L2; transformed weights packed and folded at compile time."""
+    return schedule_winograd(func, target, acc_regs=24)
