@@ -150,14 +150,15 @@ def load_plugins(modules: list[str] | None = None) -> list[OpDef]:
     return _load_plugins(modules)
 
 
-def compile(mod, target="x86", *, params=None, **kwargs):
+def compile(mod, target="x86", *, params=None, winograd=True, **kwargs):
     """``tvm.compile`` with opsdk lowering for ``target`` (a friendly name or TVM target).
 
     ``params`` maps parameter names of ``main`` to arrays that are bound as constants before
     compiling (e.g. weights of a model imported with ``keep_params_as_input=True``; TVM's own
     ``params`` argument does not bind them); ``params=True`` binds the values the importer
-    attached to ``main`` (see :func:`opsdk.frontend.bind_params`). Other keyword arguments go
-    to ``tvm.compile``.
+    attached to ``main`` (see :func:`opsdk.frontend.bind_params`). ``winograd=False``
+    computes every conv directly (by default eligible 3x3 convs run Winograd F(2x2, 3x3):
+    :mod:`opsdk.kernels.winograd`). Other keyword arguments go to ``tvm.compile``.
     """
     import tvm
 
@@ -169,7 +170,7 @@ def compile(mod, target="x86", *, params=None, **kwargs):
     t = _target(target)
     if params is not None and params is not False:
         mod = bind_params(mod, None if params is True else params)
-    return tvm.compile(mod, target=t, relax_pipeline=_pipeline(t), **kwargs)
+    return tvm.compile(mod, target=t, relax_pipeline=_pipeline(t, winograd=winograd), **kwargs)
 
 
 def explain(op_name: str, target="x86", **kwargs):

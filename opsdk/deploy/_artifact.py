@@ -398,6 +398,7 @@ def build_artifact(
     calibration: Any = None,
     force: bool = False,
     with_runtime: bool = False,
+    winograd: bool = True,
     log: Callable[[str], Any] | None = print,
 ) -> dict[str, Any]:
     """Compile ``model`` for ``target`` and write a deployable folder ``out_dir``.
@@ -434,6 +435,9 @@ def build_artifact(
     with_runtime
         Also copy TVM's runtime libraries for the target's architecture into
         ``out_dir/runtime/`` (what a board needs beside ``model.so``).
+    winograd
+        False: every conv direct (by default eligible 3x3 convs run Winograd F(2x2, 3x3),
+        whose transformed weights take 16/9 the memory of the conv's own).
     log
         Progress messages (None: quiet).
 
@@ -489,10 +493,10 @@ def build_artifact(
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
     say(f"compiling for {target if isinstance(target, str) else tgt.kind.name} ({arch}"
         + (f", {mcpu}" if mcpu else "") + ")")
-    cm = compile_model(mod, tgt)
+    cm = compile_model(mod, tgt, winograd=winograd)
     host_tgt = resolve_target("host")
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
-    host_cm = cm if same_host else compile_model(mod, host_tgt)
+    host_cm = cm if same_host else compile_model(mod, host_tgt, winograd=winograd)
 
     with LocalRunner() as host:
         host_out = host.run(host_cm.ex, inputs)

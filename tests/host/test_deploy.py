@@ -49,8 +49,10 @@ def test_artifact_files_and_manifest_facts(art):
     assert mem["outputs_bytes"] == 2 * 10 * 4
     assert mem["peak_bytes"] == mem["planned_intermediates_bytes"] + mem["outputs_bytes"]
     torch_params = sum(p.numel() * 4 for p in _conv_model().parameters())
-    # BN folded into the conv weights and biases: no more bytes than torch's parameters.
-    assert 0 < m["library"]["weights_bytes"] <= torch_params
+    # BN folded into the conv weights and biases (not kept beside them): no more bytes than
+    # torch's parameters, but for the Winograd convs' transformed weights (16 values per
+    # 3x3 filter instead of 9; here the 16 -> 16 conv).
+    assert 0 < m["library"]["weights_bytes"] <= torch_params + 7 * 3 * 3 * 16 * 16 * 4 // 9
     assert m["library"]["bytes"] == (art / "model.so").stat().st_size
     assert m["check"]["host_library"] == "model.so"  # the host build is the artifact itself
     assert m["versions"]["apache-tvm"] == "0.27.0.post1"
@@ -137,6 +139,19 @@ def test_pt2_file_builds_and_runs(tmp_path):
     assert any("bias_gelu" in k["name"] for k in m["kernels"])  # fused into the matmul
     res = run_artifact(tmp_path / "art", repeats=1, log=None)
     assert res["ok"] and res["outputs"][0]["vs_torch"]["ok"]
+
+
+def test_no_winograd_build_keeps_every_conv_direct(art, tmp_path, capsys):
+    rc = cli(["build", CONV, "--target", "x86", "-o", str(tmp_path / "direct"), "--no-winograd",
+              *[f"--model-arg={k}={v}" for k, v in SMALL_CONV.items()]])
+    assert rc == 0, capsys.readouterr().out
+    direct = read_manifest(tmp_path / "direct")
+    rules = {k["rule"] for k in direct["kernels"]}
+    assert "x86.conv2d" in rules and "x86.winograd" not in rules, rules
+    assert "x86.winograd" in {k["rule"] for k in read_manifest(art)["kernels"]}
+    torch_params = sum(p.numel() * 4 for p in _conv_model().parameters())
+    assert 0 < direct["library"]["weights_bytes"] <= torch_params
+    assert run_artifact(tmp_path / "direct", repeats=1, log=None)["ok"]
 
 
 def test_folders_are_never_overwritten_without_force(art, tmp_path, monkeypatch):

@@ -146,6 +146,7 @@ def test_3x3_convs_run_winograd_with_folded_weights_and_fused_epilogue():
     direct_cm = compile_model(mod, "x86", winograd=False)
     kinds = {str(f.attrs["opsdk.kind"]) for f in _kernels(direct_cm.scheduled).values()}
     assert "conv2d" in kinds and "winograd" not in kinds, kinds
+    plain = opsdk.compile(mod, "x86", winograd=False)
     whc = np.transpose(w, (2, 3, 1, 0))
     for batch in (1, 3):  # one executable, symbolic batch
         x = rng.uniform(-2, 2, (batch, 16, 13, 11)).astype("float32")
@@ -155,7 +156,7 @@ def test_3x3_convs_run_winograd_with_folded_weights_and_fused_epilogue():
         u = 2.0**-24
         n = 16 + EXTRA_ROUNDINGS + 2
         bound = n * u / (1 - n * u) * (winograd_abs(xh, whc, 1) + np.abs(b))
-        for ex in (cm.ex, direct_cm.ex):
+        for ex in (cm.ex, direct_cm.ex, plain):
             got = np.transpose(_run(ex, x), (0, 2, 3, 1))
             assert np.all(np.abs(got - want) <= bound)
 
