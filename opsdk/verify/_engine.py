@@ -410,6 +410,13 @@ def _module_of(d: OpDef) -> str | None:
     return None if d.module.startswith("opsdk.") else d.module
 
 
+def _is_kernel_family(d: OpDef) -> bool:
+    """One of :data:`opsdk.kernels.KERNEL_OPS` (``opsdk verify --kernels`` finds it)."""
+    from ..kernels import KERNEL_OPS
+
+    return any(d is k for k in KERNEL_OPS)
+
+
 def run_case(case: Case, *, runner: Any = None, op: OpDef | None = None) -> CaseResult:
     """Build (or reuse) the kernels for ``case``, run them and check every oracle.
 
@@ -436,7 +443,7 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
     """All oracles for one example; the generic lowering runs when ``generic`` is set or
     when the scheduled kernel fails (to tell a schedule bug from a compute bug)."""
     res = CaseResult(case=case, status="pass", reproducer=reproducer_command(
-        case, _module_of(d), kernels=d.module.startswith("opsdk.kernels")))
+        case, _module_of(d), kernels=_is_kernel_family(d)))
     try:
         inputs = make_inputs(d, case)
         b = _get_build(d, case, tgt, generic=generic)
