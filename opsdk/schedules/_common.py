@@ -37,6 +37,7 @@ __all__ = [
     "analyze",
     "extent_of",
     "pick_width",
+    "replace_block_body",
     "rfactor_reduction",
     "schedule_channels_last_groups",
     "schedule_elementwise",
@@ -135,6 +136,24 @@ def _fuse(sch: s_tir.Schedule, loops: Sequence) -> s_tir.schedule.LoopRV | None:
     if not loops:
         return None
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def replace_block_body(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                       body: list[tirx.Stmt]) -> None:
+    """Replace a (blockized) block's body, keeping its iteration vars and regions."""
+    blk = sch.get(block)
+    new = s_tir.SBlock(
+        blk.iter_vars,
+        blk.reads,
+        blk.writes,
+        blk.name_hint,
+        tirx.SeqStmt(body) if len(body) > 1 else body[0],
+        None,
+        blk.alloc_buffers,
+        blk.match_buffers,
+        blk.annotations,
+    )
+    sch.state.replace(sch.get_sref(block), new, {blk: new})
 
 
 def schedule_prologue(sch: s_tir.Schedule, block, lanes: int) -> None:
@@ -483,6 +502,10 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         if len(loops) > 1:
             sch.parallel(_fuse(sch, loops[:-1]))
         return sch
+    from ._stream import stream_lanes, stream_stores  # (it imports this module)
+
+    # A DRAM-sized float32 output is written with streaming stores (full vectors only).
+    stream = stream_lanes(sch, last, target, lanes)
     if n_inner == len(loops):
         flat = _fuse(sch, loops)
         total = extent_of(sch, flat) or 0
@@ -491,11 +514,18 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         if total <= vector_lanes(target, 32) * 64:
             vectorize_loop(sch, flat, lanes)
             return sch
-        sch.parallel(vectorize_loop(sch, flat, lanes))  # (total > lanes: a main part)
+        vec = vectorize_loop(sch, flat, lanes)  # (total > lanes: a main part)
+        sch.parallel(vec)
+        if stream and total % lanes == 0:
+            return stream_stores(sch, last, vec, lanes, vec, 4 * lanes)
         return sch
     rows = _fuse(sch, loops[: len(loops) - n_inner])
     sch.parallel(rows)
-    vectorize_loop(sch, _fuse(sch, loops[len(loops) - n_inner :]), lanes)
+    inner = _fuse(sch, loops[len(loops) - n_inner :])
+    inner_ext = extent_of(sch, inner) or 0
+    vec = vectorize_loop(sch, inner, lanes)
+    if stream and vec is not None and inner_ext % lanes == 0:
+        return stream_stores(sch, last, vec, lanes, rows, 4 * inner_ext)
     return sch
 
 
@@ -594,9 +624,19 @@ def schedule_rows(
     loops = sch.get_loops(out.rv)
     inner_loops = loops[rows:]
     dtypes = {str(sch.get(lp).loop_var.ty) for lp in loops[:rows]}
+    from ._stream import stream_lanes, stream_stores  # (it imports this module)
+
+    stream = None
     if len(dtypes) == 1:
         row = _fuse(sch, loops[:rows])
         sch.parallel(row)
+        # A DRAM-sized float32 output is written with streaming stores (whole rows of full
+        # vectors); not through the scratch-in-output path (the row is read back) nor with
+        # side outputs.
+        row_elems = _static_prod(out_ext[rows:])
+        if scratch is None and not side and row_elems and row_elems % lanes32 == 0 \
+                and len(inner_loops) <= MAX_FUSE:
+            stream = stream_lanes(sch, out.rv, target, lanes32)
     else:
         # Fusing int32 and int64 loops casts the bindings, which makes them non-affine and
         # blocks vectorization: parallelize the outer row loop, anchor at the inner one.
@@ -630,7 +670,9 @@ def schedule_rows(
     out_rv = sch.get_sblock(out.name)
     inner = _fuse(sch, inner_loops[-MAX_FUSE:]) if inner_loops else None
     if inner is not None:
-        vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, out_rv)))
+        vec = vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, out_rv)))
+        if stream and vec is not None:
+            return stream_stores(sch, out_rv, vec, stream, row, 4 * row_elems)
     if scratch is not None:
         return _scratch_in_output(sch, *scratch)
     return sch
@@ -814,6 +856,16 @@ def _scratch_in_output(sch: s_tir.Schedule, scratch: str, out_name: str) -> s_ti
 def rv_name(sch: s_tir.Schedule, rv) -> str:
     """Name of a block."""
     return sch.get(rv).name_hint
+
+
+def _static_prod(exts: Sequence) -> int | None:
+    """The product of static extents (None when one is symbolic)."""
+    out = 1
+    for e in exts:
+        if not isinstance(e, tirx.IntImm):
+            return None
+        out *= int(e.value)
+    return out
 
 
 def _prod(exts: Sequence) -> tirx.PrimExpr:

@@ -322,3 +322,44 @@ def test_special_values_follow_the_documented_semantics():
     for op, extra in (("layer_norm", (ones, np.zeros(4, "float32"))), ("rms_norm", (ones,))):
         y = _run1(op, big, *extra, begin_axis=-1, epsilon=1e-5)
         assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), (op, y)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "gelu", "bias_gelu"])
+def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
+    """A float32 output of 32 MB or more is written with streaming stores (vmovntps, one
+    sfence per parallel task); the values are exactly those of the ordinary stores. Smaller
+    static shapes take the same path with the threshold lowered (odd row counts: tasks of a
+    divisor of the rows; a row that is not whole vectors keeps ordinary stores)."""
+    from opsdk.bench._cases import Case
+    from opsdk.bench._run import _inputs as bench_inputs
+    from opsdk.bench._run import _opsdk_module
+    from opsdk.schedules import _stream
+
+    tgt = opsdk.target("x86")
+    rng = np.random.default_rng(0)
+
+    def build(shape):
+        mod = _opsdk_module(Case(op, shape, "float32"))
+        ex = tvm.compile(mod, target=tgt)
+        ins = bench_inputs(Case(op, shape, "float32"), rng)
+        out = relax.VirtualMachine(ex, DEV)["main"](*[tvm.runtime.tensor(v) for v in
+                                                      ins.values()]).numpy()
+        return asm_of(ex), out, ins
+
+    def plain(shape, ins):
+        with monkeypatch.context() as m:
+            m.setattr(_stream, "STREAM_MIN_BYTES", 1 << 62)
+            ex = tvm.compile(_opsdk_module(Case(op, shape, "float32")), target=tgt)
+        return relax.VirtualMachine(ex, DEV)["main"](*[tvm.runtime.tensor(v) for v in
+                                                       ins.values()]).numpy()
+
+    big = (8192, 1024)  # 32 MB
+    asm, out, ins = build(big)
+    assert "vmovntps" in asm and "sfence" in asm
+    np.testing.assert_array_equal(out, plain(big, ins))
+    monkeypatch.setattr(_stream, "STREAM_MIN_BYTES", 0)
+    cases = [((37, 48), True), ((3, 2000), True), ((5, 1024), True), ((6, 20), False)]
+    for shape, streams in cases:
+        asm, out, ins = build(shape)
+        assert ("vmovntps" in asm) == streams, shape
+        np.testing.assert_array_equal(out, plain(shape, ins))

@@ -34,6 +34,7 @@ from tvm.target.codegen import llvm_get_vector_width
 
 from ...ops.qdense import ATTRS_KEY, BLOCK, KGROUP, qdense_packed
 from .. import rule
+from .._common import replace_block_body
 
 __all__ = [
     "VNNI",
@@ -198,24 +199,6 @@ def register_tile(
         *(tirx.BufferStore(c_buffer, tirx.BufferLoad(regs[r], [vec(g)]), c_index(r, g * lanes))
           for r, g in tiles),
     ]
-
-
-def replace_block_body(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
-                       body: list[tirx.Stmt]) -> None:
-    """Replace a (blockized) block's body, keeping its iteration vars and regions."""
-    blk = sch.get(block)
-    new = s_tir.SBlock(
-        blk.iter_vars,
-        blk.reads,
-        blk.writes,
-        blk.name_hint,
-        tirx.SeqStmt(body),
-        None,
-        blk.alloc_buffers,
-        blk.match_buffers,
-        blk.annotations,
-    )
-    sch.state.replace(sch.get_sref(block), new, {blk: new})
 
 
 def qdense_attrs(func: tirx.PrimFunc) -> dict[str, Any] | None:
