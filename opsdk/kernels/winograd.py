@@ -35,6 +35,7 @@ import numpy as np
 from tvm import te, tirx
 
 from .._opdef import Tensor, op
+from ..schedules._kernels import WINOGRAD_TAG
 from ..verify._tolerance import error_model
 from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma, static_int
 from .conv2d import _conv_np
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 #: The block annotation naming each stage (``weight``, ``input``, ``gemm``, ``output``).
-TAG = "opsdk.winograd"
+TAG = WINOGRAD_TAG
 
 #: Output tile size ``m`` of F(m x m, 3 x 3) and the input tile ``alpha = m + 2``.
 M, ALPHA = 2, 4

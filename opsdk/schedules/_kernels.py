@@ -30,9 +30,10 @@ from tvm.tirx.analysis import undefined_vars
 
 from ._gemm import analyze_gemm
 
-__all__ = ["KERNEL_KINDS", "Kernel", "classify", "kernel_for"]
+__all__ = ["KERNEL_KINDS", "WINOGRAD_TAG", "Kernel", "classify", "kernel_for"]
 
-_WINOGRAD_TAG = "opsdk.winograd"  # the stage annotation of opsdk.kernels.winograd
+#: The block annotation naming the stages of a Winograd conv (``opsdk.kernels.winograd``).
+WINOGRAD_TAG = "opsdk.winograd"
 
 #: Kinds :func:`classify` assigns, in the order they are tested.
 KERNEL_KINDS = ("winograd", "matmul", "conv2d", "pool", "reduction", "elementwise", "opaque")
@@ -89,7 +90,7 @@ def classify(func: tirx.PrimFunc) -> str:
     if not blocks:
         return "opaque"
     infos = [sch.get(b) for b in blocks]
-    if any(_WINOGRAD_TAG in blk.annotations for blk in infos):
+    if any(WINOGRAD_TAG in blk.annotations for blk in infos):
         return "winograd"
     for blk in infos:
         if any(iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce)

@@ -23,10 +23,10 @@ from tvm.target import Target
 
 from ._common import _fuse, extent_of, vector_lanes, vectorize_loop
 from ._gemm import _consumer_chain, float32_accumulator, is_layout_free, tile_mn
+from ._kernels import WINOGRAD_TAG
 
 __all__ = ["schedule_winograd", "winograd_blocks"]
 
-_TAG = "opsdk.winograd"  # opsdk.kernels.winograd.TAG (not imported: no op module here)
 _STAGES = ("weight", "input", "gemm", "output")
 
 
@@ -34,7 +34,7 @@ def winograd_blocks(sch: s_tir.Schedule) -> dict[str, s_tir.schedule.SBlockRV] |
     """The stage blocks by tag, or None unless each stage is there exactly once."""
     found: dict[str, list] = {}
     for b in sch.get_child_blocks(sch.get_sblock("root")):
-        tag = sch.get(b).annotations.get(_TAG)
+        tag = sch.get(b).annotations.get(WINOGRAD_TAG)
         if tag is not None:
             found.setdefault(str(tag), []).append(b)
     if sorted(found) != sorted(_STAGES) or any(len(v) != 1 for v in found.values()):
