@@ -624,7 +624,7 @@ def schedule_rows(
     loops = sch.get_loops(out.rv)
     inner_loops = loops[rows:]
     dtypes = {str(sch.get(lp).loop_var.ty) for lp in loops[:rows]}
-    from ._stream import stream_lanes, stream_stores  # (it imports this module)
+    from . import _stream  # (it imports this module)
 
     stream = None
     if len(dtypes) == 1:
@@ -635,7 +635,8 @@ def schedule_rows(
         row_elems = _static_prod(out_ext[rows:])
         if not side and row_elems and row_elems % lanes32 == 0 \
                 and len(inner_loops) <= MAX_FUSE:
-            stream = stream_lanes(sch, out.rv, target, lanes32)
+            stream = _stream.stream_lanes(sch, out.rv, target, lanes32,
+                                          _stream.ROWS_STREAM_MIN_BYTES)
             if stream and scratch is not None:
                 # Scratch in the output would read every output line from memory before
                 # writing it (softmax's exp pass): keep it in a row buffer instead (one
@@ -679,7 +680,7 @@ def schedule_rows(
     if inner is not None:
         vec = vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, out_rv)))
         if stream and vec is not None:
-            return stream_stores(sch, out_rv, vec, stream, row, 4 * row_elems)
+            return _stream.stream_stores(sch, out_rv, vec, stream, row, 4 * row_elems)
     if scratch is not None:
         return _scratch_in_output(sch, *scratch)
     return sch

@@ -15,8 +15,9 @@ parallel task ends with ``sfence`` before TVM's join publishes the result: the t
 large (:data:`TASK_BYTES` of output) so that one fence per task costs nothing (one per 4 KB
 row cost 1.3x).
 
-Only float32 outputs of at least :data:`STREAM_MIN_BYTES` whose vector loop has no tail
-stream; everything smaller keeps ordinary stores (its consumer reads it from the cache).
+Only float32 outputs of at least :data:`STREAM_MIN_BYTES` (row kernels:
+:data:`ROWS_STREAM_MIN_BYTES`) whose vector loop has no tail stream; everything smaller keeps
+ordinary stores (its consumer reads it from the cache).
 """
 
 from __future__ import annotations
@@ -29,11 +30,20 @@ from tvm_ffi.structural import structural_mutate
 from ..targets import target_arch
 from ._common import replace_block_body
 
-__all__ = ["STREAM_MIN_BYTES", "TASK_BYTES", "stream_lanes", "stream_stores"]
+__all__ = ["ROWS_STREAM_MIN_BYTES", "STREAM_MIN_BYTES", "TASK_BYTES", "stream_lanes",
+           "stream_stores"]
 
 #: Outputs at least this large are written with streaming stores (no LLC of the CPUs opsdk
 #: targets holds them: 32 MB is a whole Zen 4 CCD's L3; edge SoCs have 2-8 MB).
 STREAM_MIN_BYTES = 32 << 20
+#: Row kernels (norms, softmax) stream from a quarter of that: a 12 MB output (4096x768) does
+#: not stay in a 32 MB L3 that other cores (or other tenants of a cloud host) share, and these
+#: kernels, which read each row twice and reduce between the passes, gain from it at both
+#: thread counts. Measured on Zen 5 (interleaved, fixed buffers, 2 runs each): rms_norm
+#: 4096x768 1.53-2.02x at 1 thread, 1.09-1.15x at 2; layer_norm 1.61-1.94x / 1.29-1.33x;
+#: softmax 0.98-1.38x / 1.12-1.13x. Elementwise kernels keep the 32 MB threshold: gelu
+#: 4096x768 streamed was 0.46-0.52x (its input and output stayed in L3 between calls).
+ROWS_STREAM_MIN_BYTES = 8 << 20
 #: Output bytes per parallel task when streaming (each task ends with one ``sfence``).
 TASK_BYTES = 256 << 10
 
@@ -47,9 +57,11 @@ attributes #0 = {{ alwaysinline nounwind }}
 """
 
 
-def stream_lanes(sch: s_tir.Schedule, block, target: Target, lanes: int) -> int | None:
-    """``lanes`` when ``block`` writes a static float32 output of at least
-    :data:`STREAM_MIN_BYTES` on an x86 target with 8- or 16-lane vectors, else None."""
+def stream_lanes(sch: s_tir.Schedule, block, target: Target, lanes: int,
+                 min_bytes: int | None = None) -> int | None:
+    """``lanes`` when ``block`` writes a static float32 output of at least ``min_bytes``
+    (default :data:`STREAM_MIN_BYTES`) on an x86 target with 8- or 16-lane vectors, else
+    None."""
     if target.kind.name != "llvm" or target_arch(target) != "x86_64" or lanes not in (8, 16):
         return None
     buf = sch.get(block).writes[0].source
@@ -58,7 +70,7 @@ def stream_lanes(sch: s_tir.Schedule, block, target: Target, lanes: int) -> int 
     n = 4
     for d in buf.shape:
         n *= int(d.value)
-    return lanes if n >= STREAM_MIN_BYTES else None
+    return lanes if n >= (STREAM_MIN_BYTES if min_bytes is None else min_bytes) else None
 
 
 def stream_stores(sch: s_tir.Schedule, block, vec_outer, lanes: int,

@@ -326,9 +326,10 @@ def test_special_values_follow_the_documented_semantics():
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "gelu", "bias_gelu", "softmax"])
 def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
-    """A float32 output of 32 MB or more is written with streaming stores (vmovntps, one
-    sfence per parallel task); the values are exactly those of the ordinary stores (softmax:
-    its exp in a row buffer instead of in the output, which it otherwise reuses). Smaller
+    """A float32 output of 32 MB or more (row kernels: 8 MB) is written with streaming stores
+    (vmovntps, one sfence per parallel task); the values are exactly those of the ordinary
+    stores (softmax: its exp in a row buffer instead of in the output, which it otherwise
+    reuses). Smaller
     static shapes take the same path with the threshold lowered (odd row counts: tasks of a
     divisor of the rows; a row that is not whole vectors keeps ordinary stores)."""
     from opsdk.bench._cases import Case
@@ -350,6 +351,7 @@ def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
     def plain(shape, ins):
         with monkeypatch.context() as m:
             m.setattr(_stream, "STREAM_MIN_BYTES", 1 << 62)
+            m.setattr(_stream, "ROWS_STREAM_MIN_BYTES", 1 << 62)
             ex = tvm.compile(_opsdk_module(Case(op, shape, "float32")), target=tgt)
         return relax.VirtualMachine(ex, DEV)["main"](*[tvm.runtime.tensor(v) for v in
                                                        ins.values()]).numpy()
@@ -358,7 +360,11 @@ def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
     asm, out, ins = build(big)
     assert "vmovntps" in asm and "sfence" in asm
     np.testing.assert_array_equal(out, plain(big, ins))
+    # 12 MB: row kernels stream (they do not keep it in a shared L3), elementwise ones not
+    asm, _, _ = build((4096, 768))
+    assert ("vmovntps" in asm) == (op not in ("gelu", "bias_gelu")), op
     monkeypatch.setattr(_stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_stream, "ROWS_STREAM_MIN_BYTES", 0)
     cases = [((37, 48), True), ((3, 2000), True), ((5, 1024), True), ((6, 20), False)]
     for shape, streams in cases:
         asm, out, ins = build(shape)
