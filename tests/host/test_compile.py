@@ -329,9 +329,9 @@ def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
     """A float32 output of 32 MB or more (row kernels: 8 MB) is written with streaming stores
     (vmovntps, one sfence per parallel task); the values are exactly those of the ordinary
     stores (softmax: its exp in a row buffer instead of in the output, which it otherwise
-    reuses). Smaller
-    static shapes take the same path with the threshold lowered (odd row counts: tasks of a
-    divisor of the rows; a row that is not whole vectors keeps ordinary stores)."""
+    reuses). Smaller static shapes take the same path with the threshold lowered (odd row
+    counts: tasks of a divisor of the rows; a row that is not whole vectors keeps ordinary
+    stores)."""
     from opsdk.bench._cases import Case
     from opsdk.bench._run import _inputs as bench_inputs
     from opsdk.bench._run import _opsdk_module
