@@ -324,6 +324,38 @@ def test_special_values_follow_the_documented_semantics():
         assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), (op, y)
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
+def test_partial_sum_loops_stay_rolled_with_the_same_results(op, monkeypatch):
+    """On x86 the rows rule hides the trip count of its partial-sum loops from LLVM, which
+    would otherwise unroll them completely (64 loads and FMAs per 1024-wide row, measurably
+    slower): the kernel keeps far fewer FMAs than the row has vectors, and its values are
+    bit-identical to the unrolled kernel's (same operations in the same order)."""
+    from opsdk.bench._cases import Case
+    from opsdk.bench._run import _inputs as bench_inputs
+    from opsdk.bench._run import _opsdk_module
+    from opsdk.schedules import _common
+
+    tgt = opsdk.target("x86")
+    case = Case(op, (64, 1024), "float32")
+    ins = bench_inputs(case, np.random.default_rng(0))
+
+    def run():
+        ex = tvm.compile(_opsdk_module(case), target=tgt)
+        out = relax.VirtualMachine(ex, DEV)["main"](*[tvm.runtime.tensor(v) for v in
+                                                      ins.values()]).numpy()
+        return asm_of(ex), out
+
+    asm, out = run()
+    with monkeypatch.context() as m:
+        m.setattr(_common, "rolled_partial_sums", lambda f: f)
+        asm_unrolled, want = run()
+    def vector_ops(a: str) -> int:  # the partial sums' FMAs / adds / maxes
+        return sum(any(i in ln for i in ("vfmadd", "vaddps", "vmaxps")) for ln in a.splitlines())
+
+    assert vector_ops(asm) < vector_ops(asm_unrolled), (vector_ops(asm), vector_ops(asm_unrolled))
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "gelu", "bias_gelu", "softmax"])
 def test_dram_sized_outputs_stream_with_the_same_results(op, monkeypatch):
     """A float32 output of 32 MB or more (row kernels: 8 MB) is written with streaming stores
