@@ -465,7 +465,8 @@ def rolled_partial_sums(func: tirx.PrimFunc) -> tirx.PrimFunc:
         ann = {**node.annotations, "pragma_import_llvm": StringImm(_OPAQUE_LL)}
         return tirx.For(node.loop_var, node.min, ext, node.kind, node.body, None, ann)
 
-    return func.with_body(structural_mutate(func.body, [(tirx.For, swap)]))
+    body = structural_mutate(func.body, [(tirx.For, swap)])
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 # ----------------------------------------------------------------------------- rules
@@ -637,7 +638,16 @@ def schedule_rows(
     sch = _schedule_rows(func, target, accumulators=accumulators, split_out=split_out)
     if sch is None or target_arch(target) != "x86_64":
         return sch
-    return s_tir.Schedule(rolled_partial_sums(sch.mod["main"]))
+    rolled = rolled_partial_sums(sch.mod["main"])
+    if rolled.same_as(sch.mod["main"]):
+        return sch
+    # Let bindings inlined twice (a main loop and its tail) must be renamed first, as the
+    # driver does for every rule's result: a new Schedule checks the function is well-formed.
+    rolled = tirx.transform.ConvertSSA()(tvm.IRModule({"main": rolled}))["main"]
+    try:
+        return s_tir.Schedule(rolled)
+    except (ValueError, tvm.error.InternalError):  # loop_partition's block copies
+        return sch
 
 
 def _schedule_rows(
