@@ -657,18 +657,7 @@ def _schedule_rows(
     accumulators: int,
     split_out: tuple[int, int] | None,
 ) -> s_tir.Schedule | None:
-    """:func:`schedule_rows` before the partial-sum loops are kept rolled.
-
-    The leading axes shared by every block are the rows: fused, split across the cores, and
-    every producer is computed inside the row loop, so a row is read from memory once and
-    stays in L1/L2 for the later passes. Reductions over the trailing (contiguous) axes keep
-    ``lanes x accumulators`` partial results in vector registers (see :func:`rfactor_reduction`);
-    reductions over a middle axis vectorize the spatial axes inside them. The output is
-    vectorized with a partitioned tail.
-
-    ``split_out=(axis, factor)`` first splits that output axis (group norm in NCHW: channel =
-    group x channels-per-group) so the groups become row axes.
-    """
+    """:func:`schedule_rows` before the partial-sum loops are kept rolled."""
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
     if not blocks or not any(b.is_reduction for b in blocks) or blocks[-1].is_reduction:

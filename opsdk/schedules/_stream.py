@@ -39,9 +39,9 @@ STREAM_MIN_BYTES = 32 << 20
 #: Row kernels (norms, softmax) stream from a quarter of that: a 12 MB output (4096x768) does
 #: not stay in a 32 MB L3 that other cores (or other tenants of a cloud host) share, and these
 #: kernels, which read each row twice and reduce between the passes, gain from it at both
-#: thread counts. Measured on Zen 5 (interleaved, fixed buffers, 2 runs each): rms_norm
-#: 4096x768 1.53-2.02x at 1 thread, 1.09-1.15x at 2; layer_norm 1.61-1.94x / 1.29-1.33x;
-#: softmax 0.98-1.38x / 1.12-1.13x. Elementwise kernels keep the 32 MB threshold: gelu
+#: thread counts. Measured on Zen 5 (interleaved, fixed buffers, 3 runs each): rms_norm
+#: 4096x768 1.27-2.02x at 1 thread, 1.09-1.20x at 2; layer_norm 1.57-1.94x / 1.29-1.52x;
+#: softmax 0.98-1.46x / 1.12-1.37x. Elementwise kernels keep the 32 MB threshold: gelu
 #: 4096x768 streamed was 0.46-0.52x (its input and output stayed in L3 between calls).
 ROWS_STREAM_MIN_BYTES = 8 << 20
 #: Output bytes per parallel task when streaming (each task ends with one ``sfence``).
