@@ -31,9 +31,11 @@ def _load_ops(modules: Sequence[str] | None) -> None:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
 
+    from opsdk._userfile import UserCodeError
+
     try:
         opsdk.load_plugins(list(modules or []))
-    except (ImportError, TypeError, ValueError) as e:
+    except (ImportError, TypeError, ValueError, UserCodeError) as e:
         raise UsageError(f"cannot load op modules: {e}") from None
 
 
@@ -328,6 +330,10 @@ _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
          "setup": _args_setup, **{n: _lazy_args(n) for n in _LAZY_COMMANDS}}
 
 
+_VERBOSE_HELP = ("show the third-party warnings and TVM log lines that opsdk hides as "
+                 "known-harmless (also OPSDK_VERBOSE=1)")
+
+
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s arguments are added (the others get their help line
     only, so ``opsdk --help`` imports none of their modules)."""
@@ -335,11 +341,15 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="opsdk", description=__doc__.split("\n")[0],
         epilog="`opsdk COMMAND --help` describes a command's arguments.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, text in COMMANDS.items():
         s = sub.add_parser(name, help=text, description=text)
         if command == name:
             _ARGS[name](s)
+            # `opsdk build ... -v` as well as `opsdk -v build ...`
+            s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help=_VERBOSE_HELP)
     return p
 
 
@@ -379,6 +389,7 @@ def _main(argv: list[str]) -> int:
         return 2
     from opsdk._cliargs import distinct_outputs
     from opsdk._files import OutputError
+    from opsdk._userfile import UserCodeError
 
     try:  # every command: a second output on the path of the first silently replaced it
         distinct_outputs(**{k: getattr(args, k, None) for k in ("report", "junit", "json",
@@ -386,9 +397,12 @@ def _main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 2
+    from opsdk._quiet import quiet
+
     try:
-        return int(args.fn(args) or 0)
-    except UsageError as e:
+        with quiet(show_all=args.verbose):
+            return int(args.fn(args) or 0)
+    except (UsageError, UserCodeError) as e:  # a user's file: its line, not our traceback
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OutputError as e:  # the results are printed above; the file is as it was

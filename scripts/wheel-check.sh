@@ -53,6 +53,11 @@ run() {
     exit 1
   fi
   tail -n 3 "$log" | sed 's/^/    /' >&2
+  # Quiet by default: no third-party Python warning, no TVM log line ("[hh:mm:ss] file.cc:").
+  if grep -E '[A-Za-z]+Warning: |^\[[0-9:]{8}\] ' "$log" >&2; then
+    echo "wheel-check: FAILED: noise above from: $*" >&2
+    exit 1
+  fi
 }
 "$V/python" -c "import opsdk, sys; assert '$ROOT' not in opsdk.__file__, opsdk.__file__"
 run opsdk --help

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from .._cliargs import host_port, model_file, output_path, positive_int
 
 __all__ = ["add_build_arguments", "add_run_arguments", "run_build_command",
            "run_run_command"]
+
+
+def _progress(msg: str) -> None:
+    # Progress goes to stderr, the manifest summary (the result) to stdout.
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _usage(msg: str) -> Exception:
@@ -94,7 +100,7 @@ def run_build_command(args: argparse.Namespace) -> int:
                            int8=args.int8, calibration=args.calibration,
                            force=args.force, with_runtime=args.with_runtime,
                            winograd=not args.no_winograd,
-                           log=None if args.json else print)
+                           log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None
     except (TypeError, ImportError, AttributeError, FileNotFoundError) as e:

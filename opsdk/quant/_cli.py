@@ -88,9 +88,15 @@ def _npz_batches(path: str, names: Sequence[str], inputs: Sequence[np.ndarray]
 
 
 def _progress(total: int) -> Any:
+    # A rewritten line on a terminal; in a log (not a tty) one line at the end, no "\r".
+    tty = sys.stderr.isatty()
+
     def show(k: int) -> None:
-        end = "\n" if k >= total else ""
-        print(f"\r  calibrating {k}/{total}", end=end, file=sys.stderr, flush=True)
+        if tty:
+            end = "\n" if k >= total else ""
+            print(f"\r  calibrating {k}/{total}", end=end, file=sys.stderr, flush=True)
+        elif k >= total:
+            print(f"  calibrated on {total} samples", file=sys.stderr, flush=True)
 
     return show
 
@@ -181,7 +187,8 @@ def run_quantize_command(args: argparse.Namespace) -> int:
         qm = quantize_model(loaded.opsdk_mod, stream(), cfg, mixed_precision=mp,
                             progress=_progress(total))
     except ValueError as e:  # bad calibration data: the message names the batch and input
-        print(file=sys.stderr)  # (ends the progress line)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # (ends the progress line)
         raise _usage(f"{spec}: {e}") from None
     rows = qm.sensitivity()
     keep = list(qm.config.keep_float)
