@@ -36,6 +36,7 @@ def from_onnx(
     *,
     ops: Iterable[str] | None = None,
     fuse: bool = False,
+    op_mappings: bool = True,
     **kwargs: Any,
 ) -> tvm.IRModule:
     """Import an ONNX model into Relax with opsdk ops for LayerNormalization, RMSNormalization,
@@ -58,6 +59,9 @@ def from_onnx(
     fuse : bool
         Also run :func:`opsdk.transform.FuseIntoOps` (decomposed LayerNorm as older exporters
         emit it, bias + GELU, Conv + BatchNormalization).
+    op_mappings : bool
+        Apply the registered ops' own mappings (``OpDef.onnx``); False gives TVM's import
+        alone (``opsdk drift`` measures the mappings' drift against it).
     **kwargs
         Passed to TVM's ``from_onnx`` (``keep_params_in_input``, ``sanitize_input_names``).
 
@@ -85,12 +89,13 @@ def from_onnx(
     >>> opsdk.transform.op_counts(opsdk.frontend.from_onnx(model))
     {'opsdk.gelu': 1}
     """
-    import onnx
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
-    if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
-    with _op_mappings() as hits:
+    from .._userfile import load_onnx_file
+
+    if isinstance(model, (str, os.PathLike)):  # a corrupt file: one error naming it
+        model = load_onnx_file(model)
+    with _op_mappings(op_mappings) as hits:
         mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset,
                             **kwargs)
     if any(hits.values()):
@@ -118,7 +123,7 @@ def onnx_mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _op_mappings():
+def _op_mappings(enabled: bool = True):
     """TVM's ONNX importer has no custom converter hook: its table of converters is
     extended, for this import only, with the registered ops' ``OpDef.onnx`` mappings."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
@@ -127,7 +132,7 @@ def _op_mappings():
 
     hits: dict[str, int] = {}
     extra: dict[str, Any] = {}
-    for d in registered_ops():
+    for d in registered_ops() if enabled else ():
         for op_type, fn in d.onnx_maps.items():
             hits[op_type] = 0
             extra[op_type] = _converter(d, op_type, fn, builder(d), hits)

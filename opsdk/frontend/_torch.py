@@ -320,6 +320,7 @@ def from_torch(
     ops: Iterable[str] | None = None,
     decompose: bool = True,
     custom_convert_map: Mapping[str, Converter] | None = None,
+    op_mappings: bool | None = None,
     **kwargs: Any,
 ) -> tvm.IRModule:
     """Import a ``torch.export`` program into Relax with opsdk ops for LayerNorm, RMSNorm, GELU
@@ -345,6 +346,11 @@ def from_torch(
         over opsdk's. Their ops are kept out of the decomposition, so they reach the
         converter whole, and an entry that matched no node of the program is reported with
         a ``UserWarning`` (naming similar ops the program has), never silently dropped.
+    op_mappings : bool, optional
+        Apply the registered ops' own mappings (``OpDef.torch``, e.g. a user's op for
+        ``hardswish.default``). Default: with ``ops=None`` yes, with an explicit ``ops`` no;
+        ``ops=(), op_mappings=True`` is TVM's import of the built-ins plus every op's own
+        mapping (what ``opsdk drift`` rewrites from).
     **kwargs
         Passed to ``from_exported_program`` (``keep_params_as_input``,
         ``unwrap_unit_return_tuple``, ``no_bind_return_tuple``).
@@ -370,7 +376,9 @@ def from_torch(
 
     names = _select(ops)
     custom = dict(custom_convert_map or {})
-    mapped = _op_mappings(skip=custom) if ops is None else {}
+    if op_mappings is None:
+        op_mappings = ops is None
+    mapped = _op_mappings(skip=custom) if op_mappings else {}
     if decompose:
         table = decomposition_table(names, keep=[*custom, *mapped])
         exported_program = exported_program.run_decompositions(table)

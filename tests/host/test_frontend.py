@@ -563,6 +563,49 @@ def test_drift_command_on_python_model(tmp_path, capsys):
     assert "fuse.bias_gelu" in text and "replace.layer_norm" in text
 
 
+def test_drift_command_counts_and_measures_an_ops_own_torch_mapping(tmp_path, capsys):
+    # A user's op mapped from torch (OpDef.torch) is in the model drift reports: counted, and
+    # its drift in the output rows, measured against TVM's own import (it printed "none").
+    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+
+    (tmp_path / "myhswish.py").write_text(
+        "import numpy as np\n"
+        "from tvm import te, tirx\n"
+        "import opsdk\n"
+        "@opsdk.op(reference=lambda x: x * np.clip(x + 3, 0, 6) / 6,\n"
+        "          domain={'x': (-6.0, 6.0)})\n"
+        "def my_hswish(x: opsdk.Tensor) -> te.Tensor:\n"
+        "    # times 1/6 where torch divides by 6: a rounding apart, so drift shows it\n"
+        "    return te.compute(x.shape, lambda *i: x(*i) * tirx.min(tirx.max(\n"
+        "        x(*i) + 3.0, 0.0), 6.0) * (1.0 / 6.0), name='my_hswish')\n"
+        "my_hswish.torch('hardswish.default')\n"
+        "opsdk.register(my_hswish, replace=True)\n"
+    )
+    src = tmp_path / "hsnet.py"
+    src.write_text(
+        "import torch\n"
+        "import myhswish  # beside this file\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Hardswish(),\n"
+        "                            torch.nn.Linear(16, 16), torch.nn.Hardswish())\n"
+        "    return m, (torch.randn(3, 8),)\n"
+    )
+    out_json = tmp_path / "rows.json"
+    args = add_drift_arguments(argparse.ArgumentParser()).parse_args(
+        [str(src), "--json", str(out_json)])
+    try:
+        assert run_drift_command(args) == 0
+    finally:
+        opsdk.unregister("my_hswish")
+    text = capsys.readouterr().out
+    assert "opsdk.my_hswish x2" in text, text
+    assert "hardswish.default x2" in text, text
+    rows = json.loads(out_json.read_text())
+    outputs = [r for r in rows if r["rule"] == "output"]
+    assert len(outputs) == 1 and 0 < outputs[0]["max_abs"] < 1e-5, rows
+
+
 def test_an_ops_onnx_mapping_converts_its_nodes_and_counts_them():
     # OpDef.onnx: a HardSwish node becomes the author's op (TVM would decompose it into
     # add / clip / divide / multiply), counted per mapping; other imports are unaffected.
