@@ -27,6 +27,7 @@ from ._kernels import KERNEL_KINDS, Kernel, classify, kernel_for
 __all__ = [
     "BUILTIN_RULE_MODULES",
     "KERNEL_KINDS",
+    "RULE_FAILURES",
     "Choice",
     "Kernel",
     "Rule",
@@ -38,6 +39,7 @@ __all__ = [
     "kernel_for",
     "load_builtin_rules",
     "rule",
+    "rule_failures",
     "rules_for",
     "scheduling_deferred",
     "vector_lanes",
@@ -53,6 +55,8 @@ BUILTIN_RULE_MODULES: tuple[str, ...] = (
 )
 
 GENERIC = "generic"
+#: PrimFunc attribute listing the rules that raised on a kernel (see :func:`rule_failures`).
+RULE_FAILURES = "opsdk.rule_failures"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class Choice:
     kind: str = ""  # the op's kind, or a model kernel's classified kind
     func: tirx.PrimFunc | None = None
     schedule: s_tir.Schedule | None = None  # the chosen rule's schedule (None: generic)
+    #: ``"<rule>: <ErrorType>: <message>"`` for each rule that raised on this function (the
+    #: next rule or the generic lowering took it); also the kernel's ``opsdk.rule_failures``.
+    failures: list[str] = field(default_factory=list)
 
 
 _RULES: list[Rule] = []
@@ -244,6 +251,7 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
             warnings.warn(f"opsdk: schedule rule {r.name} failed on {op.name}: {brief} "
                           "(generic lowering or the next rule used)", stacklevel=2)
             ch.reasons.append(f"{r.name}: raised {type(e).__name__}: {brief}")
+            ch.failures.append(f"{r.name}: {type(e).__name__}: {brief}")
             continue
         if sch is None:
             ch.reasons.append(f"{r.name}: declined (returned None)")
@@ -348,6 +356,10 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
         elif key in orig:
             out = out.with_attr(key, orig[key])
     out = out.with_attr("opsdk.rule", ch.rule)
+    if ch.failures:
+        # On the kernel itself, so a model report (read from the scheduled module or the
+        # compile cache) names it as a problem, not only a warning at compile time.
+        out = out.with_attr(RULE_FAILURES, list(ch.failures))
     if ch.rule != GENERIC:
         out = out.with_attr("tir.is_scheduled", True)
         # A body with Let bindings (exp_f32, erf_f32, bind) that a rule inlined into two
@@ -355,6 +367,21 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
         # here, so the function stays well-formed TIR (a new Schedule of it would refuse it).
         out = tirx.transform.ConvertSSA()(tvm.IRModule({"main": out}))["main"]
     return out
+
+
+def rule_failures(func: tirx.PrimFunc) -> list[str]:
+    """The schedule rules that raised on ``func`` before another rule (or the generic
+    lowering) took it: ``"<rule>: <ErrorType>: <message>"`` each; empty when none did.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.schedules import rule_failures
+    >>> x = te.placeholder((4,), "float32", name="x")
+    >>> rule_failures(te.create_prim_func([x, te.compute((4,), lambda i: x[i] + 1)]))
+    []
+    """
+    return [str(s) for s in (func.attrs or {}).get(RULE_FAILURES, [])]
 
 
 def last_choices() -> list[Choice]:

@@ -204,3 +204,19 @@ def test_bad_geometry_is_refused_with_the_argument_named() -> None:
     wrong = relax.Var("w", relax.TensorType((8, 5, 3, 3), "int8"))  # 5 input channels, not 4
     with pytest.raises(ValueError, match=r"'w'"):
         infer(opsdk.relax.qconv2d(x, wrong, s, padding=1))
+
+
+@needs_vnni
+def test_x86_vnni_one_pixel_one_channel_block_is_bit_exact() -> None:
+    # A squeeze-excite conv (timm's MobileNetV3-Small, 16 -> 8 channels on the pooled 1x1
+    # map): a 1-pixel x 16-channel tile has one vpdpbusd per k step, whose loop body was a
+    # SeqStmt of length 1, which TVM refuses; the rule raised and the layer fell back.
+    rng = np.random.default_rng(7)
+    geoms = [(16, 1, 1, 8, 1, 1, 0), (8, 1, 1, 16, 1, 1, 0)]
+    cases = [_case(rng, f"se{i}_NHWC_{xdt}", xdt, "NHWC", g, i)
+             for i, (g, xdt) in enumerate(zip(geoms, ("int8", "uint8")))]
+    ex, rules = compile_cases(cases, "x86")
+    assert rules == Counter({"x86.qconv2d_vnni": len(cases)})
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
+    assert {k: v for k, v in result.items() if not k.startswith("sat_")} == {}

@@ -186,7 +186,9 @@ def register_tile(
 
             val = kernel.fn(tirx.BufferLoad(regs[r], [vec(g)]), a4, load)
             steps.append(tirx.BufferStore(regs[r], val, [vec(g)]))
-    loop: tirx.Stmt = tirx.SeqStmt(steps)
+    # One step (a 1-pixel x 16-channel tile: a squeeze-excite conv on its pooled map) is the
+    # loop body itself: TVM refuses a SeqStmt of length 1.
+    loop: tirx.Stmt = tirx.SeqStmt(steps) if len(steps) > 1 else steps[0]
     for var, extent in reversed(k_loops):
         loop = tirx.For(var, tirx.IntImm(idx, 0), tirx.IntImm(idx, extent), tirx.ForKind.SERIAL,
                         loop)

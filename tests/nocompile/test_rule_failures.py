@@ -1,0 +1,34 @@
+"""A schedule rule that raises is not silent: the driver warns, records the failure on the
+decision and on the kernel (``opsdk.rule_failures``), and the next rule takes the function."""
+
+from __future__ import annotations
+
+import pytest
+from tvm import te
+
+import opsdk
+from opsdk import schedules
+
+
+def test_a_raising_rule_is_recorded_on_the_kernel_and_the_next_rule_takes_it():
+    d = opsdk.get_op("gelu")
+    x = te.placeholder((4, 64), "float32", name="x")
+    func = te.create_prim_func([x, d.call_compute([x], d.default_attrs())])
+    target = opsdk.target("x86")
+    clean = schedules.apply_schedule(d, func, target)
+    assert schedules.rule_failures(clean) == []
+
+    @schedules.rule("gelu", "cpu", name="test.raises", priority=10_000)
+    def _raises(func, target):
+        return 1 // 0
+
+    try:
+        with pytest.warns(UserWarning, match="schedule rule test.raises failed on gelu"):
+            out = schedules.apply_schedule(d, func, target)
+    finally:
+        schedules._RULES[:] = [r for r in schedules._RULES if r.name != "test.raises"]
+    failure = "test.raises: ZeroDivisionError: integer division or modulo by zero"
+    assert schedules.rule_failures(out) == [failure]
+    assert schedules.last_choices()[-1].failures == [failure]
+    # the rule that took it is the one that takes it without the broken rule
+    assert str(out.attrs["opsdk.rule"]) == str(clean.attrs["opsdk.rule"]) != "generic"
