@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
+from collections.abc import Sequence
 
 from ._files import check_can_create
 
-__all__ = ["distinct_outputs", "host_port", "model_file", "nonneg_float", "nonneg_int",
-           "output_path", "parse_dims", "positive_float", "positive_int", "split_host_port"]
+__all__ = ["distinct_outputs", "host_port", "model_file", "named_shapes", "nonneg_float",
+           "nonneg_int", "output_path", "parse_dims", "positive_float", "positive_int",
+           "split_host_port"]
 
 
 def positive_int(text: str) -> int:
@@ -75,7 +78,9 @@ def parse_dims(text: str) -> tuple[int, ...]:
     (4096, 768)
     """
     parts = text.lower().replace("x", ",").split(",")
-    if not all(p.strip().isdigit() for p in parts) or any(int(p) < 1 for p in parts):
+    # ASCII digits only: str.isdigit() took '²' (int() then raised) and '٣'.
+    if not all(re.fullmatch(r"[0-9]+", p.strip()) for p in parts) or any(
+            int(p) < 1 for p in parts):
         raise ValueError(f"{text!r}: write positive dims like 4096x768")
     dims = tuple(int(p) for p in parts)
     n = 1
@@ -84,6 +89,30 @@ def parse_dims(text: str) -> tuple[int, ...]:
     if n >= 2**63:
         raise ValueError(f"{text!r} has {n} elements, more than an int64 index can count")
     return dims
+
+
+def named_shapes(items: Sequence[str] | None, flag: str = "--shape") -> dict[str, list[int]]:
+    """``["NAME=D0xD1", ...]`` (``,`` separates dims too) as ``{name: dims}``: each dim as
+    :func:`parse_dims` takes it, each name once (a second ``--shape x=...`` silently replaced
+    the first).
+
+    Examples
+    --------
+    >>> named_shapes(["x=1x3x224x224", "mask=1,77"])
+    {'x': [1, 3, 224, 224], 'mask': [1, 77]}
+    """
+    out: dict[str, list[int]] = {}
+    for item in items or ():
+        name, sep, dims = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{flag} {item!r}: expected NAME=D0xD1...")
+        if name in out:
+            raise ValueError(f"{flag} {item!r}: {name!r} is given twice")
+        try:
+            out[name] = list(parse_dims(dims))
+        except ValueError as e:
+            raise ValueError(f"{flag} {item!r}: {name}={e}") from None
+    return out
 
 
 def split_host_port(addr: str) -> tuple[str, int]:

@@ -55,6 +55,10 @@ Axis = Annotated[int, _AxisMarker()]
 
 _ATTR_TYPES = (int, float, bool, str)
 
+#: The longest op name: ``test_NAME_schedules.py`` and the kernels' symbol names built from it
+#: stay far below the 255-byte file-name limit (``opsdk new-op`` applies the same limit).
+MAX_OP_NAME = 64
+
 
 @dataclass(frozen=True)
 class Param:
@@ -825,6 +829,9 @@ def op(
         opname = name or fn.__name__
         if not opname.isidentifier():
             raise OpDefinitionError(f"op name {opname!r} is not a valid identifier")
+        if len(opname) > MAX_OP_NAME:  # it names files (new-op --from, tests) and symbols
+            raise OpDefinitionError(f"op name {opname[:20]!r}... is {len(opname)} characters; "
+                                    f"keep it to {MAX_OP_NAME} or fewer")
         sig = inspect.signature(fn)
         # Names the annotations use may be local to where the op is defined (an op made
         # inside a function, with ``from __future__ import annotations``): look there too.

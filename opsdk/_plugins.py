@@ -6,11 +6,11 @@ an entry point may also point straight at such a sequence or at a single OpDef.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from importlib import metadata
 
 from ._opdef import OpDef
+from ._userfile import import_user_module, user_code
 from .registry import register
 
 __all__ = ["import_beside", "load_plugins", "ops_of"]
@@ -37,6 +37,9 @@ def ops_of(obj: object, where: str) -> list[OpDef]:
 def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = True) -> list[OpDef]:
     """Import and register plugin ops; returns them (already-registered ones included).
 
+    A module that is not there raises ``ImportError``; one that has a syntax error or raises
+    while imported raises :class:`~opsdk._userfile.UserCodeError` naming its file and line.
+
     Examples
     --------
     >>> import opsdk
@@ -46,13 +49,15 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
     found: list[OpDef] = []
     if entry_points:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            for d in ops_of(ep.load(), f"entry point {ep.name} = {ep.value}"):
+            with user_code(f"entry point {ep.name} = {ep.value}"):  # a broken plugin
+                obj = ep.load()
+            for d in ops_of(obj, f"entry point {ep.name} = {ep.value}"):
                 d.source = f"entry point {ep.name} ({ep.value})"
                 found.append(d)
     from .ops import BUILTIN_OPS
 
     for name in modules or ():
-        mod = importlib.import_module(name)
+        mod = import_user_module(name)
         if name == "opsdk.ops":
             items = list(mod.BUILTIN_OPS)
         else:

@@ -7,20 +7,24 @@ Existing files are never overwritten without ``force``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import keyword
 import os
 import pathlib
 import re
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import jinja2
 
 from ._files import check_can_create, new_file_mode
+from ._opdef import MAX_OP_NAME
 from .registry import get_op, is_registered
 
 __all__ = ["KINDS", "TARGETS", "ScaffoldError", "ScaffoldResult", "new_op"]
@@ -61,7 +65,7 @@ def _env() -> jinja2.Environment:
     )
 
 
-_MAX_NAME = 64  # test_NAME_schedules.py stays far below the 255-byte file name limit
+_MAX_NAME = MAX_OP_NAME  # test_NAME_schedules.py stays far below the 255-byte limit
 
 
 def _check_name(name: str, own: pathlib.Path | None = None) -> None:
@@ -308,32 +312,75 @@ def new_op(
 
 
 def _write_all(paths: dict[pathlib.Path, str]) -> None:
-    """Write every file or none: temp files first, then renames; restore on failure."""
+    """Write every file or none: temp files first, then renames; on any exception (Ctrl-C
+    included) the new files are removed and the files they replaced are back.
+
+    The originals stay on disk (hard-linked, else copied, beside them) until every rename is
+    done, and the renames and their rollback run with Ctrl-C held back, so an interrupt that
+    lands between two renames, or right after one, cannot leave half a scaffold or lose a
+    file replaced under ``--force``.
+    """
     temps: dict[pathlib.Path, str] = {}
-    backups: dict[pathlib.Path, bytes] = {}
-    done: list[pathlib.Path] = []
+    backups: dict[pathlib.Path, str] = {}
     fresh = new_file_mode()
     try:
         for p, text in paths.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+            temps[p] = tmp
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-            temps[p] = tmp
             # mkstemp makes 0600 files; a source file gets the mode any editor would give it
             # (0644 under the usual umask), or keeps the one of the file it replaces.
             mode = p.stat().st_mode & 0o777 if p.exists() else fresh
             os.chmod(tmp, mode)
-        for p, tmp in temps.items():
+        for p in paths:
             if p.exists():
-                backups[p] = p.read_bytes()
-            os.replace(tmp, p)
-            done.append(p)
-    except BaseException:
-        for p in done:
-            if p in backups:
-                p.write_bytes(backups[p])
-            else:
-                p.unlink(missing_ok=True)
-        for tmp in temps.values():
-            pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+                backups[p] = _keep_copy(p)
+        with _interrupt_held():
+            started: list[pathlib.Path] = []
+            try:
+                for p, tmp in temps.items():
+                    started.append(p)  # before the rename: it may land and then raise
+                    os.replace(tmp, p)
+            except BaseException:
+                for p in started:
+                    if p in backups:  # (a no-op when p was not replaced yet: two links
+                        os.replace(backups[p], p)  # of one file; finally unlinks it)
+                    else:
+                        p.unlink(missing_ok=True)
+                raise
+    finally:
+        for f in [*temps.values(), *backups.values()]:
+            pathlib.Path(f).unlink(missing_ok=True)
+
+
+def _keep_copy(p: pathlib.Path) -> str:
+    """A second name for ``p``'s current content beside it (a hard link, else a copy)."""
+    import shutil
+
+    fd, keep = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".orig", dir=p.parent)
+    os.close(fd)
+    try:
+        os.unlink(keep)
+        os.link(p, keep)
+    except OSError:  # no hard links here (vfat, some network mounts): copy it
+        shutil.copy2(p, keep)
+    return keep
+
+
+@contextlib.contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Hold Ctrl-C back while the block runs, then deliver it: a short critical section
+    (three renames, or their rollback) always finishes. Outside the main thread, where no
+    signal handler can be set, the block simply runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got and callable(old):
+            old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt

@@ -88,6 +88,8 @@ def _parse_attrs(items: Sequence[str] | None) -> dict:
         if "=" not in it:
             raise UsageError(f"--attr expects NAME=VALUE, got {it!r}")
         k, v = it.split("=", 1)
+        if k in out:  # the second silently replaced the first
+            raise UsageError(f"--attr {it!r}: {k!r} is given twice")
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
@@ -361,6 +363,7 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _printable_output()
     try:  # Ctrl-C at any point, start-up (importing TVM) included: a word, not a traceback
         return _main(argv)
     except KeyboardInterrupt:
@@ -374,6 +377,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # no real stdout (captured)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell tool killed by it
+
+
+def _printable_output() -> None:
+    """Let stdout / stderr print any path: under ``LC_ALL=C`` or ``PYTHONIOENCODING=ascii`` a
+    folder named ``ünï`` raised UnicodeEncodeError mid-report; it prints as ``\\xfcn\\xef``."""
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
+            if stream.errors in ("strict", None):
+                stream.reconfigure(errors="backslashreplace")
 
 
 def _main(argv: list[str]) -> int:

@@ -174,6 +174,8 @@ def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
         k, sep, v = item.partition("=")
         if not sep:
             raise ValueError(f"--model-arg expects NAME=VALUE, got {item!r}")
+        if k in out:  # the second silently replaced the first
+            raise ValueError(f"--model-arg {item!r}: {k!r} is given twice")
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
@@ -211,14 +213,13 @@ def load_model(
         with); False imports opsdk's way only.
     """
     from . import frontend
-    from .frontend._cli import _import_python, _random_inputs
+    from ._userfile import load_onnx_file, read_user_file
+    from .frontend._cli import _call_entry, _import_python, _random_inputs
 
     rng = np.random.default_rng(seed)
     shp = {k: list(v) for k, v in (shapes or {}).items()}
     if str(spec).endswith(".onnx"):
-        import onnx
-
-        proto = onnx.load(str(spec))
+        proto = load_onnx_file(spec)
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
         tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
                    else opsdk_mod)
@@ -228,7 +229,8 @@ def load_model(
     import torch
 
     if str(spec).endswith(".pt2"):
-        ep = torch.export.load(str(spec))
+        ep = read_user_file(spec, lambda p: torch.export.load(str(p)),
+                            "torch.export program (.pt2)")
         args = tuple(ep.example_inputs[0]) if ep.example_inputs else ()
         if not args:
             raise ValueError(f"{spec} has no example inputs; save it with torch.export.save "
@@ -241,7 +243,7 @@ def load_model(
         entry_args = getattr(module, "DEFAULT_ARGS", None) or {}
     if dynamic_batch is None:
         dynamic_batch = bool(getattr(module, "DYNAMIC_BATCH", False))
-    built = getattr(module, entry)(**dict(entry_args))
+    built = _call_entry(module, str(spec), entry, **dict(entry_args))
     if isinstance(built, torch.export.ExportedProgram):
         return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
                                       exported=built, baselines=baselines)

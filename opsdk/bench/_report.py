@@ -292,9 +292,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
+        from .._userfile import UserCodeError
+
         try:
             opsdk.load_plugins(list(args.module))
-        except (ImportError, TypeError, ValueError) as e:
+        except (ImportError, TypeError, ValueError, UserCodeError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2
     if getattr(args, "model", None) or getattr(args, "examples", False) or \

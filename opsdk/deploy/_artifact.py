@@ -452,6 +452,7 @@ def build_artifact(
     from ..model import compile_model, load_model, scheduled_kernels
     from ..quant import agreement
     from ..runners import LocalRunner
+    from ..runners._base import InputMismatch, check_inputs
     from ..runners.local import host_arch
     from ..targets import target as resolve_target
     from ..targets import target_arch
@@ -480,8 +481,10 @@ def build_artifact(
         inputs = list(inputs) if inputs is not None else loaded.inputs
     inputs = [np.ascontiguousarray(a) for a in inputs]
     func = mod["main"]
-    if len(func.params) != len(inputs):
-        raise ArtifactError(f"main takes {len(func.params)} inputs, {len(inputs)} were given")
+    try:  # before compiling: TVM checks them only when the host build runs, in its words
+        check_inputs(func, inputs)
+    except InputMismatch as e:
+        raise ArtifactError(str(e)) from None
     if max_dims:
         mod = _with_upper_bounds(mod, func, dict(max_dims), inputs)
         func = mod["main"]

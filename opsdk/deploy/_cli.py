@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
-from .._cliargs import host_port, model_file, output_path, positive_int
+from .._cliargs import host_port, model_file, named_shapes, output_path, positive_int
 
 __all__ = ["add_build_arguments", "add_run_arguments", "run_build_command",
            "run_run_command"]
@@ -60,25 +61,21 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def _shapes(items: list[str] | None) -> dict[str, list[int]]:
-    out = {}
-    for it in items or []:
-        name, sep, dims = it.partition("=")
-        try:
-            shape = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            shape = []
-        if not sep or not name or not shape or any(d < 1 for d in shape):
-            raise _usage(f"--shape expects NAME=D0xD1... with positive sizes, got {it!r}")
-        out[name] = shape
-    return out
+    try:  # one parser for every command's --shape ('1_0', '+4' and a repeated name passed)
+        return named_shapes(items)
+    except ValueError as e:
+        raise _usage(str(e)) from None
 
 
 def _max_dims(items: list[str] | None) -> dict[str, int]:
     out = {}
     for it in items or []:
         name, sep, n = it.partition("=")
-        if not sep or not name or not n.isdigit() or int(n) < 1:
+        # ASCII digits: '²'.isdigit() is true and int() of it raised
+        if not sep or not name or not re.fullmatch(r"[0-9]+", n) or int(n) < 1:
             raise _usage(f"--max-dim expects NAME=N with N >= 1, got {it!r}")
+        if name in out:
+            raise _usage(f"--max-dim {it!r}: {name!r} is given twice")
         out[name] = int(n)
     return out
 
@@ -184,7 +181,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
 def run_run_command(args: argparse.Namespace) -> int:
     """``opsdk run``: exit 0 when every output matches, 1 when one does not."""
     from .._files import write_text_atomic
-    from ..runners._base import DeviceCrash, DeviceTimeout, RunnerUnavailable
+    from ..runners._base import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
     from ._artifact import ArtifactError
     from ._run import format_run, run_artifact
 
@@ -198,7 +195,7 @@ def run_run_command(args: argparse.Namespace) -> int:
         res = run_artifact(args.artifact, rpc=args.rpc, tracker=args.tracker, key=args.key,
                            emulate=args.emulate, qemu_cpu=args.qemu_cpu, inputs=args.inputs,
                            random_inputs=args.random, seed=args.seed, repeats=args.repeats)
-    except ArtifactError as e:
+    except (ArtifactError, InputMismatch) as e:
         raise _usage(str(e)) from None
     except (DeviceCrash, DeviceTimeout) as e:
         print(f"opsdk run: FAIL: the model did not run to the end on the device: {e}")

@@ -10,8 +10,6 @@ The lead wires it into ``opsdk.cli`` with::
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import pathlib
 import sys
@@ -21,8 +19,9 @@ from typing import Any
 import numpy as np
 import tvm
 
-from .._cliargs import model_file, nonneg_float, output_path, parse_dims
+from .._cliargs import model_file, named_shapes, nonneg_float, output_path
 from .._files import write_text_atomic
+from .._userfile import call_user, import_user_file, import_user_module, load_onnx_file
 
 __all__ = ["add_drift_arguments", "run_drift_command"]
 
@@ -74,17 +73,21 @@ def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def _import_python(spec: str) -> Any:
+    """A model file (its folder importable, for its sibling modules) or module; what fails in
+    it is a :class:`~opsdk._userfile.UserCodeError` naming its line."""
     path = pathlib.Path(spec)
     if path.suffix == ".py" and path.exists():
-        name = f"_opsdk_drift_{path.stem}"
-        mspec = importlib.util.spec_from_file_location(name, path)
-        if mspec is None or mspec.loader is None:
-            raise ValueError(f"cannot import {spec}")
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules[name] = module
-        mspec.loader.exec_module(module)
-        return module
-    return importlib.import_module(spec)
+        return import_user_file(path, f"_opsdk_drift_{path.stem}")
+    return import_user_module(spec)
+
+
+def _call_entry(module: Any, spec: str, entry: str, **kwargs: Any) -> Any:
+    """``module.entry(**kwargs)``: a missing entry is an ``AttributeError`` naming it, what
+    the entry raises a :class:`~opsdk._userfile.UserCodeError` at the user's line."""
+    fn = getattr(module, entry, None)
+    if not callable(fn):
+        raise AttributeError(f"{spec} has no function {entry}() (pass --entry NAME)")
+    return call_user(fn, where=f"{spec}:{entry}()", **kwargs)
 
 
 def _random_inputs(
@@ -132,9 +135,9 @@ def _load_model(
     shapes = shapes or {}
     rng = np.random.default_rng(seed)
     if spec.endswith(".onnx"):
-        mod = from_onnx(spec, shape_dict=shapes or None, ops=())
+        mod = from_onnx(load_onnx_file(spec), shape_dict=shapes or None, ops=())
         return mod, _random_inputs(mod["main"], shapes, rng)
-    built = getattr(_import_python(spec), entry)()
+    built = _call_entry(_import_python(spec), spec, entry)
     if isinstance(built, tvm.IRModule):
         return built, _random_inputs(built["main"], shapes, rng)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], tvm.IRModule):
@@ -156,16 +159,7 @@ def _load_model(
 
 
 def _parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"--shape {item!r}: expected NAME=D0,D1,...")
-        try:
-            shapes[name] = list(parse_dims(dims))
-        except ValueError as e:
-            raise ValueError(f"--shape {item!r}: {name}={e}") from None
-    return shapes
+    return named_shapes(items)
 
 
 def run_drift_command(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .._cliargs import split_host_port
 
 if TYPE_CHECKING:
-    from ._base import DeviceCrash, DeviceTimeout, Runner
+    from ._base import DeviceCrash, DeviceTimeout, InputMismatch, Runner
     from ._provision import arm_ready, arm_tools_available, setup_arm
     from .emulated import EmulatedRunner
     from .local import LocalRunner
@@ -40,6 +40,7 @@ __all__ = [
     "DeviceCrash",
     "DeviceTimeout",
     "EmulatedRunner",
+    "InputMismatch",
     "LocalRunner",
     "RPCRunner",
     "Runner",
@@ -52,6 +53,7 @@ __all__ = [
 _LAZY = {
     "DeviceCrash": "._base",
     "DeviceTimeout": "._base",
+    "InputMismatch": "._base",
     "Runner": "._base",
     "arm_ready": "._provision",
     "arm_tools_available": "._provision",

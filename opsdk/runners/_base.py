@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -13,8 +14,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
-    "DeviceCrash", "DeviceTimeout", "OutputSpec", "Runner", "RunnerUnavailable",
-    "timing_summary",
+    "DeviceCrash", "DeviceTimeout", "InputMismatch", "OutputSpec", "Runner",
+    "RunnerUnavailable", "check_inputs", "timing_summary",
 ]
 
 OutputSpec = tuple[tuple[int, ...], str]
@@ -35,6 +36,98 @@ class DeviceCrash(RuntimeError):
 class RunnerUnavailable(RuntimeError):
     """The device could not be started or reached (emulator set-up, RPC connection): an
     environment problem to report in one line, not a failed check."""
+
+
+class InputMismatch(ValueError):
+    """A compiled model was called with inputs its signature refuses (count, rank, dtype, a
+    static dim) or on a CPU it was not compiled for; the message names the input, what the
+    model takes and what it got."""
+
+
+# What TVM 0.27's VM says when a call does not match the function's signature (its
+# argument checks in relax_vm/builtin.cc, and the LLVM module's architecture check).
+_CTX = (r"ErrorContext\(fn=(?P<fn>[^,]+), loc=param\[(?P<i>\d+)\], param=(?P<name>[^,]+), "
+        r"annotation=(?P<ann>.*?)\)\s+")
+_SIGNATURE_CHECKS = [
+    ("dtype", re.compile(_CTX + r"expect Tensor with dtype (?P<want>\S+) but get "
+                         r"(?P<got>\S+)")),
+    ("ndim", re.compile(_CTX + r"expect Tensor with ndim (?P<want>\d+) but get (?P<got>\d+)")),
+    ("dim", re.compile(r"\((?P<got>\d+) vs\. (?P<want>\d+)\) : " + _CTX
+                       + r"match_cast error,\s+shape\[(?P<axis>\d+)\]")),
+    ("other", re.compile(_CTX + r"(?P<what>expect [^\n]*)")),
+    ("count", re.compile(r"args\.size\(\) == params_num \((?P<got>\d+) vs\. (?P<want>\d+)\)")),
+    ("arch", re.compile(r"architecture mismatch")),
+]
+
+
+def _signature_error(e: BaseException, inputs: Sequence[Any], entry: str) -> str | None:
+    """opsdk's sentence for TVM's refusal of a call's inputs, or None for another error."""
+    text = str(e)
+    for kind, pat in _SIGNATURE_CHECKS:
+        m = pat.search(text)
+        if m is None:
+            continue
+        g = m.groupdict()
+        if kind == "count":
+            return f"{g['got']} inputs given, {entry} takes {g['want']}"
+        if kind == "arch":
+            from .local import host_arch
+
+            return (f"{entry}: the executable was compiled for another CPU architecture than "
+                    f"this {host_arch()} host; run it on its device (--rpc, or --emulate for "
+                    "aarch64)")
+        i = int(g["i"])
+        shape = list(np.shape(inputs[i])) if i < len(inputs) else "?"
+        name, ann = g["name"].strip(), g["ann"].strip()
+        got = {"dtype": f"dtype {g.get('got')}",
+               "ndim": f"shape {shape} ({g.get('got')} dims)",
+               "dim": f"shape {shape} (dim {g.get('axis')} is {g.get('got')})"}.get(kind)
+        want = {"dtype": f"dtype {g.get('want')}", "ndim": f"{g.get('want')} dims",
+                "dim": f"{g.get('want')} there"}.get(kind)
+        if got is None:
+            return f"input {name!r} (#{i} of {entry}): TVM says {g['what'].strip()}; the model " \
+                   f"takes {ann}"
+        return f"input {name!r} (#{i} of {entry}): {got}, the model takes {want} ({ann})"
+    return None
+
+
+def check_inputs(func: Any, inputs: Sequence[Any], entry: str = "main") -> None:
+    """Raise :class:`InputMismatch` unless ``inputs`` fit the Relax function ``func``'s
+    parameters: their count, and each tensor's rank, dtype and static dims (checked before a
+    compile, where TVM would check them only when the compiled model runs).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> from opsdk.runners._base import InputMismatch, check_inputs
+    >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    >>> f = relax.Function([x], x)
+    >>> try:
+    ...     check_inputs(f, [np.zeros((2, 4), "float32")])
+    ... except InputMismatch as e:
+    ...     print(e)
+    input 'x' (#0 of main): shape [2, 4], the model takes [2, 3] (float32)
+    """
+    from tvm import relax, tirx
+
+    params = list(func.params)
+    if len(params) != len(inputs):
+        raise InputMismatch(f"{len(inputs)} inputs given, {entry} takes {len(params)}")
+    for i, (p, a) in enumerate(zip(params, inputs)):
+        si = p.ty
+        if not isinstance(si, relax.TensorType):
+            continue
+        a = np.asarray(a)
+        dims = None if not isinstance(si.shape, relax.ShapeExpr) else [
+            int(d.value) if isinstance(d, tirx.IntImm) else str(d) for d in si.shape.values]
+        want = f"{dims if dims is not None else f'{si.ndim} dims'} ({si.dtype})"
+        where = f"input {str(p.name)!r} (#{i} of {entry})"
+        if str(a.dtype) != str(si.dtype) and str(si.dtype) != "void":
+            raise InputMismatch(f"{where}: dtype {a.dtype}, the model takes {want}")
+        if (si.ndim >= 0 and a.ndim != si.ndim) or (dims is not None and any(
+                isinstance(d, int) and d != n for d, n in zip(dims, a.shape))):
+            raise InputMismatch(f"{where}: shape {list(a.shape)}, the model takes {want}")
 
 
 class DeviceTimeout(RuntimeError):
@@ -112,7 +205,7 @@ class Runner(abc.ABC):
         -------
         list of numpy.ndarray
         """
-        return self._run(executable, inputs, entry, outputs, None)
+        return self._checked(executable, inputs, entry, outputs, None)
 
     def run_timed(
         self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
@@ -126,8 +219,23 @@ class Runner(abc.ABC):
         timed on the device.
         """
         timing: dict[str, Any] = {"repeats": repeats}
-        out = self._run(executable, inputs, entry, None, timing)
+        out = self._checked(executable, inputs, entry, None, timing)
         return out, timing_summary(timing)
+
+    def _checked(self, executable: Any, inputs: Sequence[np.ndarray], entry: str,
+                 outputs: Sequence[OutputSpec] | None,
+                 timing: dict[str, Any] | None) -> list[np.ndarray]:
+        """:meth:`_run`, with TVM's refusal of the inputs (a multi-part internal check) told
+        as :class:`InputMismatch`: the input, what the model takes and what it got."""
+        try:
+            return self._run(executable, inputs, entry, outputs, timing)
+        except (DeviceCrash, DeviceTimeout, RunnerUnavailable):
+            raise
+        except Exception as e:
+            msg = _signature_error(e, inputs, entry)
+            if msg is None:
+                raise
+            raise InputMismatch(msg) from None
 
     @abc.abstractmethod
     def _run(

@@ -87,9 +87,11 @@ def _load_modules(modules: list[str] | None) -> None:
 
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from .._userfile import UserCodeError
+
     try:
         opsdk.load_plugins(list(modules))
-    except (ImportError, TypeError, ValueError) as e:
+    except (ImportError, TypeError, ValueError, UserCodeError) as e:
         raise _Usage(f"cannot load op modules: {e}") from None
 
 
@@ -233,7 +235,7 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
     from ._strategies import Case
 
     try:
-        raw = json.loads(args.case)
+        raw = json.loads(args.case, object_pairs_hook=_no_duplicate_keys)
         if not isinstance(raw, dict):
             raise ValueError("expected a JSON object")
         if defs:
@@ -278,6 +280,16 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
     return 0 if res.ok else 1
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: ``json.loads`` keeps the last of two silently."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"field {k!r} is given twice")
+        out[k] = v
+    return out
+
+
 def _check_case_fields(case: Any, d: Any) -> None:
     """A hand-edited ``--case`` is a usage error (exit 2) naming the field, not a failed case
     (a typo of a layout even passed, as the default layout)."""
@@ -301,6 +313,19 @@ def _check_case_fields(case: Any, d: Any) -> None:
         problems.append(f"seed {case.seed!r} is not a whole number")
     if not case.shape or any(n < 1 for n in case.shape):
         problems.append(f"shape {list(case.shape)} needs positive dims")
+    if not isinstance(case.static, bool):  # "no" is truthy: it compiled static silently
+        problems.append(f"static {case.static!r} is not true or false")
+    free_dims = getattr(d, "free_dims", {})
+    for k, v in case.free.items():  # an unknown name was ignored: the default size ran
+        if k not in free_dims:
+            problems.append(f"free dim {k!r} is not one of the op's free dims "
+                            f"({', '.join(free_dims) or 'it has none'})")
+        elif not free_dims[k][0] <= v <= free_dims[k][1]:
+            problems.append(f"free dim {k!r}: {v} is outside its range {free_dims[k]}")
+    optional = [p.name for p in d.tensor_params if p.optional]
+    problems += [f"present {p!r} is not an optional input "
+                 f"({', '.join(optional) or 'the op has none'})"
+                 for p in case.present if p not in optional]
     try:  # an attribute value the op refuses is the edit's fault, not a failed kernel
         d.bind_attrs(case.attrs)
     except ValueError as e:

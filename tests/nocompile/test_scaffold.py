@@ -170,3 +170,46 @@ def test_force_replaces_an_earlier_scaffold_found_on_the_path(tmp_path, monkeypa
     with pytest.raises(ScaffoldError, match="refusing to overwrite existing files"):
         new_op("swash", directory=tmp_path)
     assert new_op("swash", directory=tmp_path, force=True).replaced
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_ctrl_c_right_after_a_rename_restores_everything(tmp_path, monkeypatch, after):
+    # The interrupt lands just after a rename returned (before the writer could note it):
+    # with --force the user's originals come back, the new files go, no temp file stays.
+    (tmp_path / "intr.py").write_text("# my own op\n")
+    (tmp_path / "test_intr.py").write_text("# my own test\n")
+    before = _snapshot(tmp_path)
+    calls = {"n": 0}
+    real = os.replace
+
+    def interrupted(src, dst):
+        real(src, dst)
+        calls["n"] += 1
+        if calls["n"] == after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        new_op("intr", directory=tmp_path, force=True)
+    assert _snapshot(tmp_path) == before
+
+
+def test_ctrl_c_during_the_renames_is_held_until_they_finish(tmp_path, monkeypatch):
+    # A real SIGINT in the middle of the renames: the scaffold is written whole, then the
+    # interrupt is delivered (KeyboardInterrupt), and nothing is left half-done.
+    import signal
+
+    real = os.replace
+    sent = {"done": False}
+
+    def replace_and_signal(src, dst):
+        real(src, dst)
+        if not sent["done"]:
+            sent["done"] = True
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_and_signal)
+    with pytest.raises(KeyboardInterrupt):
+        new_op("held", directory=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "held.py", "held_schedules.py", "test_held.py"]
