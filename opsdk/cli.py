@@ -115,7 +115,9 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        m = opsdk.model.load_model(spec, entry=args.entry, entry_args=entry_args)
+        # The report compiles and times opsdk's import only: no TVM import, no ONNX export.
+        m = opsdk.model.load_model(spec, entry=args.entry, entry_args=entry_args,
+                                   baselines=False)
     except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
         raise UsageError(f"cannot load model {spec!r}: {e}") from None
     rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
@@ -332,6 +334,12 @@ _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
          "setup": _args_setup, **{n: _lazy_args(n) for n in _LAZY_COMMANDS}}
 
 
+#: Commands that compile whole models through the compile cache (opsdk._modelcache).
+_CACHED_COMMANDS = ("explain", "bench", "drift", "build", "quantize")
+_NO_CACHE_HELP = ("compile afresh: neither read nor write the compile cache of built models "
+                  "(also OPSDK_NO_CACHE=1)")
+
+
 _VERBOSE_HELP = ("show the third-party warnings and TVM log lines that opsdk hides as "
                  "known-harmless (also OPSDK_VERBOSE=1)")
 
@@ -352,6 +360,8 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
             # `opsdk build ... -v` as well as `opsdk -v build ...`
             s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                            help=_VERBOSE_HELP)
+            if name in _CACHED_COMMANDS:
+                s.add_argument("--no-cache", action="store_true", help=_NO_CACHE_HELP)
     return p
 
 
@@ -401,6 +411,10 @@ def _main(argv: list[str]) -> int:
     if not getattr(args, "fn", None):
         parser.print_help()
         return 2
+    if getattr(args, "no_cache", False):  # every compile of this run, however deep
+        import os
+
+        os.environ["OPSDK_NO_CACHE"] = "1"
     from opsdk._cliargs import distinct_outputs
     from opsdk._files import OutputError
     from opsdk._userfile import UserCodeError

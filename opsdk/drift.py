@@ -264,12 +264,12 @@ def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any
     """Compile for ``target`` and run; the outputs flattened into a list of arrays."""
     import platform
 
-    from . import compile as _compile
+    from .model import compile_model
     from .targets import target as _resolve_target
     from .targets import target_arch
 
     tgt = _resolve_target(target)
-    ex = _compile(mod, tgt)
+    ex = compile_model(mod, tgt).ex  # opsdk.compile's pipeline, through the compile cache
     machine = platform.machine().lower()
     if target_arch(tgt) == {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine):
         dev = tvm.cpu()

@@ -54,8 +54,10 @@ __all__ = [
     "KernelReport",
     "LoadedModel",
     "ModelReport",
+    "compile_default",
     "compile_model",
     "export_torch",
+    "kernel_facts",
     "kernel_kind_rule",
     "load_model",
     "parse_entry_args",
@@ -272,25 +274,73 @@ def export_torch(model: Any, args: tuple, dynamic_batch: bool = False) -> Any:
 
 
 # -------------------------------------------------------------------------------- compiling
-@dataclass
 class CompiledModel:
-    """An executable and the scheduled IRModule it was built from (before VM lowering)."""
+    """An executable and the scheduled IRModule it was built from (before VM lowering).
 
-    ex: Any
-    scheduled: tvm.IRModule
-    target: Any
-    seconds: float
-    planned: tvm.IRModule | None = None  # after memory planning (StaticPlanBlockMemory)
+    ``kernels`` lists every kernel's facts (:func:`kernel_facts`). A model from the compile
+    cache (``cached``) has ``ex`` loaded back from the cached library (``library``, the file
+    to copy where an exported library is wanted: a loaded one cannot be exported again);
+    TVM 0.27 cannot serialize IRModules (``save_json`` segfaults), so its ``scheduled`` and
+    ``planned`` modules are recomputed on first use: the schedule passes, no code generation.
+    """
+
+    def __init__(self, ex: Any, scheduled: tvm.IRModule | None, target: Any, seconds: float,
+                 planned: tvm.IRModule | None = None, *,
+                 kernels: list[dict[str, Any]] | None = None, library: Any = None,
+                 cached: bool = False, rebuild: Any = None, entry: Any = None) -> None:
+        self.ex, self.target, self.seconds = ex, target, seconds
+        self._scheduled, self._planned, self._rebuild = scheduled, planned, rebuild
+        self._kernels, self.library, self.cached, self._entry = kernels, library, cached, entry
+
+    def _ensure_modules(self) -> None:
+        if self._scheduled is None and self._rebuild is not None:
+            self._scheduled, self._planned = self._rebuild()
+            self._rebuild = None
+
+    @property
+    def scheduled(self) -> tvm.IRModule:
+        self._ensure_modules()
+        return self._scheduled
+
+    @property
+    def planned(self) -> tvm.IRModule | None:  # after memory planning (StaticPlanBlockMemory)
+        self._ensure_modules()
+        return self._planned
+
+    @property
+    def kernels(self) -> list[dict[str, Any]]:
+        if self._kernels is None:
+            self._kernels = kernel_facts(self.scheduled)
+        return self._kernels
+
+    def rule_counts(self) -> dict[str, int]:
+        """How many kernels each rule scheduled, by rule name."""
+        counts: dict[str, int] = {}
+        for k in self.kernels:
+            counts[k["rule"]] = counts.get(k["rule"], 0) + 1
+        return dict(sorted(counts.items()))
+
+    def asm_facts(self) -> dict[str, dict[str, Any]]:
+        """``{kernel: {"vector_ops", "vector_moves"}}``: the vector instructions in each
+        kernel's own assembly (each kernel compiled alone), kept with the cache entry."""
+        if self._entry is not None:
+            got = self._entry.read_extra("asm")
+            if got is not None and set(got) == {k["name"] for k in self.kernels}:
+                return got
+        funcs = _kernels(self.scheduled)
+        out = {}
+        for k in self.kernels:
+            ops, moves = _asm_vector_ops(k["name"], funcs[k["name"]], self.target)
+            out[k["name"]] = {"vector_ops": dict(ops), "vector_moves": int(moves)}
+        out = json.loads(json.dumps(out))  # what a cached copy reads back, exactly
+        if self._entry is not None:
+            self._entry.write_extra("asm", out)
+        return out
 
 
-def compile_model(mod: tvm.IRModule, target: Any = "x86", *,
-                  winograd: bool = True) -> CompiledModel:
-    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
-    (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``)."""
+def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool) -> tuple[Any, Any, Any]:
     from .transform._lower import lowering_passes, schedule_passes
 
-    tgt = resolve_target(target)
-    t0 = time.perf_counter()
     passes = lowering_passes(tgt)
     # Keep the module right after memory planning: what the VM will allocate is read there.
     cut = next((i + 1 for i, p in enumerate(passes)
@@ -298,9 +348,105 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *,
     with tgt:
         scheduled = tvm.transform.Sequential(schedule_passes(tgt, winograd=winograd))(mod)
         planned = tvm.transform.Sequential(passes[:cut])(scheduled)
-        lowered = tvm.transform.Sequential(passes[cut:])(planned)
+    return scheduled, planned, passes[cut:]
+
+
+def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = True,
+                  cache: Any = None) -> CompiledModel:
+    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
+    (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``).
+
+    The result is kept in the on-disk compile cache (:mod:`opsdk._modelcache`), keyed by the
+    module's content, the target, the options and the code versions; a second compile of an
+    unchanged module loads the library back instead. ``cache``: None follows the
+    environment (``OPSDK_NO_CACHE=1`` turns it off, ``OPSDK_CACHE_DIR`` moves it), False
+    compiles afresh, True uses the default folder, a path that folder.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(x))
+    ...     _ = bb.emit_func_output(y)
+    >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
+    >>> cm.rule_counts()
+    {'x86.elementwise': 1}
+    """
+    from ._modelcache import open_cache
+
+    tgt = resolve_target(target)
+    t0 = time.perf_counter()
+    store = open_cache(cache, tgt)
+    key = None
+    if store is not None:
+        with contextlib.suppress(Exception):  # a module the printer refuses: not cached
+            key = store.key(mod, tgt, {"pipeline": "opsdk", "winograd": bool(winograd)})
+    entry = store.load(key) if key else None
+    if entry is not None:
+        try:
+            ex = entry.load_module()
+        except Exception:  # never trust an entry that does not load: rebuild it
+            store.discard(key)
+        else:
+            return CompiledModel(
+                ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
+                library=entry.library, cached=True, entry=entry,
+                rebuild=lambda: _schedule_and_plan(mod, tgt, winograd)[:2])
+    scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd)
+    with tgt:
+        lowered = tvm.transform.Sequential(rest)(planned)
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
-    return CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned)
+    cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned)
+    if key:
+        kernels = json.loads(json.dumps(cm.kernels))  # as a cached copy reads them back
+        cm._kernels = kernels
+        cm._entry = store.store(key, ex.export_library,
+                                {"kernels": kernels, "compile_s": cm.seconds})
+    return cm
+
+
+def compile_default(mod: tvm.IRModule, target: Any = "x86", *, cache: Any = None) -> Any:
+    """``tvm.compile(mod, target=target)`` (TVM's default pipeline, the benchmarks'
+    baseline) through the compile cache of :func:`compile_model`: the executable, or the
+    library loaded back from the cache.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk, tvm
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(x))
+    ...     _ = bb.emit_func_output(y)
+    >>> ex = opsdk.model.compile_default(bb.get(), "x86", cache=False)
+    >>> vm = relax.VirtualMachine(ex, tvm.cpu())
+    >>> float(vm["main"](tvm.runtime.tensor(-np.ones((8, 16), "f4"))).numpy().max())
+    0.0
+    """
+    from ._modelcache import open_cache
+
+    tgt = resolve_target(target)
+    store = open_cache(cache, tgt)
+    key = None
+    if store is not None:
+        with contextlib.suppress(Exception):
+            key = store.key(mod, tgt, {"pipeline": "tvm-default"})
+    entry = store.load(key) if key else None
+    if entry is not None:
+        try:
+            return entry.load_module()
+        except Exception:
+            store.discard(key)
+    ex = tvm.compile(mod, target=tgt)
+    if key:
+        store.store(key, ex.export_library, {"kernels": []})
+    return ex
 
 
 # -------------------------------------------------------------------------------- reporting
@@ -336,6 +482,7 @@ class ModelReport:
     compile_s: float = 0.0
     kernel_ms: float | None = None  # the kernels' times summed (one run)
     threads: int | None = None  # TVM's thread pool size when the kernels were timed
+    cached: bool = False  # the compiled model came from the compile cache
 
     @property
     def problems(self) -> list[str]:
@@ -355,7 +502,7 @@ class ModelReport:
         wr = max([4, *(len(k.rule) for k in self.kernels)])
         lines = [
             f"model: {self.model}   target: {self.target}   kernels: {len(self.kernels)}   "
-            f"compile: {self.compile_s:.1f} s"
+            f"compile: {self.compile_s:.1f} s" + (" (cached)" if self.cached else "")
             + (f"   kernel time: {self.kernel_ms:.3f} ms on {self.threads} threads"
                if self.kernel_ms else ""),
             f"{'kernel':<{w}}  {'kind':<{wk}}  {'rule':<{wr}}  {'vec':>3}  {'par':>3}  "
@@ -387,6 +534,39 @@ def kernel_kind_rule(func: tirx.PrimFunc) -> tuple[str, str]:
     op = attrs.get("opsdk.op")
     kind = f"opsdk.{op}" if op is not None else str(attrs.get("opsdk.kind", classify(func)))
     return kind, str(attrs.get("opsdk.rule", GENERIC))
+
+
+def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
+    """Every kernel of a scheduled module, sorted by name: ``{"name", "kind", "rule",
+    "out_elements", "vectorized_loops", "parallel_loops"}`` (what :func:`report` states of
+    a kernel before timing it and reading its assembly; kept in the compile cache).
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((64, 32), "float32"))
+    >>> w = relax.const(np.ones((32, 48), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.matmul(x, w))
+    ...     _ = bb.emit_func_output(y)
+    >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
+    >>> [(k["kind"], k["rule"], k["out_elements"]) for k in kernel_facts(cm.scheduled)]
+    [('matmul', 'x86.matmul', 3072)]
+    """
+    from .verify._lints import loop_kinds
+
+    rows = []
+    for name, f in sorted(_kernels(mod).items()):
+        loops = loop_kinds(f)
+        kind, rule = kernel_kind_rule(f)
+        rows.append({"name": name, "kind": kind, "rule": rule,
+                     "out_elements": _static_elements(f),
+                     "vectorized_loops": int(loops.get("VECTORIZED", 0)),
+                     "parallel_loops": int(loops.get("PARALLEL", 0))})
+    return rows
 
 
 def scheduled_kernels(mod: tvm.IRModule) -> list[dict[str, str]]:
@@ -439,36 +619,32 @@ def report(
     profile: bool = True,
     asm: bool = True,
     name: str = "",
+    cache: Any = None,
 ) -> ModelReport:
     """Compile ``model`` (an IRModule or :class:`LoadedModel`) and report every kernel.
 
     With ``profile`` (host targets only) every kernel call of one run is timed on its own
-    arguments and its share of the summed kernel time reported.
+    arguments and its share of the summed kernel time reported. ``cache`` is
+    :func:`compile_model`'s (None: the environment decides).
     """
-    from .verify._lints import loop_kinds
-
     if isinstance(model, LoadedModel):
         mod, inputs, name = model.opsdk_mod, inputs or model.inputs, name or model.name
     else:
         mod = model
     tgt = resolve_target(target)
-    cm = compile_model(mod, tgt)
+    # Read from the compile cache when the model was compiled before: the facts are the
+    # same a fresh compile states (the cache stores exactly these).
+    cm = compile_model(mod, tgt, cache=cache)
+    vec = cm.asm_facts() if asm else {}
     rows = []
-    for kname, f in sorted(_kernels(cm.scheduled).items()):
-        kinds = loop_kinds(f)
-        kind, rule = kernel_kind_rule(f)
-        k = KernelReport(
-            name=kname,
-            kind=kind,
-            rule=rule,
-            out_elements=_static_elements(f),
-            vectorized_loops=int(kinds.get("VECTORIZED", 0)),
-            parallel_loops=int(kinds.get("PARALLEL", 0)),
-        )
+    for f in cm.kernels:
+        k = KernelReport(**f)
         if asm:
-            k.vector_ops, k.vector_moves = _asm_vector_ops(kname, f, tgt)
+            k.vector_ops = dict(vec[k.name]["vector_ops"])
+            k.vector_moves = int(vec[k.name]["vector_moves"])
         rows.append(k)
-    rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds)
+    rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds,
+                      cached=cm.cached)
     from .runners.local import host_arch
 
     if profile and inputs is not None and target_arch(tgt) == host_arch():

@@ -7,9 +7,14 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
+
+# The suite compiles afresh (what most tests check) and leaves the user's compile cache of
+# built models alone; tests of the cache pass cache=<folder> explicitly.
+os.environ.setdefault("OPSDK_NO_CACHE", "1")
 
 _GROUPS = {"host": "compile", "arm": "arm", "gpu": "gpu"}
 

@@ -153,9 +153,7 @@ def run_model_bench(
     >>> rows[0]["opsdk_ms"] > 0
     True
     """
-    import tvm
-
-    from ..model import LoadedModel, compile_model, load_model
+    from ..model import LoadedModel, compile_default, compile_model, load_model
     from ..targets import target as resolve_target
     from ..targets import target_arch
 
@@ -184,11 +182,11 @@ def run_model_bench(
         if "opsdk" in candidates:
             cm = compile_model(m.opsdk_mod, tgt)
             row["compile_s"] = cm.seconds
-            row["rules"] = _rules(cm.scheduled)
+            row["rules"] = cm.rule_counts()
             timers["opsdk"], outs["opsdk"] = _vm_timed(cm.ex, m.inputs)
         if "tvm_default" in candidates:
             try:
-                ex = tvm.compile(m.tvm_mod, target=tgt)
+                ex = compile_default(m.tvm_mod, tgt)  # through the compile cache
                 timers["tvm_default"], outs["tvm_default"] = _vm_timed(ex, m.inputs)
             except Exception as e:
                 row["errors"]["tvm_default"] = f"{type(e).__name__}: {e}".split("\n")[0]
@@ -234,17 +232,6 @@ def _torch_out(out: Any) -> np.ndarray:
     while isinstance(out, (tuple, list)):
         out = out[0]
     return out.detach().cpu().numpy()
-
-
-def _rules(mod: Any) -> dict[str, int]:
-    from tvm import tirx
-
-    counts: dict[str, int] = {}
-    for f in mod.functions.values():
-        if isinstance(f, tirx.PrimFunc):
-            r = str((f.attrs or {}).get("opsdk.rule", "generic"))
-            counts[r] = counts.get(r, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 def examples_dir() -> Path:
@@ -348,7 +335,7 @@ def run_gemm_bench(
         rows.append({
             "shape": [m, n, k],
             "threads": n_threads,
-            "rule": next(iter(_rules(cm.scheduled)), "generic"),
+            "rule": next(iter(cm.rule_counts()), "generic"),
             "opsdk_ms": t_o * 1e3,
             "torch_ms": t_t * 1e3,
             "opsdk_gflops": flops / t_o / 1e9,

@@ -302,9 +302,15 @@ def needed_features(tgt: Any) -> list[str]:
     return []
 
 
-def _export(ex: Any, path: Path, arch: str) -> None:
+def _export(cm: Any, path: Path, arch: str) -> None:
+    """Write the compiled model's library to ``path`` (from the compile cache: a copy of
+    the cached file; a library loaded back cannot be exported again)."""
     from ..runners._provision import cross_compiler
 
+    if cm.library is not None:
+        shutil.copyfile(cm.library, path)
+        return
+    ex = cm.ex
     try:
         cc = cross_compiler(arch)
     except RuntimeError as e:
@@ -512,14 +518,14 @@ def build_artifact(
     try:
         lib = tmp / "model.so"
         say(f"exporting {lib.name} ({arch})")
-        _export(cm.ex, lib, arch)
+        _export(cm, lib, arch)
         check = tmp / "check"
         (check / "inputs").mkdir(parents=True)
         if same_host:
             host_lib = "model.so"
         else:
             host_lib = "check/host.so"
-            host_cm.ex.export_library(str(tmp / host_lib))
+            _export(host_cm, tmp / host_lib, host_arch())
         runtime_files: list[str] = []
         if with_runtime:
             from .runtime import runtime_paths

@@ -332,9 +332,9 @@ def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np
     import tvm
     from tvm import relax
 
-    from .. import compile as opsdk_compile
+    from ..model import compile_model
 
-    ex = opsdk_compile(_probe_module(mod, sites), "host")
+    ex = compile_model(_probe_module(mod, sites), "host").ex  # through the compile cache
     vm = relax.VirtualMachine(ex, tvm.cpu())
     rng = np.random.default_rng(0)
     for s in sites:

@@ -1,0 +1,372 @@
+"""An on-disk cache of compiled models, keyed by content, so that ``opsdk explain --model``,
+``bench``, ``drift``, ``build`` and ``quantize`` of an unchanged model do not each recompile.
+
+An entry is a folder ``<root>/<key>/`` holding the exported library (``lib.so``), its
+``meta.json`` (what the key was made of, the library's SHA-256 and size, the kernels' facts)
+and, once a kernel report asked for them, ``asm.json`` (vector instructions per kernel).
+Every JSON file carries the SHA-256 of its own content; a file that fails any check (checksum,
+key, size, library hash, a load error) is never trusted: the entry is removed and rebuilt.
+
+The key is the SHA-256 of:
+
+- the module: its ``tvm_ffi.structural_hash`` (which hashes tensor contents; free variables
+  by position, not address), its TVMScript
+  text, and the dtype, shape and bytes of every tensor constant (SHA-256: the structural hash
+  is only 64 bits);
+- the target string, the compile options (``winograd``, the pipeline), the pass context;
+- the versions of opsdk, apache-tvm and tvm-ffi, and the SHA-256 of the source files of opsdk
+  and of every module that registered an op or a schedule rule (an edited rule is a new key).
+
+Entries are written into a temporary folder beside the others and renamed into place: a
+reader sees a whole entry or none, and of two concurrent writers of one key the second's
+rename fails and it keeps the first's. Only targets whose code runs on this host are cached
+(the library is loaded back into this process). Beyond :data:`MAX_BYTES` (or
+``$OPSDK_CACHE_MAX_MB``) the least recently used entries are removed.
+
+Location: ``$OPSDK_CACHE_DIR``, else ``<opsdk cache>/models`` (``$OPSDK_CACHE``,
+``$XDG_CACHE_HOME/opsdk`` or ``~/.cache/opsdk``). ``OPSDK_NO_CACHE=1`` (or ``--no-cache``)
+turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAX_BYTES", "Entry", "ModelCache", "open_cache"]
+
+#: Bump when the entry layout or the key's ingredients change: old entries are then misses.
+FORMAT = 1
+
+#: Entries beyond this many bytes in all are evicted, least recently used first.
+MAX_BYTES = 2 * 1024**3
+
+_LIB = "lib.so"
+_META = "meta.json"
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def default_dir() -> Path:
+    """``$OPSDK_CACHE_DIR``, else ``models/`` in opsdk's cache folder."""
+    if os.environ.get("OPSDK_CACHE_DIR"):
+        return Path(os.environ["OPSDK_CACHE_DIR"]).expanduser()
+    from .runners._provision import cache_dir
+
+    return cache_dir() / "models"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sealed(data: Mapping[str, Any]) -> str:
+    """``data`` as JSON with the SHA-256 of its canonical form added (``sha256``)."""
+    body = json.dumps(data, sort_keys=True)
+    return json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "data": data},
+                      sort_keys=True)
+
+
+def _unseal(text: str) -> dict[str, Any]:
+    """The data of a :func:`_sealed` file; ``ValueError`` when it was damaged."""
+    doc = json.loads(text)
+    body = json.dumps(doc["data"], sort_keys=True)
+    if hashlib.sha256(body.encode()).hexdigest() != doc["sha256"]:
+        raise ValueError("checksum mismatch")
+    return doc["data"]
+
+
+# ------------------------------------------------------------------------------------ keys
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    k = (str(path), st.st_mtime_ns, st.st_size)
+    if k not in _FILE_HASHES:
+        _FILE_HASHES[k] = _sha256_file(path)
+    return _FILE_HASHES[k]
+
+
+def code_fingerprint() -> str:
+    """SHA-256 of the code that decides what a compile produces: opsdk's own source files
+    and the files of the modules that registered ops or schedule rules (plugins)."""
+    from . import schedules
+    from .registry import registered_ops
+
+    pkg = Path(__file__).resolve().parent
+    files = set(pkg.rglob("*.py"))
+    fns: list[Any] = [r.fn for r in schedules._RULES]
+    for op in registered_ops():
+        fns += [getattr(op, "compute", None), getattr(op, "legalize", None)]
+    for fn in fns:
+        mod = sys.modules.get(getattr(fn, "__module__", "") or "")
+        f = getattr(mod, "__file__", None)
+        if f:
+            files.add(Path(f).resolve())
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f"{f}\0{_file_digest(f)}\0".encode())
+    return h.hexdigest()
+
+
+def module_digest(mod: Any) -> str:
+    """SHA-256 of an IRModule's content: structural hash (tensor contents included),
+    TVMScript text and every tensor constant's dtype, shape and bytes."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    h = hashlib.sha256()
+    # map_free_vars: a free variable (the DataflowVars in the module attribute
+    # opsdk.rewrite_sites) is otherwise hashed by its address, a new key in every process.
+    h.update(f"shash:{tvm_ffi.structural_hash(mod, map_free_vars=True)}\0".encode())
+    h.update(mod.script(show_meta=False).encode())
+    seen: set[int] = set()
+
+    def visit(e: Any) -> None:
+        if isinstance(e, tvm.ir.expr.Constant) and isinstance(
+                getattr(e, "value", None), tvm.runtime.Tensor):
+            handle = e.__chandle__()
+            if handle in seen:
+                return
+            seen.add(handle)
+            a = e.value.numpy()
+            h.update(f"\0const {a.dtype} {a.shape}\0".encode())
+            h.update(memoryview(a.reshape(-1).view("uint8")))
+
+    for gv in sorted(mod.get_global_vars(), key=lambda g: g.name_hint):
+        f = mod[gv]
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    from . import __version__
+
+    out = {"opsdk": __version__}
+    for d in ("apache-tvm", "apache-tvm-ffi"):
+        try:
+            out[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            out[d] = "?"
+    import tvm
+
+    out["tvm"] = str(getattr(tvm, "__version__", "?"))
+    return out
+
+
+def _pass_context() -> dict[str, Any]:
+    import tvm
+
+    ctx = tvm.transform.PassContext.current()
+    return {"opt_level": int(ctx.opt_level), "config": str(dict(ctx.config)),
+            "required": sorted(map(str, ctx.required_pass)),
+            "disabled": sorted(map(str, ctx.disabled_pass))}
+
+
+def key_material(mod: Any, target: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything the cache key of compiling ``mod`` for ``target`` is made of."""
+    return {"format": FORMAT, "module": module_digest(mod), "target": str(target),
+            "options": {k: options[k] for k in sorted(options)}, "pass_context": _pass_context(),
+            "versions": _versions(), "code": code_fingerprint()}
+
+
+# ---------------------------------------------------------------------------------- entries
+@dataclass
+class Entry:
+    """One cached compiled model: ``path/lib.so`` and the ``meta`` stored with it."""
+
+    path: Path
+    key: str
+    meta: dict[str, Any]
+
+    @property
+    def library(self) -> Path:
+        return self.path / _LIB
+
+    def load_module(self) -> Any:
+        """The library loaded into this process (``tvm.runtime.load_module``)."""
+        import tvm
+
+        return tvm.runtime.load_module(str(self.library))
+
+    def read_extra(self, name: str) -> dict[str, Any] | None:
+        """A JSON side file (``asm``) stored with the entry, or None when it is absent or
+        fails its checksum (then it is removed)."""
+        p = self.path / f"{name}.json"
+        try:
+            data = _unseal(p.read_text())
+            if data.get("key") != self.key:
+                raise ValueError("key mismatch")
+            return data["value"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            with contextlib.suppress(OSError):
+                p.unlink()
+            return None
+
+    def write_extra(self, name: str, value: dict[str, Any]) -> None:
+        """Store a JSON side file atomically (temporary file + rename); best effort."""
+        p = self.path / f"{name}.json"
+        with contextlib.suppress(OSError):
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(_sealed({"key": self.key, "value": value}))
+                os.replace(tmp, p)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+
+class ModelCache:
+    """The cache folder ``root``: look up, store and evict compiled models.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from opsdk._modelcache import ModelCache
+    >>> c = ModelCache(tempfile.mkdtemp())
+    >>> c.load("0" * 64) is None
+    True
+    """
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int | None = None) -> None:
+        self.root = Path(root).expanduser()
+        if max_bytes is None:
+            mb = os.environ.get("OPSDK_CACHE_MAX_MB")
+            max_bytes = int(float(mb) * 1024**2) if mb else MAX_BYTES
+        self.max_bytes = max_bytes
+        self.materials: dict[str, dict[str, Any]] = {}  # key -> what it was made of
+
+    def key(self, mod: Any, target: Any, options: Mapping[str, Any]) -> str:
+        """The entry name for compiling ``mod`` for ``target`` with ``options``."""
+        material = key_material(mod, target, options)
+        key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+        self.materials[key] = material
+        return key
+
+    def load(self, key: str) -> Entry | None:
+        """The entry ``key`` when it is whole and intact, else None (a damaged one is
+        removed, so that the caller's rebuild replaces it)."""
+        path = self.root / key
+        try:
+            meta = _unseal((path / _META).read_text())
+            lib = path / _LIB
+            if (meta.get("format") != FORMAT or meta.get("key") != key
+                    or lib.stat().st_size != meta["lib_bytes"]
+                    or _sha256_file(lib) != meta["lib_sha256"]):
+                raise ValueError("entry does not match its metadata")
+        except FileNotFoundError:
+            if path.exists():
+                self.discard(key)
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            self.discard(key)
+            return None
+        with contextlib.suppress(OSError):  # least recently used: a hit counts as a use
+            os.utime(path / _META)
+        return Entry(path, key, meta)
+
+    def store(self, key: str, export: Callable[[str], None],
+              meta: Mapping[str, Any]) -> Entry | None:
+        """Write an entry: ``export(path)`` writes the library; None when it could not be
+        written (a full disk, a read-only folder: the compile result is still used)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        except OSError:
+            return None
+        try:
+            lib = tmp / _LIB
+            export(str(lib))
+            data = dict(meta) | {"format": FORMAT, "key": key, "created": time.time(),
+                                 "material": self.materials.get(key),
+                                 "lib_bytes": lib.stat().st_size,
+                                 "lib_sha256": _sha256_file(lib)}
+            (tmp / _META).write_text(_sealed(data))
+            try:
+                os.rename(tmp, self.root / key)
+            except OSError:  # a concurrent writer was first: keep its entry
+                return self.load(key)
+            self.evict()
+            return Entry(self.root / key, key, data)
+        except Exception:  # the cache must never fail a compile that succeeded
+            return None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def discard(self, key: str) -> None:
+        """Remove entry ``key`` (renamed aside first, so a rebuild can take its place)."""
+        path = self.root / key
+        aside = self.root / f".tmp-discard-{key}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(path, aside)
+        except OSError:
+            return
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(last use, bytes, folder) of every entry."""
+        out = []
+        with contextlib.suppress(OSError):
+            for p in self.root.iterdir():
+                if p.name.startswith(".") or not p.is_dir():
+                    continue
+                with contextlib.suppress(OSError):
+                    size = sum(f.stat().st_size for f in p.iterdir())
+                    out.append(((p / _META).stat().st_mtime, size, p))
+        return out
+
+    def evict(self) -> None:
+        """Remove the least recently used entries beyond ``max_bytes``, and temporary
+        folders a killed writer left (older than an hour)."""
+        with contextlib.suppress(OSError):
+            for p in self.root.glob(".tmp-*"):
+                if time.time() - p.stat().st_mtime > 3600:
+                    shutil.rmtree(p, ignore_errors=True)
+        items = sorted(self.entries())
+        total = sum(s for _, s, _ in items)
+        for _, size, p in items:
+            if total <= self.max_bytes:
+                break
+            self.discard(p.name)
+            total -= size
+
+
+def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCache | None:
+    """The cache to use for a compile for ``target``: ``cache`` None follows the environment
+    (on unless ``OPSDK_NO_CACHE``), True / False force it on / off, a path is the folder.
+    None for targets whose code cannot be loaded on this host."""
+    if cache is False or (cache is None and _truthy(os.environ.get("OPSDK_NO_CACHE"))):
+        return None
+    from .runners.local import host_arch
+    from .targets import target_arch
+
+    if getattr(getattr(target, "kind", None), "name", None) != "llvm" or \
+            target_arch(target) != host_arch():
+        return None
+    if cache is None or cache is True:
+        return ModelCache(default_dir())
+    return ModelCache(cache)
