@@ -215,6 +215,9 @@ def load_model(
         with); False imports opsdk's way only.
     """
     from . import frontend
+    from .frontend._compat import prepare_model_imports
+
+    prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
     from ._userfile import load_onnx_file, read_user_file
     from .frontend._cli import _call_entry, _import_python, _random_inputs
 

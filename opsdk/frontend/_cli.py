@@ -131,6 +131,9 @@ def _load_model(
     (tvm.IRModule, list of numpy.ndarray)
     """
     from . import from_onnx, from_torch
+    from ._compat import prepare_model_imports
+
+    prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
 
     shapes = shapes or {}
     rng = np.random.default_rng(seed)
