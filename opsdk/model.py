@@ -48,6 +48,7 @@ from .targets import target_arch
 
 __all__ = [
     "ATOL",
+    "FAMILY_KINDS",
     "RTOL",
     "SERIAL_LIMIT",
     "CompiledModel",
@@ -469,6 +470,8 @@ class KernelReport:
     time_ms: float | None = None
     share: float | None = None
     problems: list[str] = field(default_factory=list)
+    #: Rules that raised on this kernel before another took it (``"<rule>: <error>"``).
+    rule_failures: list[str] = field(default_factory=list)
 
     @property
     def scheduled(self) -> bool:
@@ -559,6 +562,7 @@ def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
     >>> [(k["kind"], k["rule"], k["out_elements"]) for k in kernel_facts(cm.scheduled)]
     [('matmul', 'x86.matmul', 3072)]
     """
+    from .schedules import rule_failures
     from .verify._lints import loop_kinds
 
     rows = []
@@ -568,7 +572,8 @@ def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
         rows.append({"name": name, "kind": kind, "rule": rule,
                      "out_elements": _static_elements(f),
                      "vectorized_loops": int(loops.get("VECTORIZED", 0)),
-                     "parallel_loops": int(loops.get("PARALLEL", 0))})
+                     "parallel_loops": int(loops.get("PARALLEL", 0)),
+                     "rule_failures": rule_failures(f)})
     return rows
 
 
@@ -657,10 +662,26 @@ def report(
     return rep
 
 
+#: Kernel kinds with rules of their own: one of these on a catch-all rule (``kind:any``, e.g.
+#: ``x86.fallback``) ran without its family's tiling, however vectorized it looks.
+FAMILY_KINDS = ("matmul", "conv2d", "winograd", "pool")
+
+
+def _catch_all(rule: str, kind: str) -> bool:
+    from .schedules import Kernel, rules_for
+
+    return any(r.name == rule and "any" in r.kinds for r in rules_for(Kernel("", kind)))
+
+
 def _judge(k: KernelReport, *, asm: bool) -> None:
     big = k.out_elements is None or k.out_elements > SERIAL_LIMIT
     if not k.scheduled:
         k.problems.append("unscheduled (generic lowering)")
+    # A rule that raised is a bug in the rule, even when the next one (or generic) took it.
+    k.problems += [f"schedule rule failed: {f}" for f in k.rule_failures]
+    if k.scheduled and k.kind in FAMILY_KINDS and _catch_all(k.rule, k.kind):
+        k.problems.append(f"a {k.kind} kernel on the catch-all rule {k.rule}: no {k.kind} rule "
+                          "took it, so it runs without its family's register tiling")
     if big and not k.vectorized_loops and not k.parallel_loops:
         k.problems.append(f"serial scalar loops over {k.out_elements or 'a symbolic number of'} "
                           "output elements")

@@ -118,19 +118,22 @@ def _load_model(
     entry: str = "build_model",
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
-) -> tuple[tvm.IRModule, list[np.ndarray]]:
-    """The unfused Relax module of a model and inputs for it.
+) -> tuple[tvm.IRModule, list[np.ndarray], tvm.IRModule | None]:
+    """The unfused Relax module of a model, inputs for it, and TVM's own import when the
+    registered ops' torch / ONNX mappings changed the first.
 
     ``spec`` is an ``.onnx`` path (imported with TVM's plain ONNX frontend), or a Python file
     or module whose ``entry`` function returns one of: ``(torch.nn.Module, example_args)``,
-    a ``torch.export.ExportedProgram`` (both imported with ``from_torch(..., ops=())``, i.e.
-    TVM's own converters), ``(tvm.IRModule, inputs)`` or a ``tvm.IRModule`` (random inputs).
+    a ``torch.export.ExportedProgram`` (both imported with ``from_torch(..., ops=(),
+    op_mappings=True)``: TVM's converters for the built-ins, which the rewrites then replace,
+    and each op's own mapping, e.g. a user's op for hardswish), ``(tvm.IRModule, inputs)`` or a
+    ``tvm.IRModule`` (random inputs).
 
     Returns
     -------
-    (tvm.IRModule, list of numpy.ndarray)
+    (tvm.IRModule, list of numpy.ndarray, tvm.IRModule or None)
     """
-    from . import from_onnx, from_torch
+    from . import from_onnx, from_torch, mapping_counts, onnx_mapping_counts
     from ._compat import prepare_model_imports
 
     prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
@@ -138,13 +141,20 @@ def _load_model(
     shapes = shapes or {}
     rng = np.random.default_rng(seed)
     if spec.endswith(".onnx"):
-        mod = from_onnx(load_onnx_file(spec), shape_dict=shapes or None, ops=())
-        return mod, _random_inputs(mod["main"], shapes, rng)
+        proto = load_onnx_file(spec)
+        mod = from_onnx(proto, shape_dict=shapes or None, ops=())
+        plain = (from_onnx(proto, shape_dict=shapes or None, ops=(), op_mappings=False)
+                 if onnx_mapping_counts(mod) else None)
+        return mod, _random_inputs(mod["main"], shapes, rng), plain
     built = _call_entry(_import_python(spec), spec, entry)
     if isinstance(built, tvm.IRModule):
-        return built, _random_inputs(built["main"], shapes, rng)
+        return built, _random_inputs(built["main"], shapes, rng), None
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], tvm.IRModule):
-        return built[0], [np.asarray(a) for a in built[1]]
+        from ..runners._base import check_inputs
+
+        inputs = [np.asarray(a) for a in built[1]]
+        check_inputs(built[0]["main"], inputs)  # InputMismatch (a ValueError): named, early
+        return built[0], inputs, None
     import torch
 
     if isinstance(built, torch.export.ExportedProgram):
@@ -158,7 +168,9 @@ def _load_model(
             "an ExportedProgram, an IRModule or (IRModule, inputs)"
         )
     inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
-    return from_torch(ep, ops=()), inputs
+    mod = from_torch(ep, ops=(), op_mappings=True)
+    plain = from_torch(ep, ops=()) if any(mapping_counts(mod).values()) else None
+    return mod, inputs, plain
 
 
 def _parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
@@ -179,6 +191,7 @@ def run_drift_command(args: argparse.Namespace) -> int:
     """
     from .. import drift
     from ..transform import FuseIntoOps, ReplaceTVMOps, op_counts
+    from . import mapping_counts, onnx_mapping_counts
 
     try:
         names = [r.strip() for r in args.rewrite.split(",") if r.strip()]
@@ -192,17 +205,24 @@ def run_drift_command(args: argparse.Namespace) -> int:
             model_file(args.model)
         except argparse.ArgumentTypeError as e:
             raise ValueError(str(e)) from None
-        mod, inputs = _load_model(args.model, args.entry, _parse_shapes(args.shape), args.seed)
+        mod, inputs, plain = _load_model(args.model, args.entry, _parse_shapes(args.shape),
+                                         args.seed)
     except (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError) as e:
         print(f"opsdk drift: error: {e}", file=sys.stderr)
         return 2
     passes = {"replace": ReplaceTVMOps(), "fuse": FuseIntoOps()}
     rewrite = tvm.transform.Sequential([passes[n] for n in names], name="opsdk.drift")
     after = rewrite(mod)
-    rows = drift.report(mod, after, inputs, target=args.target)
+    # The output rows compare with TVM's own import, so an op's own torch / ONNX mapping
+    # (made at import, not a rewrite site) counts in the end-to-end drift too.
+    rows = drift.report(mod, after, inputs, target=args.target, reference=plain)
     counts = op_counts(after, "opsdk.")
     print(f"model: {args.model}   target: {args.target}   rewrites: {', '.join(names)}")
     print("opsdk ops: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"))
+    mapped = {**mapping_counts(mod), **onnx_mapping_counts(mod)}
+    if any(mapped.values()):
+        print("mapped at import (drift in the output rows, against TVM's import): "
+              + ", ".join(f"{k} x{v}" for k, v in mapped.items() if v))
     print(drift.format(rows))
     if args.json:
         write_text_atomic(args.json, json.dumps([r.as_dict() for r in rows], indent=2))

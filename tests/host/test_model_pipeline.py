@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 import tvm
 from tvm import relax, tirx
 
@@ -286,3 +287,59 @@ def test_avx2_target_gets_the_same_rules_with_256_bit_vectors():
     with torch.no_grad():
         want = m.torch_module(*m.torch_args).numpy()
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+class _SqueezeExcite(torch.nn.Module):
+    """MobileNetV3's squeeze-excite: its second 1x1 conv fuses with hard-sigmoid and the
+    product with the block's input, a conv epilogue the conv rule does not take (today)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Conv2d(c, 8, 1), torch.nn.Conv2d(8, c, 1)
+
+    def forward(self, x):
+        w = torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))
+        return x * torch.nn.functional.hardsigmoid(self.fc2(w))
+
+
+def test_a_family_kernel_on_the_catch_all_rule_is_a_problem():
+    # `explain --model` said "problems: none" while MobileNetV3's convs ran on x86.fallback.
+    from opsdk.model import FAMILY_KINDS
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), _SqueezeExcite(16)).eval()
+    m = LoadedModel.from_torch("se", net, (torch.randn(1, 3, 16, 16),), baselines=False)
+    rep = report(m, "x86", profile=False, asm=False)
+    on_catch_all = [k for k in rep.kernels if k.kind in FAMILY_KINDS
+                    and k.rule == "x86.fallback"]
+    assert on_catch_all, rep.format()  # the case this test is about still exists
+    for k in rep.kernels:
+        named = any("catch-all rule" in p for p in k.problems)
+        assert named == (k in on_catch_all), k
+    assert "problems: none" not in rep.format()
+
+
+def test_a_rule_that_raised_on_a_kernel_is_a_problem_in_the_report():
+    # quantize / explain showed only a warning at compile time, then "problems: none".
+    from opsdk import schedules
+
+    @schedules.rule("kind:matmul", "cpu", name="test.matmul_raises", priority=10_000)
+    def _raises(func, target):
+        raise RuntimeError("boom")
+
+    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    w = relax.const(np.ones((32, 24), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(y)
+    try:
+        with pytest.warns(UserWarning, match="test.matmul_raises failed"):
+            rep = report(bb.get(), "x86", profile=False, asm=False, cache=False)
+    finally:
+        schedules._RULES[:] = [r for r in schedules._RULES if r.name != "test.matmul_raises"]
+    (k,) = [k for k in rep.kernels if k.kind == "matmul"]
+    assert k.rule == "x86.matmul"  # the next rule took it
+    assert k.problems == ["schedule rule failed: test.matmul_raises: RuntimeError: boom"]
+    assert "test.matmul_raises" in rep.format()
