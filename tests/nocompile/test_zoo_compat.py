@@ -2,10 +2,12 @@
 package index serves beside the pinned CPU torch): opsdk's import hook lets its Python half
 import, and a torchvision that still fails is refused in one line naming the cause and the fix.
 
-Fake torchvision packages stand in for the real one, so these run without it installed."""
+Fake torchvision packages stand in for the real one, so the first two run without it
+installed; the third needs transformers (and torchvision's metadata, which it checks)."""
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -96,3 +98,33 @@ def test_stand_ins_let_torchvision_import_and_its_cxx_ops_name_the_cause(tmp_pat
     assert lines[2].endswith("its models and transforms work without it; for its C++ ops, "
                              "install the torchvision built for this torch (PyTorch's CPU "
                              "wheel index)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("torchvision") is None,
+                    reason="transformers or torchvision not installed (pip install .[zoo])")
+def test_transformers_does_not_hide_the_cause(tmp_path):
+    # transformers re-raises a RuntimeError or ModuleNotFoundError from its model modules
+    # as "Could not import module 'BertModel'"; the refusal (an ImportError) passes through.
+    # In a subprocess: the failed import leaves transformers' lazy modules half imported.
+    _fake_torchvision(tmp_path, """\
+        from . import extension
+        raise RuntimeError("operator torchvision::roi_align does not exist")
+        """, has_ops=True)
+    (tmp_path / "bert_model.py").write_text(
+        "from transformers import BertModel\n\n\ndef build_model():\n    pass\n")
+    script = textwrap.dedent("""\
+        from opsdk._userfile import UserCodeError
+        from opsdk.model import load_model
+        try:
+            load_model("bert_model.py", baselines=False)
+        except UserCodeError as e:
+            print(e)
+        """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.fullmatch(
+        r"bert_model\.py:1: ZooImportError: torchvision \S+ beside torch \S+ does not import: "
+        r"RuntimeError: operator torchvision::roi_align does not exist; fix: install the "
+        r"torchvision built for this torch \(PyTorch's CPU wheel index\)\n", out.stdout)
