@@ -144,3 +144,24 @@ def test_store_is_atomic_first_writer_wins_and_size_is_bounded(tmp_path):
     assert c.load("b" * 64) is None
     assert c.store("e" * 64, lambda path: 1 / 0, {"kernels": []}) is None  # export failed
     assert not (tmp_path / ("e" * 64)).exists()
+
+
+def test_an_edited_plugin_rule_is_a_new_key(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from opsdk import schedules
+    from opsdk._modelcache import code_fingerprint
+
+    src = tmp_path / "my_rules.py"
+    src.write_text("def rule(func, target):\n    return None\n")
+    mod = types.ModuleType("my_rules")
+    mod.__file__ = str(src)
+    exec(compile(src.read_text(), str(src), "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, "my_rules", mod)
+    before = code_fingerprint()
+    fake = schedules.Rule(name="x86.mine", fn=mod.rule, target_key="cpu", kinds=("never",))
+    monkeypatch.setattr(schedules, "_RULES", [*schedules._RULES, fake])
+    registered = code_fingerprint()
+    src.write_text("def rule(func, target):\n    return None  # edited\n")
+    assert len({before, registered, code_fingerprint()}) == 3
