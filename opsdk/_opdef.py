@@ -1002,6 +1002,7 @@ def _check_domains(opname: str, params: Sequence[Param], domain: Mapping[str, An
                 f"{where}: a log_uniform(...) range stands alone, not inside a list of values"
             )
         if not isinstance(dom, LogUniform):
+            _check_attr_values(where, attrs[name], dom)
             continue
         where += f" = {dom!r}"
         p = attrs[name]  # unknown names: _check_declaration
@@ -1013,6 +1014,26 @@ def _check_domains(opname: str, params: Sequence[Param], domain: Mapping[str, An
         problem = dom.problem()
         if problem:
             raise OpDefinitionError(f"{where}: {problem}")
+
+
+def _check_attr_values(where: str, p: Param, dom: Any) -> None:
+    """Every value an ``attr_domain`` entry lists is one the attribute takes: a value outside
+    a ``Literal``'s choices, or of another type, made every example that drew it fail (or,
+    never drawn, hid the typo)."""
+    values = list(dom) if isinstance(dom, (list, tuple)) else [dom]
+    want = p.type
+    for v in values:
+        if isinstance(v, np.generic):
+            v = v.item()
+        ok = isinstance(v, want) and not (want is not bool and isinstance(v, bool))
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            ok = True
+        if not ok:
+            raise OpDefinitionError(f"{where} lists {v!r} ({type(v).__name__}), but {p.name!r} "
+                                    f"is {want.__name__}")
+        if p.choices is not None and v not in p.choices:
+            raise OpDefinitionError(f"{where} lists {v!r}, which is not one of the choices "
+                                    f"of {p.name!r}: {list(p.choices)}")
 
 
 def _self_check(d: OpDef) -> None:

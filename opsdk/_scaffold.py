@@ -327,7 +327,9 @@ def _write_all(paths: dict[pathlib.Path, str]) -> None:
         for p, text in paths.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
             temps[p] = tmp
-            with os.fdopen(fd, "w") as f:
+            # Python source is UTF-8 whatever the locale (LC_ALL=C made it ASCII: the
+            # templates' dashes raised UnicodeEncodeError)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
             # mkstemp makes 0600 files; a source file gets the mode any editor would give it
             # (0644 under the usual umask), or keeps the one of the file it replaces.

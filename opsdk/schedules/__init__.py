@@ -10,6 +10,7 @@ was taken or passed over. The unscheduled generic lowering is always the last re
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import threading
 import warnings
@@ -146,18 +147,24 @@ def rule(
             kinds.append(it[5:])
         else:
             ops.append(it if isinstance(it, str) else it.name)
-    _check_rule_args(name, target_key, kinds, requires, claims)
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)) \
-            or priority != priority:  # else every choose() on the target raised TypeError
-        raise ValueError(f"schedule rule {name or '(unnamed)'}: priority={priority!r} must be "
-                         "a number (higher runs first)")
+    whom = ", ".join([*ops, *(f"kind:{k}" for k in kinds)]) or "no op"
 
     def deco(fn: Callable) -> Callable:
         if not callable(fn):
-            raise TypeError(f"schedule rule {name or '(unnamed)'}: @rule decorates a function "
-                            f"(func, target) -> Schedule | None, got {type(fn).__name__}")
+            raise TypeError(f"schedule rule {name or '(unnamed)'} for {whom}: @rule decorates "
+                            "a function (func, target) -> Schedule | None, got "
+                            f"{type(fn).__name__}")
+        rname = name or f"{target_key}.{fn.__name__.lstrip('_')}"
+        # Checked here, where the rule has its name: a typo names the rule, its ops and the
+        # valid choices at definition, instead of a rule that silently never applies.
+        _check_rule_args(f"schedule rule {rname} for {whom}", target_key, kinds, requires,
+                         claims)
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)) \
+                or priority != priority:  # else every choose() on the target raised TypeError
+            raise ValueError(f"schedule rule {rname} for {whom}: priority={priority!r} must "
+                             "be a number (higher runs first)")
         r = Rule(
-            name=name or f"{target_key}.{fn.__name__.lstrip('_')}",
+            name=rname,
             fn=fn,
             target_key=target_key,
             ops=tuple(ops),
@@ -182,12 +189,37 @@ _RULE_KINDS = ("elementwise", "reduction", "norm", "dense", "any", "matmul", "co
                "pool", "opaque")
 
 
-def _check_rule_args(name: str | None, target_key: str, kinds: Sequence[str],
+def _known_features(target_key: str) -> frozenset[str] | None:
+    """Every LLVM CPU feature some CPU of the key's architectures has (``cpu``: x86_64 and
+    aarch64, whose targets carry it too; ``arm_cpu``: aarch64); None for other keys."""
+    triples = {"cpu": ("x86_64-linux-gnu", "aarch64-linux-gnu"),
+               "arm_cpu": ("aarch64-linux-gnu",)}.get(target_key)
+    if triples is None:
+        return None
+    return _features_of(triples)
+
+
+@functools.cache
+def _features_of(triples: tuple[str, ...]) -> frozenset[str]:
+    from tvm.target import codegen
+
+    out: set[str] = set()
+    for triple in triples:  # ~200 CPUs, 0.1 s once
+        with contextlib.suppress(Exception):  # an LLVM without that backend
+            for cpu in codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})):
+                t = Target({"kind": "llvm", "mtriple": triple, "mcpu": str(cpu)})
+                out |= {str(f) for f in codegen.llvm_get_cpu_features(t)}
+    return frozenset(out)
+
+
+#: Architectures ``requires=("arch:...",)`` may name (:func:`opsdk.targets.target_arch`).
+_ARCHES = ("x86_64", "aarch64", "arm", "riscv64", "riscv32", "i386", "powerpc64le")
+
+
+def _check_rule_args(who: str, target_key: str, kinds: Sequence[str],
                      requires: Sequence[str], claims: Sequence[str]) -> None:
     import difflib
     import re
-
-    who = f"schedule rule {name or '(unnamed)'}"
 
     def near(x: str, pool: Sequence[str]) -> str:
         m = difflib.get_close_matches(x, pool, n=1)
@@ -205,6 +237,23 @@ def _check_rule_args(name: str | None, target_key: str, kinds: Sequence[str],
         if not ok:
             raise ValueError(f"{who}: requires={f!r} is not a feature name (e.g. 'avx512f', "
                              "'dotprod', 'arch:aarch64', 'kind:llvm')")
+        f = str(f)
+        if f.startswith("kind:"):
+            kinds_ = [str(k) for k in Target.list_kinds()]
+            if f[5:] not in kinds_:
+                raise ValueError(f"{who}: requires={f!r}: {f[5:]!r} is not a TVM target kind "
+                                 f"({', '.join(kinds_)}){near(f[5:], kinds_)}")
+        elif f.startswith("arch:"):
+            if f[5:] not in _ARCHES and target_key in ("cpu", "arm_cpu"):
+                raise ValueError(f"{who}: requires={f!r}: {f[5:]!r} is not an architecture "
+                                 f"({', '.join(_ARCHES)}){near(f[5:], _ARCHES)}")
+        else:
+            known = _known_features(target_key)
+            if known and f not in known:  # a typo ('neonn') never matched: the rule was dead
+                raise ValueError(
+                    f"{who}: requires={f!r} is no LLVM feature of any {target_key!r} CPU"
+                    f"{near(f, sorted(known))}; the features a target has: "
+                    "opsdk.targets.target_features(opsdk.target('arm'))")
     for c in claims:
         if c not in ("vectorize", "parallel") and not re.fullmatch(r"insn:[a-z0-9_.]+", str(c)):
             raise ValueError(f"{who}: claim {c!r} is not one of 'vectorize', 'parallel', "

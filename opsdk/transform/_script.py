@@ -1,5 +1,9 @@
-"""A printer for modules with constants: TVM 0.27's ``mod.script(show_meta=True)`` segfaults
-(in ``ToJSONGraph``) on any module holding a ``relax.Constant``, e.g. every imported model."""
+"""A printer for modules with constants and opsdk ops: TVM 0.27's ``mod.script(show_meta=True)``
+segfaults in tvm_ffi's JSON serializer (``ToJSONGraph``, also behind ``tvm.ir.save_json``),
+which crashes on any node with a dtype field (``IntImm``, ``PrimType``, ``TensorType``). The
+printer's metadata holds such nodes for every ``relax.Constant`` (e.g. every imported model)
+and for every call of an op it prints generically, as ``T.Call(..., ret_ty=metadata[...])``:
+opsdk's ops."""
 
 from __future__ import annotations
 
@@ -12,6 +16,11 @@ from tvm import relax
 __all__ = ["script"]
 
 _REF = re.compile(r'metadata\["(ir\.GenericConst|relax\.expr\.Constant)"\]\[(\d+)\]')
+# `gv: R.Tensor((n, 8), dtype="float32") = T.Call("opsdk.gelu", ..., ret_ty=metadata[...])`:
+# the call's type is the binding's annotation, printed inline instead.
+_BOUND_CALL = re.compile(r'^(\s*[\w.]+: )(.+?)( = T\.Call\(.*, ret_ty=)metadata\["[\w.]+"\]'
+                         r'\[\d+\](\).*)$', re.M)
+_ANY_REF = re.compile(r'metadata\["([\w.]+)"\]\[\d+\]')
 
 
 def _constants(mod: tvm.IRModule) -> list:
@@ -58,7 +67,8 @@ def script(mod: tvm.IRModule, *, show_meta: bool = True, values: int = 8) -> str
     >>> print(opsdk.transform.script(bb.get()).splitlines()[-1])
     # [0] shape [2, 2] float32: 1., 1., 1., 1.  min 1 max 1 mean 1
     """
-    text = mod.script(show_meta=False)
+    text = _BOUND_CALL.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + m.group(2)
+                           + m.group(4), mod.script(show_meta=False))
     if not show_meta:
         return text
     found = _REF.findall(text)
@@ -72,4 +82,9 @@ def script(mod: tvm.IRModule, *, show_meta: bool = True, values: int = 8) -> str
         lines += [f"# [{i}] {_summary(c, values)}" for i, c in enumerate(consts)]
     else:  # the printer's numbering could not be matched: list them without indices
         lines += [f"# {_summary(c, values)}" for c in consts]
+    other = sorted({k for k in _ANY_REF.findall(text)} - {"ir.GenericConst",
+                                                           "relax.expr.Constant"})
+    if other:  # never dumped: serializing them is what crashes
+        lines.append(f"# not shown: metadata[{', '.join(map(repr, other))}] (TVM 0.27 cannot "
+                     "serialize them)")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from opsdk._userfile import UserCodeError, import_user_file
@@ -172,3 +173,139 @@ def test_repeated_or_malformed_names_are_refused(tmp_path, capsys, argv, needle)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "not reached" not in err
+
+
+def test_over_long_op_name_is_refused_at_definition():
+    from tvm import te
+
+    import opsdk
+    from opsdk import OpDefinitionError
+
+    def _ref(x):
+        return x
+
+    def compute(x: opsdk.Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+    with pytest.raises(OpDefinitionError, match=r"is 300 characters; keep it to 64 or fewer"):
+        opsdk.op(reference=_ref, name="b" * 300)(compute)
+    assert opsdk.op(reference=_ref, name="b" * 64)(compute).name == "b" * 64
+
+
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C"}])
+def test_non_ascii_folder_prints_on_an_ascii_stdout(tmp_path, env):
+    import os
+    import subprocess
+
+    folder = tmp_path / "\u00fcn\u00ef"
+    folder.mkdir()
+    r = subprocess.run([sys.executable, "-m", "opsdk", "new-op", "swishu", "--dir", str(folder),
+                        "--targets", "x86"], capture_output=True, timeout=300,
+                       env={**os.environ, "PYTHONUTF8": "0", **env})
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-800:]
+    assert b"wrote" in r.stdout and b"opsdk verify swishu --module swishu" in r.stdout
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "swishu.py", "swishu_schedules.py", "test_swishu.py"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "needle"),
+    [
+        ([np.ones((8, 16), "float64")], "input 'x' (#0 of main): dtype float64, the model "
+                                         "takes ['n', 16] (float32)"),
+        ([np.ones((8, 16, 1), "float32")], "input 'x' (#0 of main): shape [8, 16, 1], the "
+                                           "model takes ['n', 16] (float32)"),
+        ([np.ones((8, 15), "float32")], "input 'x' (#0 of main): shape [8, 15], the model "
+                                        "takes ['n', 16] (float32)"),
+        ([np.ones((8, 16), "float32")] * 2, "2 inputs given, main takes 1"),
+    ],
+)
+def test_build_with_inputs_the_model_refuses_names_the_input_before_compiling(
+        tmp_path, monkeypatch, inputs, needle):
+    from tvm import relax, tirx
+
+    import opsdk
+    from opsdk.deploy import ArtifactError
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(y)
+    monkeypatch.setattr("opsdk.model.compile_model", lambda *a, **k: pytest.fail("compiled"))
+    with pytest.raises(ArtifactError) as e:
+        opsdk.deploy.build_artifact(bb.get(), tmp_path / "art", target="x86", inputs=inputs,
+                                    log=None)
+    assert str(e.value) == needle
+
+
+def test_drift_model_returning_inputs_its_module_refuses_names_the_input(tmp_path, capsys):
+    path = _model(tmp_path, "import numpy as np\nfrom tvm import relax\n\ndef build_model():\n"
+                  "    x = relax.Var('x', relax.TensorType((2, 3), 'float32'))\n"
+                  "    bb = relax.BlockBuilder()\n"
+                  "    with bb.function('main', [x]):\n"
+                  "        bb.emit_func_output(x)\n"
+                  "    return bb.get(), [np.zeros((2, 4), 'float32')]\n")
+    assert main(["drift", str(path)]) == 2
+    assert ("input 'x' (#0 of main): shape [2, 4], the model takes [2, 3] (float32)"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("dom", "needle"),
+    [
+        ({"mode": ["a", "c"]}, "attr_domain['mode'] lists 'c', which is not one of the choices "
+                               "of 'mode': ['a', 'b']"),
+        ({"mode": "c"}, "lists 'c', which is not one of the choices"),
+        ({"k": [1, "two"]}, "attr_domain['k'] lists 'two' (str), but 'k' is int"),
+        ({"k": [0, 2.5]}, "attr_domain['k'] lists 2.5 (float), but 'k' is int"),
+    ],
+)
+def test_attr_domain_outside_the_attributes_own_values_is_refused(dom, needle):
+    from typing import Literal
+
+    from tvm import te
+
+    import opsdk
+    from opsdk import OpDefinitionError
+
+    def _ref(x, *, mode="a", k=1):
+        return x
+
+    def attrdom(x: opsdk.Tensor, *, mode: Literal["a", "b"] = "a", k: int = 1) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+    with pytest.raises(OpDefinitionError, match="op 'attrdom'") as e:
+        opsdk.op(reference=_ref, attr_domain=dom)(attrdom)
+    assert needle in str(e.value)
+    assert opsdk.op(reference=_ref, attr_domain={"mode": ["b"], "k": (1, 5)})(attrdom)
+
+
+def test_printing_a_module_with_opsdk_ops_and_constants_never_segfaults():
+    # mod.script(show_meta=True) dies in TVM 0.27's JSON serializer on any node with a dtype
+    # field: the constants' and the opsdk calls' types (printed as ret_ty=metadata[...]).
+    # opsdk.transform.script prints the types inline and summarizes the constants.
+    import subprocess
+
+    code = (
+        "import numpy as np, opsdk\nfrom tvm import relax, tirx\n"
+        "n = tirx.Var('n', 'int64')\n"
+        "x = relax.Var('x', relax.TensorType((n, 8), 'float32'))\n"
+        "bb = relax.BlockBuilder()\n"
+        "with bb.function('main', [x]):\n"
+        "    with bb.dataflow():\n"
+        "        y = bb.emit(opsdk.relax.layer_norm(x, relax.const(np.ones(8, 'float32')),\n"
+        "                                           begin_axis=-1))\n"
+        "        z = bb.emit_output(opsdk.relax.gelu(y))\n"
+        "    bb.emit_func_output(z)\n"
+        "print(opsdk.transform.script(bb.get()))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-800:]
+    out = r.stdout
+    assert out.count('ret_ty=R.Tensor((n, 8), dtype="float32"))') == 2, out
+    assert 'metadata["relax' not in out and "not shown" not in out
+    assert "# [0] shape [8] float32: 1., 1., 1., 1., 1., 1., 1., 1." in out

@@ -441,6 +441,13 @@ def test_definition_mistakes_name_the_op_and_argument(kwargs, message):
     ({"target_key": "cpux"}, "target key 'cpux' is not a TVM target key"),
     ({"target_key": "cpu", "claims": ("vectorise",)}, "did you mean 'vectorize'"),
     ({"target_key": "cpu", "requires": ("AVX 512",)}, "is not a feature name"),
+    # a typo of a feature, a kind or an arch: the rule would never have applied
+    ({"target_key": "arm_cpu", "requires": ("neonn",)},
+     "requires='neonn' is no LLVM feature of any 'arm_cpu' CPU (did you mean 'neon'?)"),
+    ({"target_key": "cpu", "requires": ("avx512",)}, "(did you mean 'avx512f'?)"),
+    ({"target_key": "cpu", "requires": ("kind:lvm",)}, "'lvm' is not a TVM target kind"),
+    ({"target_key": "cpu", "requires": ("arch:aarch6",)}, "(did you mean 'aarch64'?)"),
+    ({"target_key": "armcpu"}, "target key 'armcpu' is not a TVM target key"),
     ({"op_or_kinds": "kind:nrom", "target_key": "cpu"}, "'kind:nrom' names no op kind"),
     ({"target_key": "cpu", "priority": "high"}, "priority='high' must be a number"),
     ({"target_key": "cpu", "fn": 42}, "@rule decorates a function"),  # what it decorates
@@ -448,13 +455,16 @@ def test_definition_mistakes_name_the_op_and_argument(kwargs, message):
 def test_rule_registration_mistakes_are_refused(kwargs, message):
     from opsdk.schedules import rule
 
+    def my_rule(func, target):
+        return None
+
     kwargs = dict(kwargs)
-    fn = kwargs.pop("fn", None)
+    fn = kwargs.pop("fn", my_rule)
     with pytest.raises((ValueError, TypeError), match="schedule rule") as e:
-        deco = rule(**{"op_or_kinds": "kind:norm", **kwargs})
-        if fn is not None:
-            deco(fn)
+        rule(**{"op_or_kinds": "kind:norm", **kwargs})(fn)
     assert message in str(e.value)
+    if fn is my_rule:  # the rule's name and what it is for: the definition to fix
+        assert f"schedule rule {kwargs.get('target_key')}.my_rule for " in str(e.value)
 
 
 def test_register_takes_an_op_definition():
