@@ -65,15 +65,19 @@ def _model(tmp_path, body: str, name: str = "model.py"):
     ],
 )
 @pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["bench", "--model"],
-                                     ["quantize"]])
+                                     ["quantize"], ["build"]])
 def test_model_file_that_raises_is_one_line_at_its_line(tmp_path, monkeypatch, capsys, body,
                                                         needle, command):
     path = _model(tmp_path, body)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert main([*command, str(path)]) == 2
+    out = tmp_path / "out"
+    extra = ["-o", str(out), "--target", "x86"] if command == ["build"] else []
+    assert main([*command, str(path), *extra]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert needle in err and "Traceback" not in err
+    last = err.splitlines()[-1]  # build says "importing ..." first
+    assert len(err.splitlines()) == 1 + bool(extra), err
+    assert needle in last and "Traceback" not in err
+    assert not out.exists()  # build left no folder behind
 
 
 @pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["bench", "--model"],
@@ -309,3 +313,19 @@ def test_printing_a_module_with_opsdk_ops_and_constants_never_segfaults():
     assert out.count('ret_ty=R.Tensor((n, 8), dtype="float32"))') == 2, out
     assert 'metadata["relax' not in out and "not shown" not in out
     assert "# [0] shape [8] float32: 1., 1., 1., 1., 1., 1., 1., 1." in out
+
+
+def test_broken_entry_point_plugin_is_one_error_naming_it(monkeypatch):
+    import functools
+    import importlib
+
+    import opsdk._plugins as plugins
+
+    class _EP:  # an installed plugin whose module is gone: no frame of the user's to name
+        name, value = "mine", "my_plugin_zz.ops:OPS"
+        load = functools.partial(importlib.import_module, "my_plugin_zz")
+
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [_EP()])
+    with pytest.raises(UserCodeError, match=r"^entry point mine = my_plugin_zz\.ops:OPS: "
+                                            r"ModuleNotFoundError: No module named 'my_plugin_zz'"):
+        plugins.load_plugins([])
