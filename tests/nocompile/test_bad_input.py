@@ -329,3 +329,13 @@ def test_broken_entry_point_plugin_is_one_error_naming_it(monkeypatch):
     with pytest.raises(UserCodeError, match=r"^entry point mine = my_plugin_zz\.ops:OPS: "
                                             r"ModuleNotFoundError: No module named 'my_plugin_zz'"):
         plugins.load_plugins([])
+
+
+def test_ctrl_c_while_a_model_file_loads_is_not_swallowed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    path = _model(tmp_path, "raise KeyboardInterrupt\n", "interrupted_zz.py")
+    before_path, before_mods = list(sys.path), set(sys.modules)
+    with pytest.raises(KeyboardInterrupt):
+        import_user_file(path)
+    assert sys.path == before_path and set(sys.modules) == before_mods
+    assert main(["drift", str(path)]) == 130  # "interrupted", as Ctrl-C anywhere else
