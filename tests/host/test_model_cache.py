@@ -165,3 +165,32 @@ def test_an_edited_plugin_rule_is_a_new_key(tmp_path, monkeypatch):
     registered = code_fingerprint()
     src.write_text("def rule(func, target):\n    return None  # edited\n")
     assert len({before, registered, code_fingerprint()}) == 3
+
+
+def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
+    import threading
+
+    c = ModelCache(tmp_path)
+    both_exporting = threading.Barrier(2)
+    got: dict[int, object] = {}
+
+    def export(payload: bytes):
+        def write(path: str) -> None:
+            Path(path).write_bytes(payload)
+            both_exporting.wait(timeout=10)  # both mid-write before either renames
+
+        return write
+
+    def writer(i: int) -> None:
+        got[i] = c.store("f" * 64, export(bytes([65 + i]) * 5000), {"kernels": []})
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entry = c.load("f" * 64)
+    assert entry is not None and got[0] is not None and got[1] is not None
+    assert got[0].meta["lib_sha256"] == got[1].meta["lib_sha256"] == entry.meta["lib_sha256"]
+    assert entry.library.read_bytes() in (b"A" * 5000, b"B" * 5000)
+    assert [p.name for p in tmp_path.iterdir()] == ["f" * 64]  # no temporary folder left
