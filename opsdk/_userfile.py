@@ -57,6 +57,11 @@ def _library_dirs() -> list[pathlib.Path]:
     return sorted(out)
 
 
+# Once, at import: sysconfig imports its data module on first use, which must not happen
+# while a failed import is being cleaned up (sys.modules is restored as it was).
+_LIBRARY_DIRS = _library_dirs()
+
+
 def _is_under(p: pathlib.Path, folders: list[pathlib.Path]) -> bool:
     return any(p == f or f in p.parents for f in folders)
 
@@ -76,7 +81,7 @@ def _one_line(e: BaseException) -> str:
 def _user_frame(tb: TracebackType | None, anchor: pathlib.Path | None) -> tuple[str, int] | None:
     """The innermost frame of the user's code: in ``anchor``'s folder, or outside opsdk, the
     standard library and the installed packages."""
-    libs = _library_dirs()
+    libs = _LIBRARY_DIRS
     found = None
     for fs in traceback.extract_tb(tb):
         if fs.filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
@@ -135,8 +140,10 @@ def import_user_file(path: str | os.PathLike, name: str | None = None) -> Module
     """Import the Python file ``path`` as module ``name`` (default ``_opsdk_user_<stem>``).
 
     Its folder goes first on ``sys.path`` (as for ``python path``) and stays there, so the
-    file can import its sibling modules, at import or later in its functions; when the import
-    fails, ``sys.path`` and ``sys.modules`` are left as they were.
+    file can import its sibling modules, at import or later in its functions (a sibling
+    named like one of an earlier model file's, in another folder, is imported afresh); when
+    the import fails, the file's module and folder are taken off ``sys.modules`` and
+    ``sys.path`` again.
 
     Raises
     ------
@@ -162,6 +169,9 @@ def import_user_file(path: str | os.PathLike, name: str | None = None) -> Module
     added = folder not in sys.path
     if added:
         sys.path.insert(0, folder)
+    _forget_other_siblings(pathlib.Path(folder))
+    known = folder in _MODEL_FOLDERS
+    _MODEL_FOLDERS.add(folder)
     module = importlib.util.module_from_spec(spec)
     old = sys.modules.get(name)
     sys.modules[name] = module
@@ -176,8 +186,27 @@ def import_user_file(path: str | os.PathLike, name: str | None = None) -> Module
         if added:
             with contextlib.suppress(ValueError):
                 sys.path.remove(folder)
+        if not known:
+            _MODEL_FOLDERS.discard(folder)
         raise
     return module
+
+
+#: Folders of the model files imported so far (each on ``sys.path``).
+_MODEL_FOLDERS: set[str] = set()
+
+
+def _forget_other_siblings(folder: pathlib.Path) -> None:
+    """Two model files in two folders, each with its own ``helpers.py``: the second's
+    ``import helpers`` must not get the first one's, cached in ``sys.modules``."""
+    for mod_name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f or "." in mod_name:
+            continue
+        owner = str(pathlib.Path(f).resolve().parent)
+        if (owner in _MODEL_FOLDERS and owner != str(folder)
+                and (folder / f"{mod_name}.py").is_file()):
+            del sys.modules[mod_name]  # the first model keeps its reference
 
 
 def import_user_module(name: str) -> ModuleType:

@@ -339,3 +339,20 @@ def test_ctrl_c_while_a_model_file_loads_is_not_swallowed(tmp_path, monkeypatch)
         import_user_file(path)
     assert sys.path == before_path and set(sys.modules) == before_mods
     assert main(["drift", str(path)]) == 130  # "interrupted", as Ctrl-C anywhere else
+
+
+def test_two_model_files_each_get_their_own_sibling_helper(tmp_path, monkeypatch):
+    from opsdk.frontend._cli import _call_entry, _import_python
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    got = []
+    for size in (3, 5):
+        folder = tmp_path / f"m{size}"
+        folder.mkdir()
+        (folder / "helpers_twin_zz.py").write_text(f"SIZE = {size}\n")
+        (folder / "model.py").write_text("import helpers_twin_zz\n\ndef build_model():\n"
+                                         "    return helpers_twin_zz.SIZE\n")
+        module = _import_python(str(folder / "model.py"))
+        got.append(_call_entry(module, "model.py", "build_model"))
+    assert got == [3, 5]
