@@ -424,6 +424,7 @@ def _bench_qdense(args: argparse.Namespace) -> int:
 
 def _bench_models(args: argparse.Namespace) -> int:
     """``opsdk bench --model FILE`` / ``--examples`` / ``--gemm``."""
+    from .._userfile import UserCodeError
     from ._model import (
         EXAMPLES,
         examples_dir,
@@ -470,7 +471,7 @@ def _bench_models(args: argparse.Namespace) -> int:
             print(format_gemm_table(grows))
             out["gemm"] = grows
     except (KeyError, ValueError, TypeError, ImportError, AttributeError,
-            FileNotFoundError) as e:
+            FileNotFoundError, UserCodeError) as e:  # python -m opsdk.bench too: one line
         print(f"opsdk bench: error: {_message(e)}", file=sys.stderr)
         return 2
     if args.json:

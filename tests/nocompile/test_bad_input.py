@@ -356,3 +356,12 @@ def test_two_model_files_each_get_their_own_sibling_helper(tmp_path, monkeypatch
         module = _import_python(str(folder / "model.py"))
         got.append(_call_entry(module, "model.py", "build_model"))
     assert got == [3, 5]
+
+
+def test_python_m_opsdk_bench_with_a_failing_model_is_one_line(tmp_path, capsys):
+    from opsdk.bench.__main__ import main as bench_main
+
+    path = _model(tmp_path, "def build_model():\n    raise ValueError('bad entry')\n")
+    assert bench_main(["--model", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("model.py:2: ValueError: bad entry") and len(err.splitlines()) == 1
