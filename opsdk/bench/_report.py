@@ -470,8 +470,11 @@ def _bench_models(args: argparse.Namespace) -> int:
                                    repeats=args.repeats, budget_ms=max(args.budget_ms, 50.0))
             print(format_gemm_table(grows))
             out["gemm"] = grows
+    except UserCodeError as e:  # python -m opsdk.bench too: one line, quotes kept
+        print(f"opsdk bench: error: {e}", file=sys.stderr)
+        return 2
     except (KeyError, ValueError, TypeError, ImportError, AttributeError,
-            FileNotFoundError, UserCodeError) as e:  # python -m opsdk.bench too: one line
+            FileNotFoundError) as e:
         print(f"opsdk bench: error: {_message(e)}", file=sys.stderr)
         return 2
     if args.json:
