@@ -383,3 +383,170 @@ def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCach
     if cache is None or cache is True:
         return ModelCache(default_dir())
     return ModelCache(cache)
+
+
+# ------------------------------------------------------------------ source-keyed records
+# A second `opsdk explain --model` of an unchanged model file skips importing it: importing
+# torch (which TVM's FFI does on `import tvm`) and torch.export alone cost more than the rest
+# of a cached report. A record maps the model *source* -- the file, its entry and arguments,
+# every module imported while the command loaded it (the user's own files by content,
+# installed packages by distribution version, the standard library by Python's version) --
+# to the compile-cache entry and the example inputs. Everything in it is checked before use;
+# any mismatch means the ordinary path (which then writes a new record).
+
+_RECORDS = "records"
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+def _dist_of(path: str, top: Mapping[str, list[str]]) -> tuple[str, str] | None:
+    """(distribution, version) of a module file installed under site-packages."""
+    from importlib import metadata
+
+    parts = Path(path).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = len(parts) - 1 - parts[::-1].index(marker)
+            if i + 1 >= len(parts):
+                return None
+            name = parts[i + 1]
+            name = name[:-3] if name.endswith(".py") else name
+            for dist in top.get(name, []):
+                with contextlib.suppress(metadata.PackageNotFoundError):
+                    return dist, metadata.version(dist)
+            return None
+    return None
+
+
+def module_dependencies(names: Any) -> list[list[str]]:
+    """The dependencies of the modules ``names`` (imported in this process): ``["dist",
+    name, version]`` for installed packages, ``["file", path, sha256]`` for other source
+    files; standard-library modules are covered by the Python version.
+
+    Examples
+    --------
+    >>> import json
+    >>> from opsdk._modelcache import module_dependencies
+    >>> module_dependencies(["json"])
+    []
+    """
+    from importlib import metadata
+
+    stdlib = _stdlib_dirs()
+    top = metadata.packages_distributions()
+    deps: dict[tuple[str, str], str] = {}
+    for name in sorted(set(names)):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if not f:
+            continue
+        real = os.path.realpath(f)
+        if real.startswith(stdlib) and "-packages" not in real:
+            continue
+        dist = _dist_of(real, top)
+        if dist is not None:
+            deps[("dist", dist[0])] = dist[1]
+        elif os.path.isfile(real):
+            with contextlib.suppress(OSError):
+                deps[("file", real)] = _file_digest(Path(real))
+    return [[k, n, v] for (k, n), v in sorted(deps.items())]
+
+
+def dependencies_unchanged(deps: list[list[str]]) -> bool:
+    """Whether every dependency :func:`module_dependencies` recorded is still the same."""
+    from importlib import metadata
+
+    for kind, name, value in deps:
+        try:
+            now = (metadata.version(name) if kind == "dist"
+                   else _file_digest(Path(name)) if kind == "file" else None)
+        except (metadata.PackageNotFoundError, OSError):
+            return False
+        if now != value:
+            return False
+    return True
+
+
+def source_key(material: Mapping[str, Any]) -> str:
+    """The record name for ``material`` (the model file's path and content digest, its entry
+    and arguments, the target's name and the host, the command's options)."""
+    import platform
+
+    full = {"format": FORMAT, "python": sys.version, "machine": platform.machine(),
+            "cpu": _cpu_signature(), **material}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cpu_signature() -> str:
+    # "host" / "x86" resolve to the detected CPU: another CPU is another record.
+    import platform
+
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
+        return hashlib.sha256("\n".join(sorted(set(keep))).encode()).hexdigest()
+    return platform.processor() or platform.machine()
+
+
+def read_record(root: Path, key: str) -> dict[str, Any] | None:
+    """The record ``key`` when intact and its dependencies unchanged; else None (a damaged
+    or stale one is removed)."""
+    path = root / _RECORDS / f"{key}.json"
+    try:
+        data = _unseal(path.read_text())
+        if data.get("key") != key:
+            raise ValueError("key mismatch")
+        if not dependencies_unchanged(data["deps"]):
+            raise ValueError("a dependency changed")
+        inputs = root / _RECORDS / f"{key}.npz"
+        if data.get("inputs_sha256") and _sha256_file(inputs) != data["inputs_sha256"]:
+            raise ValueError("inputs changed")
+        return data
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        for p in (path, root / _RECORDS / f"{key}.npz"):
+            with contextlib.suppress(OSError):
+                p.unlink()
+        return None
+
+
+def write_record(root: Path, key: str, data: Mapping[str, Any],
+                 inputs: list[Any] | None) -> None:
+    """Store a record (and the example inputs, as ``.npz``) atomically; best effort."""
+    import numpy as np
+
+    folder = root / _RECORDS
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        body = dict(data) | {"key": key}
+        if inputs is not None:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".in.", suffix=".npz")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.savez(f, *[np.ascontiguousarray(a) for a in inputs])
+                body["inputs_sha256"] = _sha256_file(Path(tmp))
+                os.replace(tmp, folder / f"{key}.npz")
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rec.", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(_sealed(body))
+            os.replace(tmp, folder / f"{key}.json")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def read_inputs(root: Path, key: str) -> list[Any]:
+    """The example inputs stored with record ``key``."""
+    import numpy as np
+
+    with np.load(root / _RECORDS / f"{key}.npz") as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]

@@ -97,12 +97,67 @@ def _parse_attrs(items: Sequence[str] | None) -> dict:
     return out
 
 
-def _cmd_explain_model(args: argparse.Namespace) -> int:
+def _explain_record_key(args: argparse.Namespace) -> tuple[pathlib.Path, str] | None:
+    """(cache folder, record name) of ``explain --model FILE`` with these arguments; None
+    when the cache is off or the model is a module name."""
     import os
 
-    # TVM sizes its pool to half the logical CPUs on x86 unless told: time the kernels on
-    # every core, as the model bench does (an explicit TVM_NUM_THREADS wins).
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    from opsdk._modelcache import default_dir, source_key
+
+    path = pathlib.Path(args.model)
+    if (getattr(args, "no_cache", False) or os.environ.get("OPSDK_NO_CACHE", "") not in
+            ("", "0") or not path.is_file()):
+        return None
+    return default_dir(), source_key({
+        "command": "explain --model", "model": str(path.resolve()), "entry": args.entry,
+        "model_arg": args.model_arg, "module": args.module, "target": args.target,
+        "profile": not args.no_profile, "asm": not args.no_asm,
+        "threads": os.environ.get("TVM_NUM_THREADS")})
+
+
+def _explain_from_record(args: argparse.Namespace) -> int | None:
+    """``explain --model`` of a model file whose source, and everything it imported, is
+    as when it was last explained: the report from the compile cache without importing the
+    model (torch, torch.export and the import were most of a cached run). None: not
+    recorded, changed, or anything amiss -- the ordinary path runs."""
+    found = _explain_record_key(args)
+    if found is None:
+        return None
+    from opsdk._modelcache import read_inputs, read_record
+
+    root, key = found
+    rec = read_record(root, key)
+    if rec is None:
+        return None
+    # TVM's FFI imports torch when it can (2-3 s); nothing on this path needs it.
+    blocked = "torch" not in sys.modules
+    if blocked:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import opsdk.model
+
+        cm = opsdk.model.load_compiled(rec["compile_key"], args.target)
+        if cm is None:
+            return None
+        inputs = read_inputs(root, key) if not args.no_profile else None
+        rep = opsdk.model.report(cm, args.target, inputs=inputs, profile=not args.no_profile,
+                                 asm=not args.no_asm, name=rec["name"])
+    except Exception:  # e.g. the asm counts not stored: the ordinary path states them
+        return None
+    finally:
+        if blocked and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return _print_model_report(args, rep)
+
+
+def _print_model_report(args: argparse.Namespace, rep) -> int:
+    print(rep.format())
+    if args.json:
+        _write_json(args.json, rep.as_dict())
+    return 1 if rep.problems and args.strict else 0
+
+
+def _cmd_explain_model(args: argparse.Namespace) -> int:
     import opsdk
 
     try:
@@ -122,15 +177,28 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot load model {spec!r}: {e}") from None
     rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
                              asm=not args.no_asm)
-    print(rep.format())
-    if args.json:
-        _write_json(args.json, rep.as_dict())
-    return 1 if rep.problems and args.strict else 0
+    found = _explain_record_key(args)
+    if found is not None and rep.cache_key:  # the next explain of this source reads it back
+        from opsdk._modelcache import module_dependencies, write_record
+
+        write_record(*found, {"compile_key": rep.cache_key, "name": rep.model,
+                              "deps": module_dependencies(list(sys.modules))},
+                     None if args.no_profile else m.inputs)
+    return _print_model_report(args, rep)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     import opsdk
 
+    if args.model and not args.op:
+        import os
+
+        # TVM sizes its pool to half the logical CPUs on x86 unless told: time the kernels
+        # on every core, as the model bench does (an explicit TVM_NUM_THREADS wins).
+        os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+        done = _explain_from_record(args)  # before anything imports TVM (and so torch)
+        if done is not None:
+            return done
     _load_ops(args.module)
     if args.model:
         if args.op:

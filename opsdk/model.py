@@ -60,6 +60,7 @@ __all__ = [
     "export_torch",
     "kernel_facts",
     "kernel_kind_rule",
+    "load_compiled",
     "load_model",
     "parse_entry_args",
     "report",
@@ -413,6 +414,33 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     return cm
 
 
+def load_compiled(key: str, target: Any = "x86") -> CompiledModel | None:
+    """The compiled model stored in the compile cache under ``key`` (``ModelReport.cache_key``
+    of an earlier report), or None when it is absent or fails a check. Its kernel facts and
+    library are the entry's; its IRModules are not there (``scheduled`` is None).
+
+    Examples
+    --------
+    >>> from opsdk.model import load_compiled
+    >>> load_compiled("0" * 64, "x86") is None
+    True
+    """
+    from ._modelcache import open_cache
+
+    tgt = resolve_target(target)
+    store = open_cache(None, tgt)
+    entry = store.load(key) if store is not None else None
+    if entry is None:
+        return None
+    try:
+        ex = entry.load_module()
+    except Exception:  # never trust an entry that does not load
+        store.discard(key)
+        return None
+    return CompiledModel(ex, None, tgt, 0.0, kernels=entry.meta["kernels"],
+                         library=entry.library, cached=True, entry=entry)
+
+
 def compile_default(mod: tvm.IRModule, target: Any = "x86", *, cache: Any = None) -> Any:
     """``tvm.compile(mod, target=target)`` (TVM's default pipeline, the benchmarks'
     baseline) through the compile cache of :func:`compile_model`: the executable, or the
@@ -489,6 +517,7 @@ class ModelReport:
     kernel_ms: float | None = None  # the kernels' times summed (one run)
     threads: int | None = None  # TVM's thread pool size when the kernels were timed
     cached: bool = False  # the compiled model came from the compile cache
+    cache_key: str | None = None  # its compile-cache entry (load_compiled), if it has one
 
     @property
     def problems(self) -> list[str]:
@@ -629,20 +658,24 @@ def report(
     name: str = "",
     cache: Any = None,
 ) -> ModelReport:
-    """Compile ``model`` (an IRModule or :class:`LoadedModel`) and report every kernel.
+    """Compile ``model`` (an IRModule or :class:`LoadedModel`; a :class:`CompiledModel` is
+    reported as it is) and report every kernel.
 
     With ``profile`` (host targets only) every kernel call of one run is timed on its own
     arguments and its share of the summed kernel time reported. ``cache`` is
     :func:`compile_model`'s (None: the environment decides).
     """
-    if isinstance(model, LoadedModel):
-        mod, inputs, name = model.opsdk_mod, inputs or model.inputs, name or model.name
-    else:
-        mod = model
     tgt = resolve_target(target)
-    # Read from the compile cache when the model was compiled before: the facts are the
-    # same a fresh compile states (the cache stores exactly these).
-    cm = compile_model(mod, tgt, cache=cache)
+    if isinstance(model, CompiledModel):  # compiled already (e.g. read back: load_compiled)
+        cm = model
+    else:
+        if isinstance(model, LoadedModel):
+            mod, inputs, name = model.opsdk_mod, inputs or model.inputs, name or model.name
+        else:
+            mod = model
+        # Read from the compile cache when the model was compiled before: the facts are the
+        # same a fresh compile states (the cache stores exactly these).
+        cm = compile_model(mod, tgt, cache=cache)
     vec = cm.asm_facts() if asm else {}
     rows = []
     for f in cm.kernels:
@@ -653,6 +686,7 @@ def report(
         rows.append(k)
     rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds,
                       cached=cm.cached)
+    rep.cache_key = cm._entry.key if cm._entry is not None else None
     from .runners.local import host_arch
 
     if profile and inputs is not None and target_arch(tgt) == host_arch():
