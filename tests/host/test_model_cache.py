@@ -194,3 +194,38 @@ def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
     assert got[0].meta["lib_sha256"] == got[1].meta["lib_sha256"] == entry.meta["lib_sha256"]
     assert entry.library.read_bytes() in (b"A" * 5000, b"B" * 5000)
     assert [p.name for p in tmp_path.iterdir()] == ["f" * 64]  # no temporary folder left
+
+
+def test_explain_of_an_unchanged_model_file_is_read_back_and_a_changed_helper_is_not(tmp_path):
+    # The second `explain --model` of the same source reads its report back (no import);
+    # editing a file the model imports makes it import and compile again.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "widths.py").write_text("WIDTH = 16\n")
+    (tmp_path / "net.py").write_text(
+        "import torch\n"
+        "import widths\n"
+        "def build_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, widths.WIDTH), torch.nn.ReLU())\n"
+        "    return m.eval(), (torch.randn(4, 8),)\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPSDK_NO_CACHE"}
+    env["OPSDK_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def explain() -> list[str]:
+        r = subprocess.run([sys.executable, "-m", "opsdk", "explain", "--model",
+                            str(tmp_path / "net.py"), "--no-profile"], capture_output=True,
+                           text=True, timeout=300, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    first, second = explain(), explain()
+    assert "(cached)" not in first[0] and "(cached)" in second[0]
+    assert first[1:] == second[1:]  # the same kernels, rules and facts
+    assert len(list((tmp_path / "cache" / "records").glob("*.json"))) == 1
+    (tmp_path / "widths.py").write_text("WIDTH = 24\n")
+    third = explain()
+    assert "(cached)" not in third[0]
+    assert any(" 96 " in ln for ln in third[1:]) and third[1:] != first[1:]  # 4 x 24 outputs
