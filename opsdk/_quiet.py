@@ -31,8 +31,9 @@ HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
 
 #: TVM log lines opsdk drops: (regex searched in the line, why).
 HARMLESS_LOG_LINES: tuple[tuple[str, str], ...] = (
-    (r"executable\.cc:\d+: Warning: Scope Saving:",
-     "TVM 0.27 logs every memory scope when a VM executable is saved (a debug leftover)"),
+    (r"executable\.cc:\d+: Warning: Scope (Saving|Loaded):",
+     "TVM 0.27 logs every memory scope when a VM executable is saved or loaded (a debug "
+     "leftover)"),
     (r"Warning: Fast mode segfaults when there are out-of-bounds indices",
      "TVM warns on every take/gather in fast mode; torch.export's embeddings are in range"),
 )

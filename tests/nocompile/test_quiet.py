@@ -22,6 +22,8 @@ def fake(args):
                            module="copyreg")
     os.write(2, b"[10:13:26] /project/src/runtime/vm/executable.cc:276: Warning: "
                 b"Scope Saving:global\n" * 3)
+    os.write(2, b"[10:13:26] /project/src/runtime/vm/executable.cc:340: Warning: "
+                b"Scope Loaded:global\n")
     os.write(2, b"[10:13:26] take.cc:1: Warning: Fast mode segfaults when there are "
                 b"out-of-bounds indices. Make sure input indices are in bound\n")
     os.write(2, b"native: a line nobody vetted\n")
@@ -47,7 +49,7 @@ def test_known_harmless_lines_are_hidden_and_the_rest_shows():
     assert r.returncode == 0, r.stderr
     assert r.stdout == "the result\n"
     assert "LeafSpec" not in r.stderr
-    assert "Scope Saving" not in r.stderr
+    assert "Scope Saving" not in r.stderr and "Scope Loaded" not in r.stderr
     assert "Fast mode segfaults" not in r.stderr
     assert "a real deprecation" in r.stderr
     assert "native: a line nobody vetted" in r.stderr
