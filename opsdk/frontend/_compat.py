@@ -164,6 +164,7 @@ class _Loader(importlib.abc.Loader):
             if callable(has_ops) and not has_ops():
                 _define_stand_ins(module)
             return
+        _STATE["cause"] = None  # a fresh import: an earlier attempt's cause is not this one's
         try:
             self._inner.exec_module(module)
         except Exception as e:
