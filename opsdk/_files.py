@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import tempfile
 
-__all__ = ["OutputError", "check_can_create", "new_file_mode", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["OutputError", "check_can_create", "new_file_mode", "sha256_file",
+           "write_bytes_atomic", "write_text_atomic"]
 
 
 class OutputError(OSError):
@@ -24,6 +25,16 @@ def new_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks: artifacts and cached
+    libraries are checked with it before they are trusted."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def check_can_create(folder: str | os.PathLike) -> None:

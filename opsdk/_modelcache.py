@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._files import sha256_file
+
 __all__ = ["MAX_BYTES", "Entry", "ModelCache", "open_cache"]
 
 #: Bump when the entry layout or the key's ingredients change: old entries are then misses.
@@ -66,14 +68,6 @@ def default_dir() -> Path:
     from .runners._provision import cache_dir
 
     return cache_dir() / "models"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _sealed(data: Mapping[str, Any]) -> str:
@@ -100,7 +94,7 @@ def _file_digest(path: Path) -> str:
     st = path.stat()
     k = (str(path), st.st_mtime_ns, st.st_size)
     if k not in _FILE_HASHES:
-        _FILE_HASHES[k] = _sha256_file(path)
+        _FILE_HASHES[k] = sha256_file(path)
     return _FILE_HASHES[k]
 
 
@@ -289,7 +283,7 @@ class ModelCache:
             lib = path / _LIB
             if (meta.get("format") != FORMAT or meta.get("key") != key
                     or lib.stat().st_size != meta["lib_bytes"]
-                    or _sha256_file(lib) != meta["lib_sha256"]):
+                    or sha256_file(lib) != meta["lib_sha256"]):
                 raise ValueError("entry does not match its metadata")
         except FileNotFoundError:
             if path.exists():
@@ -317,7 +311,7 @@ class ModelCache:
             data = dict(meta) | {"format": FORMAT, "key": key, "created": time.time(),
                                  "material": self.materials.get(key),
                                  "lib_bytes": lib.stat().st_size,
-                                 "lib_sha256": _sha256_file(lib)}
+                                 "lib_sha256": sha256_file(lib)}
             (tmp / _META).write_text(_sealed(data))
             try:
                 os.rename(tmp, self.root / key)
@@ -503,7 +497,7 @@ def read_record(root: Path, key: str) -> dict[str, Any] | None:
         if not dependencies_unchanged(data["deps"]):
             raise ValueError("a dependency changed")
         inputs = root / _RECORDS / f"{key}.npz"
-        if data.get("inputs_sha256") and _sha256_file(inputs) != data["inputs_sha256"]:
+        if data.get("inputs_sha256") and sha256_file(inputs) != data["inputs_sha256"]:
             raise ValueError("inputs changed")
         return data
     except FileNotFoundError:
@@ -529,7 +523,7 @@ def write_record(root: Path, key: str, data: Mapping[str, Any],
             try:
                 with os.fdopen(fd, "wb") as f:
                     np.savez(f, *[np.ascontiguousarray(a) for a in inputs])
-                body["inputs_sha256"] = _sha256_file(Path(tmp))
+                body["inputs_sha256"] = sha256_file(Path(tmp))
                 os.replace(tmp, folder / f"{key}.npz")
             finally:
                 with contextlib.suppress(OSError):

@@ -25,3 +25,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, marker in _GROUPS.items():
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture(scope="module")
+def relu_mod():
+    """``main(x: (n, 16) float32) -> relu(x)``: a one-kernel model with a free dim, for tests
+    of what a model refuses (inputs, targets)."""
+    from tvm import relax, tirx
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(y)
+    return bb.get()

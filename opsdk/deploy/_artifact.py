@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .._files import sha256_file
 
 __all__ = ["MANIFEST_FORMAT", "ArtifactError", "build_artifact", "read_manifest"]
 
@@ -41,14 +42,6 @@ def _version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
@@ -83,7 +76,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
                             "the artifact") from None
     if not lib.is_file():
         raise ArtifactError(f"{lib} is missing; rebuild the artifact")
-    digest = _sha256(lib)
+    digest = sha256_file(lib)
     if digest != want:
         raise ArtifactError(f"{lib} does not match its manifest (sha256 {digest[:12]}..., "
                             f"manifest {want[:12]}...): the file was "
@@ -557,7 +550,7 @@ def build_artifact(
             "target": {"name": spec_name, "target": str(tgt), "arch": arch, "mcpu": mcpu,
                        "features": needed_features(tgt)},
             "library": {"file": "model.so", "bytes": lib.stat().st_size,
-                        "sha256": _sha256(lib),
+                        "sha256": sha256_file(lib),
                         "weights": "bundled in model.so (the VM constant pool)",
                         "weights_bytes": _constants_bytes(cm.planned or cm.scheduled),
                         "runtime": ["libtvm_runtime.so", "libtvm_ffi.so"],

@@ -5,23 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tvm import relax, tirx
 
 import opsdk
 from opsdk.runners import InputMismatch, LocalRunner
-
-
-@pytest.fixture(scope="module")
-def relu_mod():
-    n = tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit_output(relax.op.nn.relu(x))
-        bb.emit_func_output(y)
-    return bb.get()
-
 
 _ANN = '(R.Tensor((n, 16), dtype="float32"))'
 
