@@ -326,17 +326,16 @@ class CompiledModel:
         return dict(sorted(counts.items()))
 
     def asm_facts(self) -> dict[str, dict[str, Any]]:
-        """``{kernel: {"vector_ops", "vector_moves"}}``: the vector instructions in each
-        kernel's own assembly (each kernel compiled alone), kept with the cache entry."""
+        """``{kernel: {"vector_ops", "vector_moves", "math_calls"}}``: the vector instructions
+        and scalar math-library calls in each kernel's own assembly (each kernel compiled
+        alone), kept with the cache entry."""
         if self._entry is not None:
             got = self._entry.read_extra("asm")
             if got is not None and set(got) == {k["name"] for k in self.kernels}:
                 return got
         funcs = _kernels(self.scheduled)
-        out = {}
-        for k in self.kernels:
-            ops, moves = _asm_vector_ops(k["name"], funcs[k["name"]], self.target)
-            out[k["name"]] = {"vector_ops": dict(ops), "vector_moves": int(moves)}
+        out = {k["name"]: _asm_facts(k["name"], funcs[k["name"]], self.target)
+               for k in self.kernels}
         out = json.loads(json.dumps(out))  # what a cached copy reads back, exactly
         if self._entry is not None:
             self._entry.write_extra("asm", out)
@@ -495,6 +494,8 @@ class KernelReport:
     parallel_loops: int = 0
     vector_ops: dict[str, int] = field(default_factory=dict)
     vector_moves: int = 0
+    #: Scalar math-library calls in its assembly (``expf``, ...), by name: once per element.
+    math_calls: dict[str, int] = field(default_factory=dict)
     time_ms: float | None = None
     share: float | None = None
     problems: list[str] = field(default_factory=list)
@@ -631,21 +632,25 @@ def _static_elements(func: tirx.PrimFunc) -> int | None:
     return n
 
 
-def _asm_vector_ops(name: str, func: tirx.PrimFunc, tgt: Any) -> tuple[dict[str, int], int]:
-    """Vector arithmetic (by register class) and full-width vector loads/stores in the
-    kernel's assembly, compiled alone (its parallel lambdas are then its own)."""
+def _asm_facts(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, Any]:
+    """Vector arithmetic (by register class), full-width vector loads/stores and scalar
+    math-library calls in the kernel's assembly, compiled alone (its parallel lambdas are
+    then its own)."""
     from ._explain import asm_of
-    from .verify._lints import kernel_vector_moves, kernel_vector_ops
+    from .verify._lints import kernel_math_calls, kernel_vector_moves, kernel_vector_ops
 
+    facts: dict[str, Any] = {"vector_ops": {}, "vector_moves": 0, "math_calls": {}}
     if tgt.kind.name != "llvm":
-        return {}, 0
+        return facts
     f = func.with_attr("global_symbol", name)
     try:
         ex = tvm.compile(tvm.IRModule({name: f}), target=tgt)
     except Exception:
-        return {}, 0
+        return facts
     asm, arch = asm_of(ex), target_arch(tgt)
-    return kernel_vector_ops(asm, arch, name), kernel_vector_moves(asm, arch, name)
+    return {"vector_ops": kernel_vector_ops(asm, arch, name),
+            "vector_moves": kernel_vector_moves(asm, arch, name),
+            "math_calls": kernel_math_calls(asm, name)}
 
 
 def report(
@@ -683,6 +688,7 @@ def report(
         if asm:
             k.vector_ops = dict(vec[k.name]["vector_ops"])
             k.vector_moves = int(vec[k.name]["vector_moves"])
+            k.math_calls = dict(vec[k.name].get("math_calls", {}))
         rows.append(k)
     rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds,
                       cached=cm.cached)
@@ -722,6 +728,9 @@ def _judge(k: KernelReport, *, asm: bool) -> None:
     elif (big and asm and not sum(k.vector_ops.values()) and k.kind != "opaque"
           and (k.kind != "elementwise" or not k.vector_moves)):  # a copy only moves data
         k.problems.append("no vector instructions in its assembly")
+    if k.math_calls:
+        k.problems.append("scalar math-library calls per element: " + ", ".join(
+            f"{n} x{c}" for n, c in k.math_calls.items()))
 
 
 def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 20) -> None:

@@ -18,7 +18,16 @@ from tvm import te, topi
 
 from .._opdef import Tensor, op
 from ..verify._tolerance import error_model
-from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma, static_int
+from ._epilogue import (
+    ACTIVATIONS,
+    Activation,
+    epilogue_abs,
+    epilogue_error,
+    epilogue_np,
+    epilogue_te,
+    gamma,
+    static_int,
+)
 
 __all__ = ["tvm_conv2d"]
 
@@ -116,7 +125,7 @@ def _error(m) -> np.ndarray:
                           kernel=a["kernel"], stride=a["stride"], padding=a["padding"]))
     k = int(np.prod(w.shape)) // w.shape[0 if a["layout"].startswith("NCHW") else -1]
     bshape = (1, -1, 1, 1) if a["layout"].startswith("NCHW") else (1, 1, 1, -1)
-    return gamma(k + 2, m.u) * (s + epilogue_abs(m, bshape))
+    return epilogue_error(m, gamma(k + 2, m.u) * (s + epilogue_abs(m, bshape)))
 
 
 @op(
@@ -137,7 +146,7 @@ def _error(m) -> np.ndarray:
         "kernel": [3, 1, 7, 5],
         "stride": [1, 2],
         "padding": [1, 0, 3, 2],
-        "activation": ["relu", "none", "relu6"],
+        "activation": list(ACTIVATIONS),
     },
     kind="conv2d",
     examples=[(2, 4, 8, 8)],

@@ -20,7 +20,15 @@ from tvm import te
 
 from .._opdef import Tensor, op
 from ..verify._tolerance import error_model
-from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma
+from ._epilogue import (
+    ACTIVATIONS,
+    Activation,
+    epilogue_abs,
+    epilogue_error,
+    epilogue_np,
+    epilogue_te,
+    gamma,
+)
 
 __all__ = ["tvm_matmul"]
 
@@ -51,7 +59,7 @@ def _error(m) -> np.ndarray:
     a = m.attrs
     x, w = m.inputs["x"], m.inputs["w"]
     s = np.matmul(np.abs(x), np.abs(_weight(w, a["layout"])))
-    return gamma(x.shape[-1] + 2, m.u) * (s + epilogue_abs(m, (-1,)))
+    return epilogue_error(m, gamma(x.shape[-1] + 2, m.u) * (s + epilogue_abs(m, (-1,))))
 
 
 @op(
@@ -64,7 +72,7 @@ def _error(m) -> np.ndarray:
     domain={"x": (-2.0, 2.0), "w": (-1.0, 1.0), "bias": (-1.0, 1.0), "residual": (-2.0, 2.0)},
     # Output features around the vector widths (16 lanes on AVX-512, 4 on NEON): tails,
     # fewer than one vector, several tiles.
-    attr_domain={"n": [33, 16, 1, 10, 24, 64, 80, 7], "activation": ["relu", "none", "relu6"]},
+    attr_domain={"n": [33, 16, 1, 10, 24, 64, 80, 7], "activation": list(ACTIVATIONS)},
     kind="matmul",
     examples=[(4, 3, 8)],
 )

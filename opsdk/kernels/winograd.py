@@ -37,7 +37,16 @@ from tvm import te, tirx
 from .._opdef import Tensor, op
 from ..schedules._kernels import WINOGRAD_TAG
 from ..verify._tolerance import error_model
-from ._epilogue import Activation, epilogue_abs, epilogue_np, epilogue_te, gamma, static_int
+from ._epilogue import (
+    ACTIVATIONS,
+    Activation,
+    epilogue_abs,
+    epilogue_error,
+    epilogue_np,
+    epilogue_te,
+    gamma,
+    static_int,
+)
 from .conv2d import _conv_np
 
 __all__ = [
@@ -218,7 +227,7 @@ def _error(m) -> np.ndarray:
     x, w = m.inputs["x"], m.inputs["w"]
     s = winograd_abs(x, w, m.attrs["padding"])
     k = x.shape[-1] + EXTRA_ROUNDINGS
-    return gamma(k + 2, m.u) * (s + epilogue_abs(m, (1, 1, 1, -1)))
+    return epilogue_error(m, gamma(k + 2, m.u) * (s + epilogue_abs(m, (1, 1, 1, -1))))
 
 
 @op(
@@ -234,7 +243,7 @@ def _error(m) -> np.ndarray:
     attr_domain={
         "channels": [16, 24, 7, 33, 64, 1],
         "padding": [1, 0, 2],
-        "activation": ["relu", "none", "relu6"],
+        "activation": list(ACTIVATIONS),
     },
     kind="winograd",
     examples=[(2, 8, 8, 4)],

@@ -36,6 +36,7 @@ __all__ = [
     "GemmInfo",
     "analyze_gemm",
     "float32_accumulator",
+    "fold_epilogue",
     "index_vars",
     "inline_producers",
     "is_layout_free",
@@ -184,19 +185,44 @@ def inline_producers(sch: s_tir.Schedule, blocks, main) -> bool:
     return True
 
 
-def tile_writeback(sch: s_tir.Schedule, main):
-    """Fold the consumer chain of ``main`` into its first block and give ``main`` a ``local``
-    output (one tile once the write-back is computed at the tile loop); returns the write-back
-    block, or None if an epilogue block cannot be inlined."""
-    chain = _consumer_chain(sch, main)
-    for c in reversed(chain[1:]):
+def fold_epilogue(sch: s_tir.Schedule, main) -> list | None:
+    """Fold the blocks downstream of ``main`` (the epilogue FuseOps appended: bias, residual,
+    activation, and DAGs like SiLU's ``y * sigmoid(y)`` that read ``y`` twice) into one:
+    every one but the last is inlined into its consumers. Returns ``[]`` when nothing follows
+    ``main``, ``[last]`` when folded, None when a block refuses (or a second output stays)."""
+    down, todo = [], [main]
+    while todo:
+        for c in sch.get_consumers(todo.pop()):
+            if not any(sch.get(c).same_as(sch.get(d)) for d in down):
+                down.append(c)
+                todo.append(c)
+    if not down:
+        return []
+    order = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+    def position(b) -> int:
+        blk = sch.get(b)
+        return next((i for i, o in enumerate(order) if o.same_as(blk)), len(order))
+
+    down.sort(key=position)
+    for b in down[:-1]:
         try:
-            sch.reverse_compute_inline(c)
+            sch.compute_inline(b)
         except Exception:
             return None
-    if chain:
+    return down[-1:]
+
+
+def tile_writeback(sch: s_tir.Schedule, main):
+    """Fold the epilogue of ``main`` into one block (:func:`fold_epilogue`) and give ``main``
+    a ``local`` output (one tile once the write-back is computed at the tile loop); returns
+    the write-back block, or None if an epilogue block cannot be inlined."""
+    folded = fold_epilogue(sch, main)
+    if folded is None:
+        return None
+    if folded:
         sch.set_scope(main, 0, "local")
-        return chain[0]
+        return folded[0]
     return sch.cache_write(main, 0, "local")
 
 
@@ -218,16 +244,6 @@ def _reduction_blocks(sch: s_tir.Schedule, blocks) -> list:
         b for b in blocks
         if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
     ]
-
-
-def _consumer_chain(sch: s_tir.Schedule, block) -> list:
-    chain, b = [], block
-    while True:
-        cs = sch.get_consumers(b)
-        if len(cs) != 1:
-            return chain
-        chain.append(cs[0])
-        b = cs[0]
 
 
 def tile_n(n: int | None, lanes: int, max_vecs: int) -> tuple[int, int]:

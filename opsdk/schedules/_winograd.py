@@ -22,7 +22,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ._common import _fuse, extent_of, vector_lanes, vectorize_loop
-from ._gemm import _consumer_chain, float32_accumulator, is_layout_free, tile_mn
+from ._gemm import float32_accumulator, fold_epilogue, is_layout_free, tile_mn
 from ._kernels import WINOGRAD_TAG
 
 __all__ = ["schedule_winograd", "winograd_blocks"]
@@ -79,7 +79,10 @@ def schedule_winograd(
     if st is None or not float32_accumulator(sch.get(st["gemm"])):
         return None
     out = st["output"]
-    for c in _consumer_chain(sch, out):  # the epilogue (bias, residual, activation)
+    folded = fold_epilogue(sch, out)  # the epilogue (bias, residual, activation, SiLU)
+    if folded is None:
+        return None
+    for c in folded:
         try:
             sch.reverse_compute_inline(c)
         except Exception:

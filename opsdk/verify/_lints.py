@@ -30,6 +30,7 @@ from ._report import LintResult
 
 __all__ = [
     "asm_functions",
+    "kernel_math_calls",
     "kernel_vector_moves",
     "kernel_vector_ops",
     "lint_prim_func",
@@ -150,6 +151,36 @@ def kernel_vector_ops(asm: str, arch: str, prim_name: str) -> dict[str, int]:
     return dict(counts)
 
 
+#: Scalar math-library functions: a vectorized loop that calls one runs it once per lane.
+_LIBM = re.compile(r"^(exp|exp2|expm1|log|log2|log10|log1p|erf|erfc|tanh|sinh|cosh|sin|cos|"
+                   r"tan|asin|acos|atan|atan2|pow|cbrt)f?$")
+_CALLS = ("call", "callq", "jmp", "bl", "b")
+
+
+def kernel_math_calls(asm: str, prim_name: str) -> dict[str, int]:
+    """Calls to scalar math-library functions (``expf``, ``erff``, ...) in the kernel's own
+    functions, by name: what TVM's lowering of ``exp`` / ``tanh`` / ``erf`` / ``log`` leaves
+    in a loop, whatever it vectorized (:func:`opsdk._vecmath.polynomial_math` replaces exp,
+    sigmoid, tanh and erf in scheduled kernels).
+
+    Examples
+    --------
+    >>> kernel_math_calls("k_compute_:\n\tcallq\texpf@PLT\n\tbl\ttanhf\n", "k")
+    {'expf': 1, 'tanhf': 1}
+    """
+    counts: Counter = Counter()
+    for name, body in asm_functions(asm).items():
+        if not _is_kernel(name, prim_name):
+            continue
+        for line in body.splitlines():
+            parts = line.strip().split(None, 1)
+            if len(parts) == 2 and parts[0] in _CALLS:
+                callee = parts[1].strip().split("@")[0]
+                if _LIBM.match(callee):
+                    counts[callee] += 1
+    return dict(sorted(counts.items()))
+
+
 def _parallel_launch(asm: str, prim_name: str) -> bool:
     return any(
         "TVMBackendParallelLaunch" in body
@@ -215,6 +246,12 @@ def lint_prim_func(
                     status="pass" if ok else ("warn" if symbolic else "fail"),
                     detail=f"vector arithmetic in the kernel: {detail}",
                 ))
+                calls = kernel_math_calls(asm, prim_name)
+                out.append(LintResult(
+                    **where, check="vectorize:math" + tag, status="fail" if calls else "pass",
+                    detail=("scalar math calls per element: " + ", ".join(
+                        f"{k} x{v}" for k, v in calls.items())) if calls
+                    else "no scalar math-library calls"))
         elif claim == "parallel":
             if symbolic:
                 continue

@@ -48,9 +48,12 @@ __all__ = [
 #: 1.5; ``log`` 1.30 (2026-12, Xeon, 2e6 points over [1e-38, 1e38] and [0.5, 2]).
 #: (``exp_f32`` with its degree-4 polynomial, 2026-12, Xeon: 1.31 on 5e6 points.)
 #: ``exp_f32`` returns 0 below 0.7 * 2**-126 and +inf above FLT_MAX (x > 88.7228).
+#: ``sigmoid_f32`` 2.39 relative (TVM's own 2.34) over [-87, 30]; ``tanh_f32`` 1.39 absolute
+#: (TVM's own 1.50) over [-10, 10] (2026-12, Zen 4): every scheduled kernel uses these.
 #: ``tests/host/test_verify.py`` re-measures them, so a changed implementation shows up as a
 #: broken model assumption rather than as a kernel failure.
-MATH_ULPS: dict[str, float] = {"exp": 2.0, "erf": 8.0, "tanh_abs": 2.0, "rsqrt": 2.0, "log": 2.0}
+MATH_ULPS: dict[str, float] = {"exp": 2.0, "erf": 8.0, "tanh_abs": 2.0, "rsqrt": 2.0, "log": 2.0,
+                               "sigmoid": 4.0}
 
 #: Absolute error of an exp whose result would be subnormal (flushed to zero).
 EXP_FLUSH = 2.0**-126

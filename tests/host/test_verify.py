@@ -95,14 +95,17 @@ def test_math_accuracy_assumptions_of_the_models_hold() -> None:
             10.0 ** rng.uniform(-38, 38, 200_000), rng.uniform(0.5, 2, 200_000)]).astype("f4"),
             np.log),
     }
-    try:
-        from opsdk._vecmath import erf_f32, exp_f32
-    except ImportError:  # the built-in ops use TVM's own exp/erf
-        pass
-    else:
-        found["exp_f32"] = _max_error_in_u(
-            exp_f32, np.linspace(-87.3, 88.37, 400_000).astype("float32"), np.exp)
-        found["erf_f32"] = _max_error_in_u(erf_f32, wide.astype("float32"), erf)
+    from opsdk._vecmath import erf_f32, exp_f32, sigmoid_f32, tanh_f32
+
+    found["exp_f32"] = _max_error_in_u(
+        exp_f32, np.linspace(-87.3, 88.37, 400_000).astype("float32"), np.exp)
+    found["erf_f32"] = _max_error_in_u(erf_f32, wide.astype("float32"), erf)
+    # Every scheduled kernel's sigmoid / tanh (opsdk._vecmath.polynomial_math).
+    found["sigmoid_f32"] = _max_error_in_u(
+        sigmoid_f32, np.linspace(-87, 30, 400_000).astype("float32"),
+        lambda v: 1 / (1 + np.exp(-v)))
+    found["tanh_abs_f32"] = _max_error_in_u(tanh_f32, wide.astype("float32"), np.tanh,
+                                            relative=False)
     for name, value in found.items():
         key = name.removesuffix("_f32")
         assert value <= MATH_ULPS[key], f"{name}: {value:.2f} u > assumed {MATH_ULPS[key]} u"

@@ -1,0 +1,101 @@
+"""Transcendental epilogues in every kernel family: SiLU (a DAG: the pre-activation read
+twice), hardswish, sigmoid and tanh are folded into the matmul / conv / depthwise / Winograd
+write-back, verified against float64 with the derived bound, and vectorized (no scalar
+math-library call left in any kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from opsdk.kernels import tvm_conv2d, tvm_conv2d_winograd, tvm_matmul
+from opsdk.model import LoadedModel, compile_model, report, within_tolerance
+from opsdk.verify import Case, run_case
+
+TRANSCENDENTAL = ("silu", "hardswish", "sigmoid", "tanh")
+
+# One case per family and layout: (op, layout, shape, attrs), static dims, bias present.
+FAMILIES = [
+    (tvm_matmul, "kn", (5, 24), {"layout": "kn", "n": 33}),
+    (tvm_conv2d, "NHWC", (1, 6, 7, 8), {"layout": "NHWC", "channels": 20, "kernel": 1,
+                                        "stride": 1, "padding": 0}),
+    (tvm_conv2d, "NHWC_dw", (1, 9, 8, 16), {"layout": "NHWC_dw", "channels": 16, "kernel": 3,
+                                            "stride": 2, "padding": 1}),
+    (tvm_conv2d_winograd, "NHWC", (1, 6, 6, 16), {"channels": 16, "padding": 1}),
+]
+
+
+def _case(d, layout, shape, attrs, activation, seed=3):
+    return Case(d.name, "x86", "float32", layout, shape, {**attrs, "activation": activation},
+                ("bias",), {}, seed, static=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    from opsdk.kernels import register_kernels
+
+    register_kernels()
+
+
+@pytest.mark.parametrize("activation", TRANSCENDENTAL)
+@pytest.mark.parametrize(("d", "layout", "shape", "attrs"), FAMILIES,
+                         ids=lambda v: getattr(v, "name", None) or str(v))
+def test_family_takes_the_epilogue_and_matches_float64(d, layout, shape, attrs, activation):
+    res = run_case(_case(d, layout, shape, attrs, activation), op=d)
+    assert res.ok, res.message or (res.got, res.expected)
+    assert res.rule == f"x86.{d.kind}"  # the family's rule, not the catch-all
+
+
+def test_a_wrong_polynomial_in_the_epilogue_is_caught(monkeypatch):
+    # A planted bug in the vector tanh (one coefficient off by 1 %) must fail verification of
+    # a matmul with a tanh epilogue; a new shape so that no earlier build is reused.
+    from opsdk import _vecmath
+
+    bad = list(_vecmath._TANH_POLY)
+    bad[-1] *= 1.01
+    monkeypatch.setattr(_vecmath, "_TANH_POLY", tuple(bad))
+    case = _case(tvm_matmul, "kn", (7, 29), {"layout": "kn", "n": 24}, "tanh", seed=5)
+    res = run_case(case, op=tvm_matmul)
+    assert not res.ok
+
+
+class _Net(torch.nn.Module):
+    """Every family with one activation: 1x1 conv, depthwise 3x3, dense 3x3 (Winograd),
+    global mean, Linear."""
+
+    def __init__(self, act: type[torch.nn.Module]):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(8, 32, 1), act(),
+            torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), act(),
+            torch.nn.Conv2d(32, 16, 3, padding=1), act())
+        self.fc = torch.nn.Linear(16, 24)
+        self.act = act()
+
+    def forward(self, x):
+        return self.act(self.fc(self.body(x).mean((2, 3))))
+
+
+@pytest.mark.parametrize("act", [torch.nn.SiLU, torch.nn.Hardswish, torch.nn.Sigmoid,
+                                 torch.nn.Tanh], ids=lambda a: a.__name__)
+def test_a_model_with_the_epilogue_has_every_family_on_its_rule_and_no_libm_call(act):
+    torch.manual_seed(0)
+    net = _Net(act).eval()
+    x = torch.randn(1, 8, 20, 20)
+    m = LoadedModel.from_torch(act.__name__, net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    rep = report(cm, "x86", profile=False)
+    by_kind: dict[str, set] = {}
+    for k in rep.kernels:
+        by_kind.setdefault(k.kind, set()).add(k.rule)
+        assert not k.math_calls, (k.name, k.math_calls)
+        assert not k.problems, (k.name, k.problems)
+    assert by_kind["matmul"] == {"x86.matmul"} and by_kind["winograd"] == {"x86.winograd"}
+    assert by_kind["conv2d"] == {"x86.conv2d"}  # the 1x1 and the depthwise
+    out = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = (out[0] if isinstance(out, tvm.ir.Array) else out).numpy()
+    want = net(x).detach().numpy()
+    check = within_tolerance(got, want)
+    assert check["ok"], check
