@@ -8,9 +8,20 @@ strided depthwise conv gathers.) TVM's ``ConvertLayout`` rewrites every ``conv2d
 HWIO and carries the layout through the elementwise ops, pools and reductions that follow,
 so a chain of convs pays one transpose where it enters and one where it leaves.
 
-An opsdk op stops it too (ConvertLayout knows TVM's ops only): a group norm between convs
-would sit between two transposes, so ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes
-``group_norm_nhwc(x)`` (opsdk's group norm has an NHWC kernel).
+An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites follow it:
+
+- the transposes it left are **sunk** below every op that commutes with them: an
+  elementwise opsdk op (a user's hardswish, the built-in GELU), TVM's elementwise and
+  broadcasting ops and its reductions (axes renumbered), so ``f(permute(x, P))`` becomes
+  ``permute(f(x), P)`` and back-to-back permutes compose (to nothing when they cancel). A
+  user's activation then sits between the convs in NHWC and fuses into the conv's epilogue
+  like a built-in one, and so does what follows it (a squeeze-excite's mean and multiply).
+  "Elementwise" is proven, not declared: the opsdk op's lowered kernel must have TVM's
+  elementwise pattern (every input read where the output is written), which a softmax or a
+  norm over an axis does not;
+- a group norm between convs would sit between two transposes, so
+  ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes ``group_norm_nhwc(x)`` (opsdk's group
+  norm has an NHWC kernel).
 
 ``relax.clip`` (ReLU6) stops ``ConvertLayout`` (its layout inference refuses the bound
 arguments), so constant clips are first spelled ``minimum(maximum(x, lo), hi)``: the same
@@ -99,6 +110,149 @@ class _GroupNormChannelsLast(relax.PyExprMutator):
         return ops.group_norm(inner.args[0], **extra, **{**attrs, "layout": "NHWC"})
 
 
+_ELEMENTWISE: dict[tuple, bool] = {}
+
+
+def _is_elementwise(call: relax.Call) -> bool:
+    """Whether an ``opsdk.*`` call lowers to one kernel with TVM's elementwise pattern
+    (``op_pattern`` 0: each input read at the output's own index), its inputs all of the
+    output's shape; cached per op, attributes and input types."""
+    if not isinstance(call.ty, relax.TensorType):
+        return False
+    tys = [a.ty for a in call.args]
+    if not tys or not all(isinstance(t, relax.TensorType) and t.ndim == call.ty.ndim
+                          for t in tys):
+        return False
+    key = (call.op.name, str(call.attrs), tuple(str(t) for t in tys))
+    if key not in _ELEMENTWISE:
+        _ELEMENTWISE[key] = _lowers_elementwise(call)
+    return _ELEMENTWISE[key]
+
+
+def _lowers_elementwise(call: relax.Call) -> bool:
+    from ..targets import target as resolve_target
+    from ._lower import _legalize_opsdk_ops
+
+    params = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(call.args)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit_output(relax.Call(call.op, params, call.attrs))
+        bb.emit_func_output(y)
+    tgt = tvm.target.Target.current(allow_none=True) or resolve_target("host")
+    try:
+        mod = _legalize_opsdk_ops(tgt, "opsdk.ProbeLayout", deferred=True)(bb.get())
+        mod = relax.transform.AnnotateTIROpPattern()(mod)
+    except Exception:  # an op that does not lower here keeps its layout (and its transposes)
+        return False
+    prims = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return len(prims) == 1 and int((prims[0].attrs or {}).get("op_pattern", -1)) == 0
+
+
+def _compose(a: list[int], b: list[int]) -> list[int]:
+    """``permute(permute(x, a), b)`` as one permutation of ``x``."""
+    return [a[i] for i in b]
+
+
+#: TVM ops that commute with a permutation of their (one) tensor input: elementwise.
+_UNARY = frozenset(f"relax.{n}" for n in (
+    "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "negative", "clip", "astype",
+    "erf", "round", "floor", "ceil", "nn.relu", "nn.silu", "nn.gelu", "nn.gelu_tanh",
+    "nn.leakyrelu"))
+#: Broadcasting binary TVM ops: they commute when both operands are permuted alike (a
+#: scalar or a full-rank operand can be permuted to match).
+_BINARY = frozenset(f"relax.{n}" for n in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "floor_divide"))
+#: Reductions over ``axis`` (StatisticalAttrs): the axes are renumbered.
+_REDUCE = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
+           "relax.min": relax.op.min, "relax.prod": relax.op.prod}
+
+
+def _rank(e: relax.Expr) -> int:
+    ty = e.ty
+    return int(ty.ndim) if isinstance(ty, relax.TensorType) else -1
+
+
+@relax.expr_functor.mutator
+class _PermutesSink(relax.PyExprMutator):
+    """Sink the transposes ConvertLayout left where it stopped (at an opsdk op, and the TVM
+    ops after it) below every op that commutes with them, so that they meet their inverse
+    and vanish: ``f(permute(x, P))`` -> ``permute(f(x), P)`` for an elementwise opsdk op
+    (:func:`_is_elementwise`), TVM's elementwise and broadcasting ops and reductions (axes
+    renumbered); ``permute(permute(x, A), B)`` -> one permute, or ``x`` when they cancel."""
+
+    def _permuted(self, e: relax.Expr) -> tuple[relax.Expr, list[int]] | None:
+        if not isinstance(e, relax.Var):
+            return None
+        b = self.lookup_binding(e)
+        axes = _axes(b)
+        return None if axes is None else (b.args[0], axes)
+
+    def _emit(self, call: relax.Call, args: list[relax.Expr]) -> relax.Var:
+        return self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or not call.args:
+            return call
+        name = call.op.name
+        first = self._permuted(call.args[0])
+        if name == "relax.permute_dims":
+            outer = _axes(call)
+            if first is None or outer is None:
+                return call
+            axes = _compose(first[1], outer)
+            return first[0] if axes == list(range(len(axes))) else relax.op.permute_dims(
+                first[0], axes)
+        if first is None:
+            return call
+        x, perm = first
+        if name in _UNARY:
+            return relax.op.permute_dims(self._emit(call, [x, *call.args[1:]]), perm)
+        if name in _BINARY and len(call.args) == 2:
+            other = self._matched(call.args[1], perm, _rank(call))
+            if other is None:
+                return call
+            return relax.op.permute_dims(self._emit(call, [x, other]), perm)
+        if name in _REDUCE:
+            return self._reduce(call, x, perm)
+        if name.startswith("opsdk."):
+            found = [self._permuted(a) for a in call.args]
+            if any(f is None or f[1] != perm for f in found) or not _is_elementwise(call):
+                return call
+            return relax.op.permute_dims(self._emit(call, [f[0] for f in found]), perm)
+        return call
+
+    def _matched(self, e: relax.Expr, perm: list[int], rank: int) -> relax.Expr | None:
+        """``e`` in the unpermuted layout: its own unpermuted source, itself when a scalar,
+        or a permute of it when it has the full rank (a constant's folds away)."""
+        got = self._permuted(e)
+        if got is not None:
+            return got[0] if got[1] == perm else None
+        r = _rank(e)
+        if r == 0:
+            return e
+        if r != rank:
+            return None
+        inverse = [perm.index(i) for i in range(len(perm))]
+        return self.builder_.emit(relax.op.permute_dims(e, inverse))
+
+    def _reduce(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
+        axis = call.attrs.axis
+        if axis is None:  # over everything: the layout does not matter
+            return relax.Call(call.op, [x], call.attrs, call.ty_args)
+        n = len(perm)
+        axes = [int(a) % n for a in axis]
+        inner = _REDUCE[call.op.name](x, axis=[perm[a] for a in axes],
+                                      keepdims=bool(call.attrs.keepdims))
+        y = self.builder_.emit(inner)
+        if call.attrs.keepdims:
+            return relax.op.permute_dims(y, perm)
+        kept = sorted(perm[i] for i in range(n) if i not in axes)
+        rest = [kept.index(perm[i]) for i in range(n) if i not in axes]
+        return y if rest == list(range(len(rest))) else relax.op.permute_dims(y, rest)
+
+
 def ChannelsLast() -> tvm.transform.Pass:
     """Convolutions in NHWC / HWIO, the layout carried through what follows them.
 
@@ -132,6 +286,7 @@ def ChannelsLast() -> tvm.transform.Pass:
         mod = relax.transform.ConvertLayout(LAYOUTS)(mod)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
+                func = _PermutesSink().visit_expr(func)
                 mod[gv] = _GroupNormChannelsLast().visit_expr(func)
         return relax.transform.DeadCodeElimination()(mod)
 

@@ -1,0 +1,121 @@
+"""ChannelsLast carries the conv layout through a user's elementwise op and what follows it
+(a squeeze-excite's mean, 1x1 convs and multiply): the same kernels as with the built-in
+activation, no transposes inside, the same numbers. An op that only looks elementwise (same
+shapes, but it reduces over the channels) keeps its layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, te, tirx
+
+import opsdk
+from opsdk.frontend import from_torch
+from opsdk.model import compile_model, report, within_tolerance
+
+
+def _hswish_ref(x):
+    return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@opsdk.op(reference=_hswish_ref, domain={"x": (-6.0, 6.0)})
+def sink_hswish(x: opsdk.Tensor) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: x(*i) * tirx.min(tirx.max(x(*i) + 3.0, 0.0), 6.0)
+                      / 6.0, name="sink_hswish")
+
+
+def _channel_softmax_ref(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@opsdk.op(reference=_channel_softmax_ref, ranks=(4, 4), domain={"x": (-3.0, 3.0)})
+def sink_channel_softmax(x: opsdk.Tensor) -> te.Tensor:
+    """Softmax over axis 1 (NCHW channels): elementwise in shape only (kind's default)."""
+    c = te.reduce_axis((0, x.shape[1]), name="c")
+    mx = te.compute((x.shape[0], x.shape[2], x.shape[3]),
+                    lambda n, h, w: te.max(x[n, c, h, w], axis=c), name="mx")
+    c2 = te.reduce_axis((0, x.shape[1]), name="c2")
+    s = te.compute((x.shape[0], x.shape[2], x.shape[3]),
+                   lambda n, h, w: te.sum(te.exp(x[n, c2, h, w] - mx[n, h, w]), axis=c2),
+                   name="s")
+    return te.compute(x.shape, lambda n, k, h, w: te.exp(x[n, k, h, w] - mx[n, h, w])
+                      / s[n, h, w], name="sm")
+
+
+sink_hswish.torch("hardswish.default")
+
+
+class _SE(torch.nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.reduce, self.expand = torch.nn.Conv2d(c, 8, 1), torch.nn.Conv2d(8, c, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.reduce(x.mean((2, 3), keepdim=True)))
+        return x * torch.nn.functional.hardsigmoid(self.expand(s))
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.Hardswish(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Hardswish(), _SE(16),
+        torch.nn.Conv2d(16, 24, 1), torch.nn.Hardswish()).eval()
+
+
+def _run(cm, x):
+    out = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out[0] if isinstance(out, tvm.ir.Array) else out).numpy()
+
+
+@pytest.fixture
+def registered():
+    ops = [opsdk.register(d, replace=True) for d in (sink_hswish, sink_channel_softmax)]
+    yield ops
+    for d in (sink_hswish, sink_channel_softmax):
+        opsdk.unregister(d.name)
+
+
+def test_a_users_elementwise_op_compiles_like_the_builtin_activation(registered):
+    net, x = _net(), torch.randn(1, 3, 32, 32)
+    kernels, outs = {}, {}
+    for mapped in (False, True):
+        mod = from_torch(torch.export.export(net, (x,)), op_mappings=mapped)
+        assert opsdk.transform.op_counts(mod).get("opsdk.sink_hswish", 0) == 3 * mapped
+        cm = compile_model(mod, "x86", cache=False)
+        kernels[mapped] = sorted(k.kind for k in report(cm, "x86", profile=False, asm=False)
+                                 .kernels)
+        outs[mapped] = _run(cm, x.numpy())
+    assert kernels[True] == kernels[False], kernels
+    # The input and the output transpose only (into NHWC and back).
+    assert kernels[True].count("elementwise") <= 2, kernels[True]
+    want = net(x).detach().numpy()
+    for mapped, got in outs.items():
+        assert within_tolerance(got, want)["ok"], (mapped, np.abs(got - want).max())
+
+
+def test_an_op_that_reduces_over_channels_keeps_its_layout(registered):
+    # Shapes say elementwise (and the kind defaults to it); the lowered kernel does not, so
+    # the transposes stay and the softmax runs over the channels, not the width.
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1).eval()
+    x = torch.randn(1, 4, 6, 5)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((1, 4, 6, 5), "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(xv, relax.const(conv.weight.detach().numpy()),
+                                           padding=1))
+            y = bb.emit(sink_channel_softmax(y))
+            y = bb.emit_output(relax.op.nn.conv2d(
+                y, relax.const(np.ones((8, 8, 1, 1), "float32") / 8)))
+        bb.emit_func_output(y)
+    cm = compile_model(bb.get(), "x86", cache=False)
+    got = _run(cm, x.numpy())
+    with torch.no_grad():
+        y = torch.softmax(torch.nn.functional.conv2d(x, conv.weight, padding=1), dim=1)
+        want = torch.nn.functional.conv2d(y, torch.ones(8, 8, 1, 1) / 8).numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
