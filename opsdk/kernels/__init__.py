@@ -5,7 +5,8 @@ rules for the kinds ``matmul``, ``conv2d`` and ``pool`` schedule them. To verify
 like op rules, each family here is an op definition whose compute is the TE that TVM's
 legalization emits (``topi.nn.conv``, ``topi.nn.pool2d``, relax's matmul compute, and the
 Winograd convolution the model pipeline legalizes eligible convs to) followed by
-the epilogue FuseOps appends (bias, residual add, ReLU / ReLU6), with a float64 reference
+the epilogue FuseOps appends (bias, residual add, ReLU / ReLU6 / SiLU / hardswish / sigmoid /
+tanh), with a float64 reference
 and an error model. ``opsdk verify --kernels`` runs them through the same engine as the ops:
 float64 reference, schedule invariance against the unscheduled kernel, hypothesis-drawn
 shapes with tails, symbolic batch, x86 and emulated aarch64, vector / parallel lints.

@@ -2,7 +2,7 @@
 
 TVM legalizes ``conv2d`` into a padding block and one multiply-accumulate block reading the
 padded input through a window (``oh * stride + kh * dilation``); FuseOps appends the
-epilogue (BN-folded bias, ReLU / ReLU6 / residual add). Two register-tiled schedules cover
+epilogue (BN-folded bias, residual add, any activation DAG). Two register-tiled schedules cover
 the layouts, both matched on that structure:
 
 - **channel vectors** (dense and grouped convs in both layouts, depthwise NHWC): the tile is

@@ -1,7 +1,8 @@
 """Winograd F(2x2, 3x3) convolutions (``opsdk.kernels.winograd``) as one fused kernel.
 
 The four stages of :func:`~opsdk.kernels.winograd.winograd_conv2d` (blocks tagged
-``opsdk.winograd``) plus the epilogue FuseOps appended (bias, residual add, ReLU / ReLU6):
+``opsdk.winograd``) plus the epilogue FuseOps appended (bias, residual add, any
+activation DAG, folded by :func:`~opsdk.schedules._gemm.fold_epilogue`):
 
 - **weights** ``U[e, c, k]`` are written in the GEMM's packed layout ``[e, k / NR, c, NR]``;
   for constant weights (the PrimFunc's ``layout_free_buffers``) the block is annotated

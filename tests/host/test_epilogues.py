@@ -78,24 +78,61 @@ class _Net(torch.nn.Module):
         return self.act(self.fc(self.body(x).mean((2, 3))))
 
 
+@pytest.mark.parametrize("target", ["x86", "arm"])
 @pytest.mark.parametrize("act", [torch.nn.SiLU, torch.nn.Hardswish, torch.nn.Sigmoid,
                                  torch.nn.Tanh], ids=lambda a: a.__name__)
-def test_a_model_with_the_epilogue_has_every_family_on_its_rule_and_no_libm_call(act):
+def test_a_model_with_the_epilogue_has_every_family_on_its_rule_and_no_libm_call(act, target):
+    # arm is cross-compiled: its structure (rules, NEON in every kernel, no `bl expf`) here,
+    # its numbers under qemu in tests/arm.
     torch.manual_seed(0)
     net = _Net(act).eval()
     x = torch.randn(1, 8, 20, 20)
     m = LoadedModel.from_torch(act.__name__, net, (x,), baselines=False)
-    cm = compile_model(m.opsdk_mod, "x86", cache=False)
-    rep = report(cm, "x86", profile=False)
+    cm = compile_model(m.opsdk_mod, target, cache=False)
+    rep = report(cm, target, profile=False)
+    prefix = "x86" if target == "x86" else "neon"
     by_kind: dict[str, set] = {}
     for k in rep.kernels:
         by_kind.setdefault(k.kind, set()).add(k.rule)
         assert not k.math_calls, (k.name, k.math_calls)
         assert not k.problems, (k.name, k.problems)
-    assert by_kind["matmul"] == {"x86.matmul"} and by_kind["winograd"] == {"x86.winograd"}
-    assert by_kind["conv2d"] == {"x86.conv2d"}  # the 1x1 and the depthwise
+    assert by_kind["matmul"] == {f"{prefix}.matmul"}
+    assert by_kind["winograd"] == {f"{prefix}.winograd"}
+    assert by_kind["conv2d"] == {f"{prefix}.conv2d"}  # the 1x1 and the depthwise
+    if target == "arm":
+        assert all(k.vector_ops.get("neon") for k in rep.kernels
+                   if k.kind in ("matmul", "winograd", "conv2d")), rep.kernels
+        return
     out = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     got = (out[0] if isinstance(out, tvm.ir.Array) else out).numpy()
     want = net(x).detach().numpy()
     check = within_tolerance(got, want)
     assert check["ok"], check
+
+
+@pytest.mark.parametrize(("exponent", "libm"), [(3.0, False), (2.0, False), (0.5, False),
+                                                (2.5, True)])
+def test_small_integer_powers_multiply_and_others_stay_with_libm(exponent, libm):
+    # GPT-2's tanh-GELU has pow(x, 3): one powf per lane, 95 % of a tiny GPT-2's time.
+    import numpy as np
+    from tvm import s_tir, te, tirx
+
+    from opsdk._explain import asm_of
+    from opsdk._vecmath import polynomial_math
+    from opsdk.verify._lints import kernel_math_calls
+
+    x = te.placeholder((64,), "float32", name="x")
+    y = te.compute((64,), lambda i: tirx.pow(x[i], tirx.const(exponent, "float32")), name="y")
+    f = polynomial_math(te.create_prim_func([x, y]).with_attr("global_symbol", "powk"))
+    sch = s_tir.Schedule(f)
+    _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
+    sch.vectorize(inner)
+    ex = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "x86-64-v3"})
+    assert bool(kernel_math_calls(asm_of(ex), "powk")) == libm
+    a = np.linspace(-3 if exponent == int(exponent) else 0, 3, 64).astype("float32")
+    out = tvm.runtime.empty((64,), "float32")
+    ex["powk"](tvm.runtime.tensor(a), out)
+    want = np.power(a.astype(np.float64), exponent)
+    # n - 1 multiplications (or one correctly rounded sqrt / powf): n float32 roundings
+    bound = max(exponent, 1.0) * 2.0**-24 * np.abs(want) + 1e-45
+    assert np.all(np.abs(out.numpy() - want) <= bound)
