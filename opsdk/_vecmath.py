@@ -304,13 +304,34 @@ def _tanh(x: tirx.PrimExpr, a: tirx.PrimExpr) -> tirx.PrimExpr:
                 lambda t: tirx.Select(x < _f32(0.0), -t, t))
 
 
+def _power(base: tirx.PrimExpr, exponent: tirx.PrimExpr) -> tirx.PrimExpr | None:
+    """``pow(x, n)`` for a small integer constant ``n`` (GPT-2's ``x ** 3``) by multiplying,
+    ``pow(x, 0.5)`` as ``sqrt``; None for any other exponent (left to TVM)."""
+    e = exponent.value if isinstance(exponent, (tirx.FloatImm, tirx.IntImm)) else None
+    if e is None:
+        return None
+    if e == 0.5:
+        return tirx.sqrt(base)
+    if e != int(e) or not 1 <= e <= 8:
+        return None
+
+    def times(v):
+        out = v
+        for _ in range(int(e) - 1):
+            out = out * v
+        return out
+
+    return bind(base, "pow_x", times)
+
+
 _REWRITES = {"tirx.exp": exp_f32, "tirx.sigmoid": sigmoid_f32, "tirx.tanh": tanh_f32,
              "tirx.erf": erf_f32}
 
 
 def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every float32 ``exp`` / ``sigmoid`` / ``tanh`` / ``erf`` call replaced by
-    this module's vectorizable version (other dtypes and functions are left to TVM).
+    this module's vectorizable version, and ``pow`` by a small integer constant (or 0.5) by
+    multiplications (or ``sqrt``); other dtypes and functions are left to TVM.
 
     Run on a scheduled kernel: the replacements bind ``Let`` variables, which a schedule that
     inlines one block into two would duplicate (``tirx.transform.ConvertSSA`` renames them
@@ -329,10 +350,14 @@ def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def call(node: _Call, mut) -> tirx.PrimExpr:
         node = mut.default_mutate(node)
-        fn = _REWRITES.get(getattr(node.op, "name", ""))
-        if fn is None or str(node.ty) != "float32" or len(node.args) != 1:
+        name = getattr(node.op, "name", "")
+        if str(node.ty) != "float32":
             return node
-        return fn(node.args[0])
+        if name == "tirx.pow" and len(node.args) == 2:
+            powered = _power(*node.args)
+            return node if powered is None else powered
+        fn = _REWRITES.get(name)
+        return node if fn is None or len(node.args) != 1 else fn(node.args[0])
 
     body = structural_mutate(func.body, [(_Call, call)])
     return func if body.same_as(func.body) else func.with_body(body)

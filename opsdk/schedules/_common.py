@@ -37,6 +37,7 @@ __all__ = [
     "BlockInfo",
     "RFactor",
     "analyze",
+    "bool_compares_as_int8",
     "extent_of",
     "pick_width",
     "replace_block_body",
@@ -432,6 +433,22 @@ define linkonce_odr i64 @opsdk_opaque_i64(i64 %x) #0 {
 }
 attributes #0 = { alwaysinline nounwind }
 """
+
+
+def bool_compares_as_int8(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every ``==`` / ``!=`` between bool operands compared as int8: TVM 0.27's
+    LLVM codegen emits a float compare (``fcmp``) for a vector of bools, which LLVM's
+    verifier rejects (a GPT-2's causal mask: ``mask[i] == mask[j]``, vectorized)."""
+    from tvm_ffi.structural import structural_mutate
+
+    def compare(node, mut):
+        node = mut.default_mutate(node)
+        if str(node.a.ty) != "bool":
+            return node
+        return type(node)(tirx.Cast("int8", node.a), tirx.Cast("int8", node.b))
+
+    body = structural_mutate(func.body, [(tirx.EQ, compare), (tirx.NE, compare)])
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 def rolled_partial_sums(func: tirx.PrimFunc) -> tirx.PrimFunc:

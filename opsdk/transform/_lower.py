@@ -116,16 +116,72 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
     return _pass
 
 
+def _scan_te(x, axis: int | None, dtype: str | None, exclusive: bool, product: bool):
+    """Inclusive / exclusive cumulative sum or product along ``axis`` (None: the flattened
+    input) as one reduction with a condition, ``out[.., i, ..] = sum_{j <= i} x[.., j, ..]``:
+    a block-structured kernel the rules schedule (TOPI's scan is an opaque extern that
+    SplitLayoutRewritePreproc and the rules refuse). Quadratic in the axis length, which is
+    a sequence length at most (a GPT-2's position ids)."""
+    from tvm import te, topi
+
+    if axis is None:
+        size = x.shape[0]
+        for d in x.shape[1:]:
+            size = size * d
+        x = topi.reshape(x, (size,))
+        axis = 0
+    axis = axis % len(x.shape)
+    out_dt = dtype or x.dtype
+    # Sums of bools count in int64 (as torch's cumsum does), then narrow to the output type.
+    dt = "int64" if out_dt == "bool" else out_dt
+    n = x.shape[axis]
+    j = te.reduce_axis((0, n), name="j")
+    reducer = (te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, t), name="prod")
+               if product else te.sum)
+
+    def body(*i):
+        src = [*i[:axis], j, *i[axis + 1:]]
+        cond = j < i[axis] if exclusive else j <= i[axis]
+        # A Select, not te.sum's where=: create_prim_func drops that condition.
+        return reducer(tirx.Select(cond, x(*src).astype(dt), tirx.const(int(product), dt)),
+                       axis=j)
+
+    y = te.compute(x.shape, body, name="cumprod" if product else "cumsum")
+    if dt != out_dt:
+        y = te.compute(x.shape, lambda *i: y(*i) != tirx.const(0, dt), name="nonzero")
+    return y
+
+
+def _legalize_scan(product: bool):
+    """Legalize ``relax.cumsum`` / ``relax.cumprod``: TVM 0.27 registers no legalization for
+    them, so they reached VM codegen unlowered (a GPT-2's position ids are a cumsum of its
+    attention mask); a constant one is folded at compile time."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        a = call.attrs
+        axis = None if a.axis is None else int(a.axis)
+        dtype = None if a.dtype is None or str(a.dtype) in ("", "void") else str(a.dtype)
+        return bb.call_te(_scan_te, call.args[0], axis, dtype, bool(a.exclusive), product,
+                          primfunc_name_hint="cumprod" if product else "cumsum")
+
+    return legalize
+
+
+#: Legalizations TVM 0.27 lacks for ops its frontends emit.
+_LEGALIZE_MISSING = {"relax.cumsum": _legalize_scan(False),
+                     "relax.cumprod": _legalize_scan(True)}
+
+
 def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     """TVM's legalization, constant folding and fusion (what its CPU pipelines run before
     codegen, and steps 2-3 of :func:`pipeline` after the opsdk ops). ``winograd``: eligible
     3x3 convs legalize to the Winograd kernel (:mod:`opsdk.kernels.winograd`) instead of
     TVM's direct convolution."""
-    custom = None
+    custom = dict(_LEGALIZE_MISSING)
     if winograd:
         from ..kernels.winograd import legalize_conv2d
 
-        custom = {"relax.nn.conv2d": legalize_conv2d}
+        custom["relax.nn.conv2d"] = legalize_conv2d
     return [
         relax.transform.LegalizeOps(customize_legalize_map=custom),
         relax.transform.AnnotateTIROpPattern(),

@@ -44,6 +44,19 @@ def build_model():
 """
 
 
+GPT2 = """\
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def build_model():
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2,
+                     use_cache=False)
+    return GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 256, (1, 16)),)
+"""
+
+
 def _outputs(value) -> list:
     if isinstance(value, torch.Tensor):
         return [value.numpy()]
@@ -55,7 +68,9 @@ def _outputs(value) -> list:
 
 
 @pytest.mark.parametrize(("name", "source", "n_out"), [("timm_mnv3", TIMM, 1),
-                                                       ("bert_tiny", BERT, 2)])
+                                                       ("bert_tiny", BERT, 2),
+                                                       # cumsum of its mask: was unlowered
+                                                       ("gpt2_tiny", GPT2, 1)])
 def test_zoo_model_compiles_and_matches_torch(tmp_path, name, source, n_out):
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(source))
