@@ -230,13 +230,14 @@ def _erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def _erf_clamped(xc: tirx.PrimExpr) -> tirx.PrimExpr:
-    return bind(xc * xc, "erf_x2", lambda x2: xc * _erf_poly(x2, _ERF_P) / _erf_poly(x2, _ERF_Q))
+    return bind(xc * xc, "erf_x2", lambda x2: xc * _horner(x2, _ERF_P) / _horner(x2, _ERF_Q))
 
 
-def _erf_poly(x2: tirx.PrimExpr, coeffs: tuple[float, ...]) -> tirx.PrimExpr:
+def _horner(t: tirx.PrimExpr, coeffs: tuple[float, ...]) -> tirx.PrimExpr:
+    """``coeffs[0] t^n + ... + coeffs[n]``, one multiply-add per coefficient."""
     p = _f32(coeffs[0])
     for c in coeffs[1:]:
-        p = p * x2 + _f32(c)
+        p = p * t + _f32(c)
     return p
 
 
@@ -293,10 +294,7 @@ def tanh_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _tanh(x: tirx.PrimExpr, a: tirx.PrimExpr) -> tirx.PrimExpr:
     def small(a2):
-        p = _f32(_TANH_POLY[0])
-        for c in _TANH_POLY[1:]:
-            p = p * a2 + _f32(c)
-        return a + a * a2 * p
+        return a + a * a2 * _horner(a2, _TANH_POLY)
 
     near = bind(a * a, "tanh_a2", small)
     far = _f32(1.0) - _f32(2.0) / (exp_f32(a * _f32(2.0)) + _f32(1.0))
