@@ -2,6 +2,10 @@
 
 import sys
 
-from .cli import main
+try:  # Ctrl-C while the command's modules import: a word and 130, as main() answers it
+    from .cli import main
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 sys.exit(main())

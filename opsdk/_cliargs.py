@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from ._files import check_can_create
 
-__all__ = ["distinct_outputs", "host_port", "model_file", "named_shapes", "nonneg_float",
-           "nonneg_int", "output_path", "parse_dims", "positive_float", "positive_int",
-           "split_host_port"]
+__all__ = ["NEGATIVE_NUMBER", "distinct_outputs", "host_port", "model_file",
+           "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
+           "parse_dims", "percent", "positive_float", "positive_int", "split_host_port"]
 
 
 def positive_int(text: str) -> int:
@@ -189,10 +189,54 @@ def distinct_outputs(**paths: str | None) -> None:
         seen[key] = name
 
 
+#: The model files the model commands load (anything else is a module name).
+MODEL_SUFFIXES = (".py", ".pt2", ".onnx")
+_MODEL_KINDS = "pass a model file (.py with build_model(), .pt2 or .onnx)"
+
+
+def model_path_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a model path: a folder, or an existing file of another
+    kind than :data:`MODEL_SUFFIXES` (both were taken for module names: "No module named
+    'm'"); None when nothing is (a module name is no path).
+
+    Examples
+    --------
+    >>> model_path_problem("my_models.resnet") is None
+    True
+    """
+    p = pathlib.Path(text)
+    if p.is_dir():
+        return f"is a folder; {_MODEL_KINDS}"
+    if p.is_file() and p.suffix not in MODEL_SUFFIXES:
+        return f"a {p.suffix or 'suffix-less'} file is no model; {_MODEL_KINDS}"
+    return None
+
+
 def model_file(text: str) -> str:
     """A model to load: a file (``.py``, ``.pt2``, ``.onnx``, or any path with a ``/``), which
     must exist, or the name of an importable Python module."""
-    looks_like_file = text.endswith((".py", ".pt2", ".onnx")) or "/" in text
+    problem = model_path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    looks_like_file = text.endswith(MODEL_SUFFIXES) or "/" in text
     if not text.strip() or (looks_like_file and not pathlib.Path(text).is_file()):
         raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")
     return text
+
+
+def percent(text: str) -> float:
+    """A number in [0, 100] (``quantize --percentile``: 200 was refused only after the
+    calibration ran, and blamed the model file)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentile in [0, 100], got {text!r}")
+    return v
+
+
+#: What argparse takes for a negative number, not an option: its own (-1, -.5) and a shape
+#: with a leading minus (-4x768), which the shape parsers then refuse by name ("expected
+#: one argument" named neither the value nor the rule).
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+[xX,][\d,xX-]*$")

@@ -220,6 +220,10 @@ def import_user_module(name: str) -> ModuleType:
     >>> import_user_module("opsdk.ops").__name__
     'opsdk.ops'
     """
+    if name.endswith(".py") or os.sep in name or "/" in name:
+        # `--module ./mod.py`: importlib took it for a relative name ("the 'package'
+        # argument is required"); a path is imported as `python path` would.
+        return _import_module_path(name)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
@@ -229,6 +233,24 @@ def import_user_module(name: str) -> ModuleType:
         raise _convert(e, name, _anchor_of(name)) from e
     except (Exception, SystemExit) as e:
         raise _convert(e, name, _anchor_of(name)) from e
+
+
+def _import_module_path(text: str) -> ModuleType:
+    """``--module path/to/mod.py``: the file, its folder on ``sys.path``, imported under its
+    stem (so ``--module ./mod.py`` and ``--module mod`` register the same module) unless
+    that name is another module's already."""
+    p = pathlib.Path(text)
+    if p.is_dir():
+        raise ImportError(f"{text}: is a folder; --module takes a module name (mod) or a .py "
+                          "file path")
+    if p.suffix != ".py" or not p.is_file():
+        raise ImportError(f"{text}: no such .py file; --module takes a module name (mod) or a "
+                          ".py file path")
+    known = sys.modules.get(p.stem)
+    f = getattr(known, "__file__", None)
+    if known is not None and f and pathlib.Path(f).resolve() == p.resolve():
+        return known
+    return import_user_file(p, p.stem if known is None else None)
 
 
 def _anchor_of(name: str) -> pathlib.Path | None:
@@ -271,7 +293,18 @@ def load_onnx_file(path: str | os.PathLike) -> Any:
     """
     import onnx
 
-    return read_user_file(path, lambda p: onnx.load(str(p)), "ONNX model")
+    def load(p: str | os.PathLike) -> Any:
+        if pathlib.Path(p).is_file() and pathlib.Path(p).stat().st_size == 0:
+            raise UserCodeError(str(path), None, "not an ONNX model (empty file)")
+        proto = onnx.load(str(p))
+        # protobuf decodes many non-ONNX byte strings into an empty ModelProto; TVM then
+        # said only "Model IR version 0 not supported" (or raised deeper).
+        if proto.ir_version < 1 or not proto.HasField("graph"):
+            raise UserCodeError(str(path), None, "cannot be read as ONNX: no IR version or "
+                                "graph in it (not an ONNX model file)")
+        return proto
+
+    return read_user_file(path, load, "ONNX model")
 
 
 def read_user_file(path: str | os.PathLike, load: Callable[[str | os.PathLike], T],
@@ -294,6 +327,8 @@ def read_user_file(path: str | os.PathLike, load: Callable[[str | os.PathLike], 
     """
     try:
         return load(path)
+    except UserCodeError:
+        raise
     except OSError as e:  # missing / unreadable: as any file the command names
         raise UserCodeError(str(path), None, f"cannot read it ({e.strerror or e})") from e
     except Exception as e:  # protobuf's DecodeError, a zip error, whatever a corrupt file

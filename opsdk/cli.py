@@ -7,13 +7,35 @@ Only the chosen subcommand's arguments are built (and its modules imported), so
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import sys
-from collections.abc import Callable, Sequence
 
-from opsdk._cliargs import model_file, output_path
+
+def _interrupted_at_start(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    """Ctrl-C while the console script still imports this module (before :func:`main`'s
+    handler): a word and exit 130, not a traceback of the imports."""
+    if issubclass(kind, KeyboardInterrupt):
+        import os
+
+        try:
+            sys.stderr.write("interrupted\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(130)
+    sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+
+# First, before the imports below: only for the `opsdk` script (a library importing this
+# module keeps its own hook); main() puts the previous hook back.
+_PREVIOUS_HOOK = sys.excepthook
+if sys.argv and sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".exe") == "opsdk":
+    sys.excepthook = _interrupted_at_start
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+
+from opsdk._cliargs import NEGATIVE_NUMBER, model_file, output_path  # noqa: E402
 
 __all__ = ["main"]
 
@@ -423,6 +445,7 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, text in COMMANDS.items():
         s = sub.add_parser(name, help=text, description=text)
+        s._negative_number_matcher = NEGATIVE_NUMBER  # `--shape -4x768`: a value, refused
         if command == name:
             _ARGS[name](s)
             # `opsdk build ... -v` as well as `opsdk -v build ...`
@@ -440,21 +463,44 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
+    if sys.excepthook is _interrupted_at_start:  # from here on, the handler below
+        sys.excepthook = _PREVIOUS_HOOK
     argv = list(sys.argv[1:] if argv is None else argv)
     _printable_output()
     try:  # Ctrl-C at any point, start-up (importing TVM) included: a word, not a traceback
-        return _main(argv)
+        rc = _main(argv)
+        sys.stdout.flush()  # a full disk shows here, not as "Exception ignored" at exit
+        return rc
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `opsdk verify | head`: the reader left; no traceback
-        import contextlib
-        import os
-
-        # stdout is broken: point it at /dev/null, or the flush at exit raises again
-        with contextlib.suppress(OSError, ValueError):  # no real stdout (captured)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return 141  # 128 + SIGPIPE, as a shell tool killed by it
+    except OSError as e:
+        import errno
+
+        # `opsdk list > /dev/full`: a write to stdout (or any file) on a full or lost disk
+        # (no file named: not an open() failure), in one line for every command.
+        if e.filename or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            raise
+        import contextlib
+
+        with contextlib.suppress(OSError, ValueError):  # what stdout can still take
+            sys.stdout.flush()
+        _drop_stdout()
+        print(f"opsdk: error: cannot write the output ({e.strerror or e}); free some space "
+              "or write elsewhere", file=sys.stderr)
+        return 1
+
+
+def _drop_stdout() -> None:
+    """Point the broken stdout at /dev/null, or the flush at exit raises again."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, ValueError):  # no real stdout (captured)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _printable_output() -> None:

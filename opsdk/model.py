@@ -137,9 +137,11 @@ class LoadedModel:
         from tvm.relax.frontend.torch import from_exported_program
 
         from . import frontend
+        from .frontend._cli import export_user_model
         from .transform import FuseIntoOps
 
-        ep = exported if exported is not None else export_torch(model, args, dynamic_batch)
+        ep = exported if exported is not None else export_user_model(
+            lambda m, a: export_torch(m, a, dynamic_batch), model, args, name)
         onnx_bytes, err = _torch_to_onnx(model, args) if baselines else (None, "not exported")
         inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
         fused = FuseIntoOps()(frontend.from_torch(ep))
@@ -221,12 +223,19 @@ def load_model(
 
     prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
     from ._userfile import load_onnx_file, read_user_file
-    from .frontend._cli import _call_entry, _import_python, _random_inputs
+    from .frontend._cli import (
+        _call_entry,
+        _import_python,
+        _random_inputs,
+        check_shape_names,
+        example_args,
+    )
 
     rng = np.random.default_rng(seed)
     shp = {k: list(v) for k, v in (shapes or {}).items()}
     if str(spec).endswith(".onnx"):
         proto = load_onnx_file(spec)
+        check_shape_names(proto, shp, str(spec))
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
         tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
                    else opsdk_mod)
@@ -255,7 +264,8 @@ def load_model(
         return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
                                       exported=built, baselines=baselines)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
-        return LoadedModel.from_torch(str(spec), built[0].eval(), tuple(built[1]),
+        return LoadedModel.from_torch(str(spec), built[0].eval(),
+                                      example_args(built, str(spec), entry),
                                       dynamic_batch=dynamic_batch, baselines=baselines)
     raise TypeError(
         f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "

@@ -54,6 +54,9 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """
     root = Path(folder)
     path = root / "manifest.json"
+    if root.exists() and not root.is_dir():  # said "afile/manifest.json ... Not a directory"
+        raise ArtifactError(f"{root}: not an artifact folder (a file); opsdk build writes "
+                            "one: `opsdk build MODEL --target TARGET -o FOLDER`")
     try:
         m = json.loads(path.read_text())
     except FileNotFoundError:

@@ -19,9 +19,16 @@ from typing import Any
 import numpy as np
 import tvm
 
-from .._cliargs import model_file, named_shapes, nonneg_float, output_path
+from .._cliargs import model_file, model_path_problem, named_shapes, nonneg_float, output_path
 from .._files import write_text_atomic
-from .._userfile import call_user, import_user_file, import_user_module, load_onnx_file
+from .._userfile import (
+    UserCodeError,
+    call_user,
+    import_user_file,
+    import_user_module,
+    load_onnx_file,
+    user_code,
+)
 
 __all__ = ["add_drift_arguments", "run_drift_command"]
 
@@ -75,6 +82,9 @@ def add_drift_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def _import_python(spec: str) -> Any:
     """A model file (its folder importable, for its sibling modules) or module; what fails in
     it is a :class:`~opsdk._userfile.UserCodeError` naming its line."""
+    problem = model_path_problem(spec)  # a folder, m.txt: "No module named 'm'" before
+    if problem:
+        raise UserCodeError(spec, None, problem)
     path = pathlib.Path(spec)
     if path.suffix == ".py" and path.exists():
         return import_user_file(path, f"_opsdk_drift_{path.stem}")
@@ -88,6 +98,50 @@ def _call_entry(module: Any, spec: str, entry: str, **kwargs: Any) -> Any:
     if not callable(fn):
         raise AttributeError(f"{spec} has no function {entry}() (pass --entry NAME)")
     return call_user(fn, where=f"{spec}:{entry}()", **kwargs)
+
+
+def example_args(built: tuple, spec: str, entry: str) -> tuple:
+    """The ``args`` of an entry's ``(model, args)``, checked once at load time: a bare
+    tensor there was unpacked along its first dim ("too many positional arguments")."""
+    args = built[1]
+    if not isinstance(args, (tuple, list)):
+        raise UserCodeError(spec, None, f"{entry}() must return (model, args) with args a "
+                            "tuple of example inputs, e.g. (model, (x,)); got a "
+                            f"{type(args).__name__}")
+    return tuple(args)
+
+
+def export_user_model(export: Any, model: Any, args: tuple, spec: str) -> Any:
+    """``export(model, args)`` (``torch.export``) of a user's model: its forward failing is
+    the user's error at its line (or, with no frame of theirs, named after ``spec``)."""
+    import logging
+
+    path = pathlib.Path(spec)
+    anchor = path.resolve().parent if path.is_file() else None
+    # torch logs the failing op's traceback at ERROR before raising; the raised error is
+    # what the user sees, in one line.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with user_code(f"{spec}: exporting the model failed", anchor):
+            return export(model, args)
+    finally:
+        log.setLevel(level)
+
+
+def check_shape_names(proto: Any, shapes: dict[str, Any] | None, spec: str,
+                      flag: str = "--shape") -> None:
+    """Refuse ``--shape NAME=...`` naming no input of the ONNX model ``proto`` (TVM ignored
+    it silently: a typo built with the default shape)."""
+    if not shapes:
+        return
+    consts = {t.name for t in proto.graph.initializer}
+    names = [i.name for i in proto.graph.input if i.name not in consts]
+    unknown = [k for k in shapes if k not in names]
+    if unknown:
+        raise UserCodeError(spec, None, f"no input named {unknown[0]!r} ({flag} "
+                            f"{unknown[0]}=...); its inputs: {', '.join(names) or 'none'}")
 
 
 def _random_inputs(
@@ -142,6 +196,7 @@ def _load_model(
     rng = np.random.default_rng(seed)
     if spec.endswith(".onnx"):
         proto = load_onnx_file(spec)
+        check_shape_names(proto, shapes, spec)
         mod = from_onnx(proto, shape_dict=shapes or None, ops=())
         plain = (from_onnx(proto, shape_dict=shapes or None, ops=(), op_mappings=False)
                  if onnx_mapping_counts(mod) else None)
@@ -160,8 +215,8 @@ def _load_model(
     if isinstance(built, torch.export.ExportedProgram):
         ep, args = built, built.example_inputs[0]
     elif isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
-        model, args = built
-        ep = torch.export.export(model.eval(), tuple(args))
+        model, args = built[0], example_args(built, spec, entry)
+        ep = export_user_model(torch.export.export, model.eval(), args, spec)
     else:
         raise TypeError(
             f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args), "

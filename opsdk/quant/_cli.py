@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .._cliargs import model_file, output_path, positive_int
+from .._cliargs import model_file, output_path, percent, positive_int
 
 __all__ = ["add_quantize_arguments", "run_quantize_command"]
 
@@ -36,7 +36,7 @@ def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
                    "along the first axis (read one sample at a time)")
     s.add_argument("--method", choices=["minmax", "percentile", "mse"], default="minmax",
                    help="activation range (default minmax)")
-    s.add_argument("--percentile", type=float, default=99.99)
+    s.add_argument("--percentile", type=percent, default=99.99)
     s.add_argument("--weights", choices=["per_channel", "per_tensor"], default="per_channel")
     s.add_argument("--activations", choices=["asymmetric", "symmetric"], default="asymmetric")
     s.add_argument("--mixed-precision", metavar="K|T",

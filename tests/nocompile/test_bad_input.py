@@ -356,3 +356,230 @@ def test_python_m_opsdk_bench_with_a_failing_model_is_one_line(tmp_path, capsys)
     assert bench_main(["--model", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("model.py:2: ValueError: bad entry") and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- model files at load time
+_FAILS_IN_EXPORT = ("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return x @ torch.ones(7, 7)\n\n"
+                    "def build_model():\n    return M(), (torch.randn(2, 3),)\n")
+
+
+@pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["build"]])
+def test_model_whose_forward_fails_in_export_is_one_line_at_its_line(tmp_path, monkeypatch,
+                                                                     capfd, command):
+    path = _model(tmp_path, _FAILS_IN_EXPORT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    extra = ["-o", str(tmp_path / "out"), "--target", "x86"] if command == ["build"] else []
+    assert main([*command, str(path), *extra]) == 2
+    err = capfd.readouterr().err.strip()
+    assert "Traceback" not in err, err  # torch's logged traceback of the failing op too
+    assert err.splitlines()[-1].endswith(
+        "model.py:5: RuntimeError: a and b must have same reduction dim, but got [2, 3] X "
+        "[7, 7].")
+
+
+@pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["bench", "--model"],
+                                     ["quantize"], ["build"]])
+def test_entry_returning_a_bare_tensor_as_args_is_named(tmp_path, monkeypatch, capsys,
+                                                        command):
+    path = _model(tmp_path, "import torch\n\ndef build_model():\n"
+                  "    return torch.nn.Linear(3, 4), torch.randn(2, 3)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    extra = ["-o", str(tmp_path / "out"), "--target", "x86"] if command == ["build"] else []
+    assert main([*command, str(path), *extra]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"{path}: build_model() must return (model, args) with args a tuple "
+                         "of example inputs, e.g. (model, (x,)); got a Tensor"), last
+
+
+@pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["bench", "--model"],
+                                     ["build", "-o", "OUT"]])
+def test_empty_onnx_file_says_so(tmp_path, capsys, command):
+    empty = tmp_path / "m.onnx"
+    empty.write_bytes(b"")
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    assert main([argv[0], str(empty), *argv[1:]] if command[0] == "build" else
+                [*argv, str(empty)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].endswith(f"{empty}: not an ONNX model (empty file)"), err
+    assert "Traceback" not in err
+
+
+def test_onnx_file_without_a_graph_is_not_read_as_onnx(tmp_path):
+    from opsdk._userfile import load_onnx_file
+
+    bad = tmp_path / "m.onnx"
+    bad.write_bytes(b"\x08\x00")  # decodes as a ModelProto with ir_version 0, no graph
+    with pytest.raises(UserCodeError, match=r"m\.onnx: cannot be read as ONNX"):
+        load_onnx_file(bad)
+
+
+def _folder_and_txt(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "m.txt").write_text("def build_model():\n    pass\n")
+    return tmp_path / "adir", tmp_path / "m.txt"
+
+
+@pytest.mark.parametrize("command", [["drift"], ["explain", "--model"], ["bench", "--model"],
+                                     ["quantize"], ["build", "-o", "OUT"]])
+@pytest.mark.parametrize("which", [0, 1])
+def test_folder_or_unknown_kind_of_file_as_model_is_named(tmp_path, monkeypatch, capsys,
+                                                          command, which):
+    path = _folder_and_txt(tmp_path)[which]
+    monkeypatch.chdir(tmp_path)
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    argv = ([argv[0], path.name, *argv[1:]] if command[0] == "build" else [*argv, path.name])
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # refused by the argument's type
+        rc = e.code
+    assert rc == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    want = "is a folder; " if which == 0 else "a .txt file is no model; "
+    assert f"{path.name}: {want}pass a model file (.py with build_model(), .pt2 or .onnx)" in last
+
+
+def test_model_loader_refuses_a_folder_whatever_calls_it(tmp_path):
+    from opsdk.frontend._cli import _import_python
+
+    folder, txt = _folder_and_txt(tmp_path)
+    for p in (folder, txt):
+        with pytest.raises(UserCodeError, match="pass a model file"):
+            _import_python(str(p))
+
+
+def _onnx_model(path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("command", [["drift"], ["build", "-o", "OUT"]])
+def test_shape_naming_no_input_of_the_onnx_model_is_refused(tmp_path, capsys, command):
+    path = _onnx_model(tmp_path / "m.onnx")
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    assert main([argv[0], str(path), *argv[1:], "--shape", "zz=1x4"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"{path}: no input named 'zz' (--shape zz=...); its inputs: x"), last
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------ command lines
+def test_quantize_percentile_out_of_range_is_refused_before_calibrating(tmp_path, capsys):
+    path = _model(tmp_path, "raise AssertionError('imported')\n")
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", str(path), "--method", "percentile", "--percentile", "200"])
+    assert e.value.code == 2
+    assert ("argument --percentile: must be a percentile in [0, 100], got '200'"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["explain", "layer_norm", "--no-asm", "--shape", "-4x768"],
+     "--shape '-4x768': write positive dims like 4096x768"),
+    (["bench", "gelu", "--shapes", "-64x64"],
+     "argument --shapes: bad shape '-64x64': write positive dims like 4096x768"),
+])
+def test_shape_with_a_leading_minus_is_refused_by_the_shape_rule(capsys, argv, needle):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_module_given_as_a_py_path_is_imported_from_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    sub = tmp_path / "pkgdir"
+    sub.mkdir()
+    (sub / "helper_ops_zz.py").write_text("OPS = []\n")
+    (sub / "user_ops_path_zz.py").write_text("import helper_ops_zz\nOPS = helper_ops_zz.OPS\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["list", "--module", "./pkgdir/user_ops_path_zz.py"]) == 0
+    assert sys.modules["user_ops_path_zz"].__file__ == str(sub / "user_ops_path_zz.py")
+    assert main(["list", "--module", "./pkgdir/no_such_zz.py"]) == 2
+    assert ("./pkgdir/no_such_zz.py: no such .py file; --module takes a module name (mod) or "
+            "a .py file path" in capsys.readouterr().err)
+
+
+def test_module_path_that_raises_names_its_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    (tmp_path / "user_ops_raise_zz.py").write_text("x = 1\nraise RuntimeError('boom')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["list", "--module", "./user_ops_raise_zz.py"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "user_ops_raise_zz.py:2: RuntimeError: boom")
+
+
+# ------------------------------------------------------------------------------ artifacts
+def test_run_of_a_file_says_it_is_no_artifact_folder(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x\n")
+    assert main(["run", str(f)]) == 2
+    assert (f"opsdk run: error: {f}: not an artifact folder (a file); opsdk build writes one"
+            in capsys.readouterr().err)
+
+
+def test_run_inputs_with_an_array_naming_no_input_are_refused():
+    from opsdk.deploy import ArtifactError
+    from opsdk.deploy._run import _given_inputs
+
+    m = {"inputs": [{"name": "x", "dtype": "float32", "shape": [2, 3]}]}
+    x = np.ones((2, 3), "float32")
+    assert _given_inputs(m, {"x": x})[0].shape == (2, 3)
+    with pytest.raises(ArtifactError, match=r"^inputs: 'y' name no input of the model; it "
+                                            r"takes x$"):
+        _given_inputs(m, {"x": x, "y": x})
+
+
+# ------------------------------------------------------------------ the process's edges
+_DEV_FULL = "/dev/full"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(_DEV_FULL), reason="no /dev/full")
+def test_output_to_a_full_disk_is_one_line():
+    import subprocess
+
+    with open(_DEV_FULL, "w") as full:
+        r = subprocess.run([sys.executable, "-m", "opsdk", "list"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == ("opsdk: error: cannot write the output (No space left on "
+                                "device); free some space or write elsewhere")
+
+
+# Ctrl-C at the moment opsdk.cli imports its helpers (an import hook raises it there).
+_INTERRUPT_AT_IMPORT = """
+import builtins, sys
+real = builtins.__import__
+def imp(name, *a, **k):
+    if name.endswith("_cliargs"):
+        raise KeyboardInterrupt
+    return real(name, *a, **k)
+builtins.__import__ = imp
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "python -m"])
+def test_ctrl_c_while_the_command_imports_is_130_without_a_traceback(tmp_path, how):
+    import subprocess
+
+    if how == "script":  # as the console script `opsdk` does it
+        script = tmp_path / "opsdk"
+        script.write_text(_INTERRUPT_AT_IMPORT + "from opsdk.cli import main\n"
+                          "sys.exit(main())\n")
+        argv = [sys.executable, str(script), "list"]
+    else:
+        argv = [sys.executable, "-c", _INTERRUPT_AT_IMPORT + "import runpy\n"
+                "sys.argv = ['opsdk', 'list']\n"
+                "runpy.run_module('opsdk', run_name='__main__', alter_sys=True)\n"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stderr.strip()) == (130, "interrupted")
