@@ -107,12 +107,6 @@ def _given_inputs(m: dict[str, Any], given: Any) -> list[np.ndarray]:
         except (OSError, ValueError) as e:
             raise ArtifactError(f"--inputs {given}: cannot read it as .npz ({e})") from None
     if isinstance(given, Mapping):
-        takes = ", ".join(s["name"] for s in m["inputs"])
-        known = {s["name"] for s in m["inputs"]} | {f"arr_{i}" for i in range(len(m["inputs"]))}
-        extra = [k for k in given if k not in known]
-        if extra:  # an extra array (a misspelt name) was ignored and the run passed
-            raise ArtifactError(f"inputs: {', '.join(map(repr, extra))} name no input of the "
-                                f"model; it takes {takes}")
         arrays = []
         for i, sp in enumerate(m["inputs"]):
             for key in (sp["name"], f"arr_{i}"):
@@ -122,6 +116,11 @@ def _given_inputs(m: dict[str, Any], given: Any) -> list[np.ndarray]:
             else:
                 raise ArtifactError(f"inputs: no array named {sp['name']!r} (or arr_{i}); "
                                     f"the model takes {', '.join(s['name'] for s in m['inputs'])}")
+        known = {s["name"] for s in m["inputs"]} | {f"arr_{i}" for i in range(len(m["inputs"]))}
+        extra = [k for k in given if k not in known]
+        if extra:  # an extra array (a misspelt name) was ignored and the run passed
+            raise ArtifactError(f"inputs: {', '.join(map(repr, extra))} name no input of the "
+                                f"model; it takes {', '.join(s['name'] for s in m['inputs'])}")
     else:
         arrays = [np.asarray(a) for a in given]
     if len(arrays) != len(m["inputs"]):

@@ -42,3 +42,17 @@ def test_an_arm_build_run_on_the_host_says_so(relu_mod):
     with LocalRunner() as r, pytest.raises(InputMismatch,
                                            match="compiled for another CPU architecture"):
         r.run(ex, [np.ones((8, 16), "float32")])
+
+
+def test_run_with_an_npz_array_naming_no_input_is_refused(relu_mod, tmp_path, capsys):
+    from opsdk.cli import main
+    from opsdk.deploy import build_artifact
+
+    art = tmp_path / "art"
+    x = np.ones((2, 16), "float32")
+    build_artifact(relu_mod, art, target="x86", inputs=[x], log=None)
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=x, y=x)  # `y` was ignored: PASS, exit 0
+    assert main(["run", str(art), "--inputs", str(npz), "--repeats", "1"]) == 2
+    assert ("opsdk run: error: inputs: 'y' name no input of the model; it takes x"
+            in capsys.readouterr().err)
