@@ -205,7 +205,7 @@ def model_path_problem(text: str) -> str | None:
     True
     """
     p = pathlib.Path(text)
-    if p.is_dir():
+    if p.is_dir() and not (p / "__init__.py").is_file():  # a package is a module name
         return f"is a folder; {_MODEL_KINDS}"
     if p.is_file() and p.suffix not in MODEL_SUFFIXES:
         return f"a {p.suffix or 'suffix-less'} file is no model; {_MODEL_KINDS}"

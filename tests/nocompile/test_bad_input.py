@@ -583,3 +583,10 @@ def test_ctrl_c_while_the_command_imports_is_130_without_a_traceback(tmp_path, h
                 "runpy.run_module('opsdk', run_name='__main__', alter_sys=True)\n"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stderr.strip()) == (130, "interrupted")
+
+
+def test_a_package_folder_is_still_a_module_name():
+    import opsdk
+    from opsdk._cliargs import model_path_problem
+
+    assert model_path_problem(str(__import__("pathlib").Path(opsdk.__file__).parent)) is None
