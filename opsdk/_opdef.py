@@ -123,6 +123,15 @@ def _shape_tuple(t: te.Tensor) -> tuple[Any, ...]:
     return tuple(int(s) if isinstance(s, tirx.IntImm) else s for s in t.shape)
 
 
+#: Names of every op defined in this process, registered or not (see defined_op_names).
+_DEFINED_NAMES: set[str] = set()
+
+
+def defined_op_names() -> frozenset[str]:
+    """Names of every :class:`OpDef` created in this process (registered or not)."""
+    return frozenset(_DEFINED_NAMES)
+
+
 @dataclass
 class OpDef:
     """A declared op: schema, TE compute, float64 reference and capability matrix.
@@ -165,6 +174,9 @@ class OpDef:
     # ONNX op types -> converter (None: the default one), used by opsdk.frontend.from_onnx
     onnx_maps: dict[str, Callable | None] = field(default_factory=dict)
     fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _DEFINED_NAMES.add(self.name)  # a rule for an op name no op has is a typo
 
     # ------------------------------------------------------------------ models
     def torch(self, *aten: str, convert: Callable | None = None) -> OpDef:
@@ -445,6 +457,11 @@ class OpDef:
                 if not msg.startswith(self.op_name):
                     msg = f"{self.op_name}: {msg}"
                 raise ValueError(msg) from None
+            except Exception as e:  # a bug in check= itself: blame it, not the compute
+                raise OpDefinitionError(
+                    f"op {self.name}: check= raised {type(e).__name__}: {e}; check(shapes, "
+                    "dtypes, attrs) raises ValueError to refuse a call, else returns None"
+                ) from e
         return nattrs
 
     def trace(
@@ -826,9 +843,15 @@ def op(
     """
 
     def wrap(fn: Callable[..., te.Tensor]) -> OpDef:
+        if not callable(fn) or not hasattr(fn, "__name__"):
+            raise OpDefinitionError(f"@opsdk.op decorates a function; got "
+                                    f"{type(fn).__name__} {fn!r:.40}")
         opname = name or fn.__name__
-        if not opname.isidentifier():
-            raise OpDefinitionError(f"op name {opname!r} is not a valid identifier")
+        # ASCII only: the name becomes C symbols, file names and TVM op names, which mangle
+        # other letters (a non-ASCII name failed verify's lints, not at its definition).
+        if not isinstance(opname, str) or not (opname.isascii() and opname.isidentifier()):
+            raise OpDefinitionError(f"op name {opname!r} must be an identifier of ASCII "
+                                    "letters, digits and _ (not starting with a digit)")
         if len(opname) > MAX_OP_NAME:  # it names files (new-op --from, tests) and symbols
             raise OpDefinitionError(f"op name {opname[:20]!r}... is {len(opname)} characters; "
                                     f"keep it to {MAX_OP_NAME} or fewer")

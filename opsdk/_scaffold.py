@@ -77,8 +77,11 @@ def _check_name(name: str, own: pathlib.Path | None = None) -> None:
             f"op name {name!r} must be a plain Python identifier (no path separators or dots); "
             "use --dir to choose where files go"
         )
-    if not name.isidentifier() or not name.isascii():
+    if not name.isidentifier():
         raise ScaffoldError(f"op name {name!r} is not a valid Python identifier; try e.g. 'my_op'")
+    if not name.isascii():  # a Python identifier, but it names C symbols and files
+        raise ScaffoldError(f"op name {name!r} must be ASCII letters, digits and _ only (it "
+                            "names C symbols and files); try e.g. 'my_op'")
     if len(name) > _MAX_NAME:
         raise ScaffoldError(f"op name {name[:20]!r}... is {len(name)} characters; keep it to "
                             f"{_MAX_NAME} or fewer")

@@ -155,7 +155,9 @@ def rule(
             raise TypeError(f"schedule rule {name or '(unnamed)'} for {whom}: @rule decorates "
                             "a function (func, target) -> Schedule | None, got "
                             f"{type(fn).__name__}")
-        rname = name or f"{target_key}.{fn.__name__.lstrip('_')}"
+        rname = name or f"{target_key}.{getattr(fn, '__name__', 'rule').lstrip('_')}"
+        _check_rule_signature(fn, f"schedule rule {rname} for {whom}")
+        _check_rule_ops(fn, f"schedule rule {rname}", ops)
         # Checked here, where the rule has its name: a typo names the rule, its ops and the
         # valid choices at definition, instead of a rule that silently never applies.
         _check_rule_args(f"schedule rule {rname} for {whom}", target_key, kinds, requires,
@@ -181,6 +183,46 @@ def rule(
         return fn
 
     return deco
+
+
+def _check_rule_signature(fn: Callable, who: str) -> None:
+    """Refuse a rule that cannot be called as ``fn(func, target)``: the driver's call raised
+    on every kernel, a warning each time, and the generic lowering ran unverified."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: the call will tell
+        return
+    try:
+        sig.bind(None, None)
+    except TypeError:
+        raise TypeError(f"{who}: {getattr(fn, '__name__', fn)!s}{sig} cannot be called as "
+                        "(func, target); define it as def rule(func, target) -> "
+                        "s_tir.Schedule | None") from None
+
+
+def _check_rule_ops(fn: Callable, who: str, ops: Sequence[str]) -> None:
+    """Refuse a rule for an op name no op has: a typo made a rule that never applied.
+
+    Only a user's rule is checked (built-in rule modules may load before the built-in
+    ops); its op must be defined first, as ``@myop.rule(...)`` makes sure."""
+    if str(getattr(fn, "__module__", "")).startswith("opsdk."):
+        return
+    from .._opdef import defined_op_names
+    from ..registry import is_registered
+
+    known = defined_op_names()
+    for o in ops:
+        if o in known or is_registered(o):
+            continue
+        import difflib
+
+        m = difflib.get_close_matches(o, sorted(known), n=1)
+        raise ValueError(f"{who}: no op named {o!r} is defined"
+                         + (f" (did you mean {m[0]!r}?)" if m else "")
+                         + "; define the op before its rules (or use @myop.rule(...)), "
+                         "or key the rule by kind ('kind:elementwise')")
 
 
 #: TVM target keys a rule may be keyed by (``Target(...).keys``).
@@ -310,6 +352,10 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
             warnings.warn(f"opsdk: schedule rule {r.name} returned a {type(sch).__name__} on "
                           f"{op.name}; a rule returns an s_tir.Schedule or None", stacklevel=2)
             ch.reasons.append(f"{r.name}: returned {type(sch).__name__}, not a Schedule")
+            # A failure like a raise: verify refuses the kernel instead of passing the
+            # generic lowering in the rule's place.
+            ch.failures.append(f"{r.name}: TypeError: returned {type(sch).__name__} "
+                               f"{_short_repr(sch)}, not an s_tir.Schedule or None")
             continue
         ch.rule, ch.claims, ch.func, ch.schedule = r.name, r.claims, sch.mod["main"], sch
         ch.reasons.append(
@@ -320,6 +366,11 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         return ch
     ch.reasons.append("no rule applied: generic lowering")
     return ch
+
+
+def _short_repr(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _brief_error(e: Exception) -> str:

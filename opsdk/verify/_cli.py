@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -31,7 +32,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     5
     """
     parser.add_argument("ops", nargs="*", metavar="OP", help="ops to verify (default: all)")
-    parser.add_argument("--target", default="host",
+    # None when not given: a --case's own target is then the one used (see _run_case).
+    parser.add_argument("--target", default=None,
                         help="x86, arm, arm-dotprod, arm-sve, c (default: host)")
     parser.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                         help="only these dtypes (space or comma separated)")
@@ -102,7 +104,7 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
 
     _load_modules(args.module)
     try:
-        tname = target_spec(args.target).name
+        tname = target_spec(args.target or "host").name
     except ValueError as e:
         raise _Usage(str(e)) from None
     if getattr(args, "kernels", False):
@@ -242,6 +244,11 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
             raw.setdefault("op", defs[0].name)
             if len(defs) != 1 or raw["op"] != defs[0].name:
                 raise ValueError(f"the case is for op {raw['op']!r}, not {args.ops}")
+        if args.target is not None and "target" in raw and raw["target"] != tname:
+            # Else one of the two was silently ignored (an arm case ran under --target x86).
+            raise ValueError(f"the case is for target {raw['target']!r} but --target is "
+                             f"{tname!r}; drop --target to run the case's target, or edit its "
+                             "\"target\"")
         raw.setdefault("target", tname)
         case = Case.from_dict(raw)
         from ..targets import target as resolve_target
@@ -290,6 +297,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The largest float64 copy of one input a --case may need (verify keeps several).
+_MAX_CASE_BYTES = 4 * 2**30
+
+
 def _check_case_fields(case: Any, d: Any) -> None:
     """A hand-edited ``--case`` is a usage error (exit 2) naming the field, not a failed case
     (a typo of a layout even passed, as the default layout)."""
@@ -309,10 +320,22 @@ def _check_case_fields(case: Any, d: Any) -> None:
         problems.append(f"layout {case.layout!r} is not one of {', '.join(d.layouts)}")
     problems += [f"data {k!r}: {v!r} is not a recipe ({', '.join(sorted(recipes))})"
                  for k, v in case.data.items() if v not in recipes]
+    inputs = [p.name for p in d.tensor_params]
+    problems += [f"data {k!r} is not an input of the op ({', '.join(inputs)})"
+                 for k in case.data if k not in inputs]  # else its recipe was ignored
     if not isinstance(case.seed, int) or isinstance(case.seed, bool):
         problems.append(f"seed {case.seed!r} is not a whole number")
     if not case.shape or any(n < 1 for n in case.shape):
         problems.append(f"shape {list(case.shape)} needs positive dims")
+    else:  # else a failed build or a MemoryError, blamed on the op
+        lo, hi = d.ranks
+        if not lo <= len(case.shape) <= hi:
+            problems.append(f"shape {list(case.shape)} has rank {len(case.shape)}; the op "
+                            f"takes rank {lo}..{hi} (ranks=)")
+        elif math.prod(case.shape) * 8 > _MAX_CASE_BYTES:  # float64 reference copies
+            problems.append(f"shape {list(case.shape)} needs "
+                            f"{math.prod(case.shape) * 8 / 2**30:.1f} GiB per float64 input "
+                            f"copy; keep a case under {_MAX_CASE_BYTES // 2**30} GiB")
     if not isinstance(case.static, bool):  # "no" is truthy: it compiled static silently
         problems.append(f"static {case.static!r} is not true or false")
     free_dims = getattr(d, "free_dims", {})
