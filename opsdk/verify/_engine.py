@@ -19,7 +19,7 @@ import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +36,7 @@ from tvm import relax, tirx
 from .._dtypes import accum_dtype, np_dtype
 from .._opdef import OpDef, as_outputs
 from ..registry import builder, get_op, is_registered, register, unregister
-from ..schedules import GENERIC, choose, generic_only
+from ..schedules import _RULES, GENERIC, choose, generic_only, rule_failures
 from ..schedules._common import vector_lanes
 from ..targets import TARGETS, target_arch, target_spec
 from ..targets import target as resolve_target
@@ -157,6 +157,26 @@ def _database(database: Any) -> ExampleDatabase | None:
     if isinstance(database, (str, os.PathLike)):
         return DirectoryBasedExampleDatabase(str(database))
     return database
+
+
+@contextlib.contextmanager
+def _temporary_hypothesis_home() -> Iterator[None]:
+    """Hypothesis's storage in a temporary folder for the block (deleted after), unless
+    ``$HYPOTHESIS_STORAGE_DIRECTORY`` chooses one."""
+    import tempfile
+
+    from hypothesis import configuration
+
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    prev = getattr(configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="opsdk-hypothesis-") as tmp:
+        configuration.set_hypothesis_home_dir(tmp)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(prev)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,10 +468,18 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         inputs = make_inputs(d, case)
         b = _get_build(d, case, tgt, generic=generic)
         res.rule, res.tir = b.rule, b.prim.script()
+        broken = _user_rule_failures(b.prim)
+        if broken:
+            # The generic lowering (or a lower rule) ran in its place: passing it would
+            # report the user's rule verified when it never ran.
+            res.status = "error"
+            res.message = (f"schedule rule {broken[0]} (on {d.name}, which it was chosen "
+                           "for); fix the rule, or return None to decline the kernel")
+            return res
         args = [inputs[n] for n in b.params]
         gots = _run(runner, b.ex, args)
     except Exception as e:  # a claimed cell must build and run
-        res.status, res.message = "error", f"{type(e).__name__}: {e}".split("\n")[0][:2000]
+        res.status, res.message = "error", _plain_error(d, e)
         return res
     n_out = len(b.outs)
     if len(gots) != n_out:
@@ -560,6 +588,27 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
     if res.status != "pass" and res.index is not None:
         res.worst_inputs = _inputs_at(inputs, res.index, got.shape)
     return res
+
+
+def _user_rule_failures(prim: tirx.PrimFunc) -> list[str]:
+    """The failures recorded on ``prim`` of rules defined outside opsdk (a user's)."""
+    builtin = {r.name for r in _RULES if str(getattr(r.fn, "__module__", "")).startswith("opsdk.")}
+    return [f for f in rule_failures(prim) if f.split(":", 1)[0] not in builtin]
+
+
+#: TVM internal check messages (a substring) and what they mean for the op's compute.
+_TVM_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("Divide by zero", "compute of {op} divides by zero (TVM folded the divisor to 0)"),
+)
+
+
+def _plain_error(d: OpDef, e: Exception) -> str:
+    """One line for a build/run error; a known TVM internal check said in the op's terms."""
+    text = str(e)
+    for needle, plain in _TVM_MESSAGES:
+        if needle in text:
+            return plain.format(op=d.name)
+    return f"{type(e).__name__}: {text}".split("\n")[0][:2000]
 
 
 def _compare(d: OpDef, x64: Mapping[str, Any], nattrs: Mapping[str, Any], case: Case,
@@ -678,6 +727,10 @@ def verify_cell(
             raise _CaseFailed(res)
 
     n = profile.max_examples if max_examples is None else max_examples
+    # Without a database nothing is written to the working folder: hypothesis keeps other
+    # files (its constants cache) under ./.hypothesis unless its home is elsewhere.
+    home = (_temporary_hypothesis_home() if database is None
+            else contextlib.nullcontext())
 
     def search(explicit: Sequence[Case], budget: int) -> None:
         test = given(case=strategy)(body)
@@ -709,15 +762,16 @@ def verify_cell(
         with contextlib.suppress(Exception):  # a failing build is reported per example
             _get_builds(d, corners, tgt,  # side by side
                         generic=lambda c: profile.invariance == "all" or c in inv_cases)
-    search(corners, n)
-    if last_fail and last_fail[0].case in corners:
-        # Explicit examples are not shrunk: look for the bug with random examples, which
-        # hypothesis shrinks, and report that one when found (else the corner case).
-        corner = last_fail[0]
-        last_fail.clear()
-        search((), max(4 * n, 20))
-        if not last_fail:
-            last_fail.append(corner)
+    with home:
+        search(corners, n)
+        if last_fail and last_fail[0].case in corners:
+            # Explicit examples are not shrunk: look for the bug with random examples, which
+            # hypothesis shrinks, and report that one when found (else the corner case).
+            corner = last_fail[0]
+            last_fail.clear()
+            search((), max(4 * n, 20))
+            if not last_fail:
+                last_fail.append(corner)
 
     cell.failure = last_fail[0] if last_fail else None
     if cell.failure is not None:
@@ -890,7 +944,7 @@ def lint_cell(d: OpDef, target: str, dtype: str, layout: str,
             b = _get_build(d, c, tgt, generic=False)
         except Exception as e:
             out.append(LintResult(d.name, tname, dtype, layout, "?", "build", "fail",
-                                  f"{type(e).__name__}: {e}"[:300]))
+                                  _plain_error(d, e)[:300]))
             continue
         out += lint_prim_func(d, b.prim, b.ex, tgt, target_name=tname, dtype=dtype,
                               layout=layout, symbolic=symbolic, prim_name=b.prim_name)
