@@ -357,5 +357,16 @@ def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
         fn = _REWRITES.get(name)
         return node if fn is None or len(node.args) != 1 else fn(node.args[0])
 
-    body = structural_mutate(func.body, [(_Call, call)])
+    def cast(node: tirx.Cast, mut) -> tirx.PrimExpr:
+        # A bfloat16 store of a result that now has Let bindings: TVM's rounding reads its
+        # operand twice and would bind each variable twice (as _opdef does for computes).
+        node = mut.default_mutate(node)
+        if str(node.ty) != "bfloat16" or str(node.value.ty) != "float32" \
+                or not has_let(node.value):
+            return node
+        from .te_utils import narrow
+
+        return narrow(node.value, "bfloat16")
+
+    body = structural_mutate(func.body, [(_Call, call), (tirx.Cast, cast)])
     return func if body.same_as(func.body) else func.with_body(body)
