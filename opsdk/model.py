@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,14 +149,31 @@ class LoadedModel:
                    inputs, model, tuple(args), onnx_bytes, err)
 
 
+@contextlib.contextmanager
+def _fd2_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block (C++ writers bypass ``sys.stderr``)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     import io
 
     import torch
 
     buf = io.BytesIO()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+    try:  # torch's C++ side prints the whole TorchScript graph to fd 2 when export fails
+        with contextlib.redirect_stderr(io.StringIO()), _fd2_silenced(), torch.no_grad():
             torch.onnx.export(model, args, buf, dynamo=False, opset_version=17)
     except Exception as e:  # an exporter gap must not stop the rest of the benchmark
         return None, f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]

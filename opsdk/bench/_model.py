@@ -229,7 +229,15 @@ def run_model_bench(
 
 
 def _torch_out(out: Any) -> np.ndarray:
-    while isinstance(out, (tuple, list)):
+    """The first output of a torch model: through tuples, lists, dicts and transformers'
+    ``ModelOutput`` (a ``CausalLMOutput``'s logits)."""
+    while not hasattr(out, "detach"):
+        if hasattr(out, "to_tuple"):
+            out = out.to_tuple()
+        elif isinstance(out, dict):
+            out = list(out.values())
+        if not isinstance(out, (tuple, list)) or not out:
+            raise TypeError(f"the model returned {type(out).__name__}, not tensors")
         out = out[0]
     return out.detach().cpu().numpy()
 

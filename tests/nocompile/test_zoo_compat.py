@@ -128,3 +128,21 @@ def test_transformers_does_not_hide_the_cause(tmp_path):
         r"bert_model\.py:1: ZooImportError: torchvision \S+ beside torch \S+ does not import: "
         r"RuntimeError: operator torchvision::roi_align does not exist; fix: install the "
         r"torchvision built for this torch \(PyTorch's CPU wheel index\)\n", out.stdout)
+
+
+def test_the_bench_reads_a_transformers_output_as_its_first_tensor():
+    # `bench --model` of a GPT-2 stopped at "CausalLMOutputWithCrossAttentions has no
+    # attribute detach": transformers returns a ModelOutput, not a tensor.
+    import torch
+
+    from opsdk.bench._model import _torch_out
+
+    class Output(dict):  # the part of transformers' ModelOutput the bench relies on
+        def to_tuple(self):
+            return tuple(self.values())
+
+    logits = torch.arange(6.0).reshape(2, 3)
+    for out in (Output(logits=logits, past=None), {"logits": logits}, [(logits,)], logits):
+        assert (_torch_out(out) == logits.numpy()).all()
+    with pytest.raises(TypeError, match="returned NoneType, not tensors"):
+        _torch_out(None)
