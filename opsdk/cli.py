@@ -467,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.excepthook = _PREVIOUS_HOOK
     argv = list(sys.argv[1:] if argv is None else argv)
     _printable_output()
+    sys.unraisablehook = _interrupt_not_swallowed
     try:  # Ctrl-C at any point, start-up (importing TVM) included: a word, not a traceback
         rc = _main(argv)
         sys.stdout.flush()  # a full disk shows here, not as "Exception ignored" at exit
@@ -492,6 +493,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"opsdk: error: cannot write the output ({e.strerror or e}); free some space "
               "or write elsewhere", file=sys.stderr)
         return 1
+
+
+def _interrupt_not_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
+    """A Ctrl-C that lands in a garbage-collector callback (hypothesis installs one) is
+    "ignored" by Python, with a traceback, and the command ran on: delivered again to the
+    main thread instead, where ``main`` turns it into exit 130."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread
+        import threading
+
+        # From another thread: raised here, it would be swallowed again.
+        threading.Timer(0.01, _thread.interrupt_main).start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _drop_stdout() -> None:

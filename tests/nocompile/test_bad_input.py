@@ -590,3 +590,35 @@ def test_a_package_folder_is_still_a_module_name():
     from opsdk._cliargs import model_path_problem
 
     assert model_path_problem(str(__import__("pathlib").Path(opsdk.__file__).parent)) is None
+
+
+def test_ctrl_c_inside_a_gc_callback_still_stops_the_command(monkeypatch, capsys):
+    # hypothesis installs a gc callback; a Ctrl-C landing there was "ignored" by Python
+    # (a traceback on stderr) and `opsdk verify` ran on to PASS, exit 0.
+    import gc
+    import time
+
+    from opsdk import cli
+
+    def callback(phase, info):
+        if phase == "start" and not callback.fired:
+            callback.fired = True
+            raise KeyboardInterrupt
+
+    callback.fired = False
+
+    def command(argv):
+        gc.callbacks.append(callback)
+        try:
+            gc.collect()
+            for _ in range(200):
+                time.sleep(0.01)
+        finally:
+            gc.callbacks.remove(callback)
+        return 0
+
+    monkeypatch.setattr(cli, "_main", command)
+    monkeypatch.setattr("sys.unraisablehook", sys.unraisablehook)  # restored after
+    assert cli.main(["list"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
