@@ -467,9 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.excepthook = _PREVIOUS_HOOK
     argv = list(sys.argv[1:] if argv is None else argv)
     _printable_output()
-    sys.unraisablehook = _interrupt_not_swallowed
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupt_not_swallowed
     try:  # Ctrl-C at any point, start-up (importing TVM) included: a word, not a traceback
-        rc = _main(argv)
+        try:
+            rc = _main(argv)
+        finally:  # main() called as a function (tests, scripts) leaves the hook as it was
+            sys.unraisablehook = previous_hook
         sys.stdout.flush()  # a full disk shows here, not as "Exception ignored" at exit
         return rc
     except KeyboardInterrupt:

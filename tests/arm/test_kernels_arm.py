@@ -39,9 +39,11 @@ _EPILOGUE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("activation", ["silu", "hardswish", "sigmoid", "tanh"])
+@pytest.mark.parametrize("activation", ["silu", "tanh"])
 def test_transcendental_epilogues_match_float64_on_arm(activation):
-    # The vector polynomials (opsdk._vecmath) and the folded epilogue DAG, run on aarch64.
+    # The vector polynomials (opsdk._vecmath) and the folded epilogue DAG, run on aarch64:
+    # SiLU is sigmoid's exp and a DAG, tanh the other polynomial (hardswish and sigmoid
+    # add nothing arm-specific; x86 verifies all four).
     from opsdk.kernels import register_kernels
     from opsdk.verify import Case, run_case
 
