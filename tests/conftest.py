@@ -41,3 +41,28 @@ def relu_mod():
             y = bb.emit_output(relax.op.nn.relu(x))
         bb.emit_func_output(y)
     return bb.get()
+
+
+@pytest.fixture(autouse=True)
+def _default_sigint():
+    """Each test starts with Python's own Ctrl-C handling (a test of Ctrl-C needs it), and a
+    test that changes it is named (as a warning) and undone. In two full runs the Ctrl-C
+    tests of the scaffold and of the CLI found SIGINT handled otherwise, though neither
+    fails alone; the culprit is not known yet."""
+    import signal
+    import threading
+    import warnings
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        warnings.warn(f"SIGINT handler was {signal.getsignal(signal.SIGINT)!r} before this "
+                      "test; reset to Python's default", RuntimeWarning, stacklevel=1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    yield
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        warnings.warn(f"this test left SIGINT handled by {signal.getsignal(signal.SIGINT)!r}",
+                      RuntimeWarning, stacklevel=1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
