@@ -43,6 +43,7 @@ __all__ = [
     "replace_block_body",
     "rfactor_reduction",
     "schedule_channels_last_groups",
+    "schedule_columns",
     "schedule_elementwise",
     "schedule_fallback",
     "schedule_prologue",
@@ -855,6 +856,108 @@ def schedule_whole(
         if loops:
             inner = _fuse(sch, loops[-MAX_FUSE:])
             vectorize_loop(sch, inner, vector_lanes(target, _dtype_bits(sch, rv)))
+    return sch
+
+
+def schedule_columns(
+    func: tirx.PrimFunc, target: Target, *, accumulators: int = 4
+) -> s_tir.Schedule | None:
+    """A reduction over outer axes whose innermost output axis is the input's innermost axis
+    (a channels-last mean over H and W, global average pooling, a sum over a batch): the
+    output columns in full vectors, the reduction loops outside them, chunks of columns (and
+    the outer output axes) across the cores.
+
+    Each chunk holds up to ``accumulators`` vectors of partial sums; the chunk is narrowed
+    (down to one vector) until there are at least 4 chunks for the cores. A column count that
+    is not a multiple of the vector width keeps its tail in a partitioned loop of its own.
+    Spatial producers are inlined into the reduction; consumers (mean's divide) are
+    vectorized on their own. Returns None for anything else (the reduced axis innermost is
+    :func:`schedule_rows`' case), and for symbolic shapes.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te, tirx
+    >>> from opsdk.schedules._common import schedule_columns
+    >>> x = te.placeholder((1, 7, 7, 64), name="x")
+    >>> h, w = te.reduce_axis((0, 7), "h"), te.reduce_axis((0, 7), "w")
+    >>> y = te.compute((1, 64), lambda n, c: te.sum(x[n, h, w, c], axis=[h, w]), name="y")
+    >>> sch = schedule_columns(te.create_prim_func([x, y]), opsdk.target("x86"))
+    >>> sch is not None
+    True
+    """
+    sch = s_tir.Schedule(func)
+    blocks = analyze(sch)
+    if not blocks:
+        return None
+    reds = [b for b in blocks if b.is_reduction]
+    if len(reds) != 1 or any(not isinstance(e, tirx.IntImm) for b in blocks for e in b.extents):
+        return None
+    red = reds[0]
+    for b in blocks[: blocks.index(red)]:
+        try:
+            sch.compute_inline(b.rv)
+        except Exception:  # a producer TVM cannot inline: not this rule's case
+            return None
+    blk = sch.get(red.rv)
+    spatial_ivs = [iv for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    live = [iv for iv in spatial_ivs if int(iv.dom.extent) != 1]
+    if not live:
+        return None
+    col = live[-1].var
+    out = blk.writes[0].source
+    # Every input read walks its innermost axis with the innermost output column.
+    for r in blk.reads:
+        if r.source.same_as(out):
+            continue
+        last = r.region[-1]
+        if not (isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1
+                and last.min.same_as(col)):
+            return None
+    loops = sch.get_loops(red.rv)
+    realize = _realize(sch, red.rv)
+    spatial, rloops = [], []
+    for lp, iv, val in zip(loops, realize.block.iter_vars, realize.iter_values):
+        if not val.same_as(sch.get(lp).loop_var):
+            return None
+        (rloops if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+    spatial = [lp for lp in spatial if extent_of(sch, lp) != 1]
+    inner, outer = spatial[-1], spatial[:-1]
+    lanes = vector_lanes(target, _dtype_bits(sch, red.rv))
+    ext = extent_of(sch, inner)
+    if ext is None or ext < lanes:
+        return None
+    n_outer = 1
+    for lp in outer:
+        n_outer *= extent_of(sch, lp) or 1
+    main = ext - ext % lanes
+    k = max(1, min(accumulators, main // lanes))
+    while k > 1 and (main % (lanes * k) or n_outer * (main // (lanes * k)) < 4):
+        k -= 1
+    width = lanes * k
+    sch.reorder(*outer, inner, *rloops)
+    if outer and n_outer > 1:
+        sch.parallel(_fuse(sch, outer))
+    parts = [inner] if main == ext else list(sch.loop_partition(inner, [main]))
+    for i, part in enumerate(parts):
+        # A partition is a block scope of its own: find its leaf (the reduction) below it.
+        chunk, vec = sch.split(part, [None, width]) if i == 0 else (None, part)
+        leaf = sch.get_child_blocks(vec)[0]
+        while sch.get_child_blocks(leaf):
+            leaf = sch.get_child_blocks(leaf)[0]
+        r_here = sch.get_loops(leaf)[-len(rloops):]
+        sch.reorder(*r_here, vec)
+        if chunk is not None:
+            sch.reorder(chunk, *r_here)
+            if not (outer and n_outer > 1) and main // width > 1:
+                sch.parallel(chunk)
+        sch.vectorize(vec)
+        init = sch.decompose_reduction(leaf, r_here[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(rv).name_hint != blk.name_hint and not any(
+                iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(rv).iter_vars):
+            _fallback_block(sch, rv, target)
     return sch
 
 

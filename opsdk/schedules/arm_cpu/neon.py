@@ -6,7 +6,13 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import schedule_elementwise, schedule_fallback, schedule_rows, schedule_whole
+from .._common import (
+    schedule_columns,
+    schedule_elementwise,
+    schedule_fallback,
+    schedule_rows,
+    schedule_whole,
+)
 from .._conv import schedule_conv2d
 from .._gemm import schedule_matmul
 from .._winograd import schedule_winograd
@@ -55,6 +61,21 @@ def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Parallel rows, passes over a row kept in cache, 4 x 4-lane NEON partial sums reduced
     by a vector tree, NEON epilogue with a partitioned tail."""
     return schedule_rows(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    "kind:reduction",
+    "arm_cpu",
+    name="neon.columns",
+    requires=_NEON,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _columns(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A reduction over outer axes (channels-last mean over H, W; global average pooling):
+    the output columns in NEON vectors inside the reduction loops, column chunks across
+    the cores."""
+    return schedule_columns(func, target, accumulators=_ACCUMULATORS)
 
 
 @rule(

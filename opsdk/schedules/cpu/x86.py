@@ -9,6 +9,7 @@ from tvm.target import Target
 from .. import rule
 from .._common import (
     schedule_channels_last_groups,
+    schedule_columns,
     schedule_elementwise,
     schedule_fallback,
     schedule_rows,
@@ -65,6 +66,21 @@ def _rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     (2 full-width accumulators) reduced by a vector tree, vectorized epilogue with a
     partitioned tail."""
     return schedule_rows(func, target, accumulators=_ACCUMULATORS)
+
+
+@rule(
+    "kind:reduction",
+    "cpu",
+    name="x86.columns",
+    requires=_X86,
+    priority=10,
+    claims=("vectorize", "parallel"),
+)
+def _columns(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A reduction over outer axes (channels-last mean over H, W; global average pooling):
+    the output columns in AVX-512 vectors inside the reduction loops, column chunks across
+    the cores."""
+    return schedule_columns(func, target, accumulators=_ACCUMULATORS * 2)
 
 
 @rule(
