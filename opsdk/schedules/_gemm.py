@@ -30,7 +30,7 @@ from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 from tvm.tirx.stmt import BufferStore
 
-from ._common import _fuse, extent_of, schedule_prologue, vector_lanes
+from ._common import _fuse, extent_of, schedule_prologue, vector_lanes, vectorize_loop
 
 __all__ = [
     "GemmInfo",
@@ -353,36 +353,77 @@ def schedule_matmul(
     if info is None:
         return None
     blk = sch.get(main)
-    loops = sch.get_loops(main)
-    if len(loops) != len(info.kinds) or not float32_accumulator(blk):
+    if len(sch.get_loops(main)) != len(info.kinds) or not float32_accumulator(blk):
         return None
-    epi = tile_writeback(sch, main)
-    if epi is None:
-        return None
-    groups = {k: [lp for lp, kk in zip(loops, info.kinds) if kk == k] for k in "SIJK"}
+    lanes_max = vector_lanes(target, 32)
     # Only the innermost I and J axes are tiled; outer ones (a (batch, seq) activation's
     # batch) become outer loops like S. A tile of a fused (batch * seq) axis would straddle
     # two batch rows, and the write-back, which indexes the unfused output, would cover the
     # bounding box of both: rows no tile of this block computed (caught by verify).
+    ext = [_static(iv.dom.extent) for iv in blk.iter_vars]
+    i_last = max((p for p, kd in enumerate(info.kinds) if kd == "I"), default=None)
+    j_last = max(p for p, kd in enumerate(info.kinds) if kd == "J")
+    m_ext = ext[i_last] if i_last is not None else 1
+    n_ext = ext[j_last]
+    lanes, nv, mr = tile_mn(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
+    pad_n = n_ext is not None and n_ext % (lanes * nv) != 0
+    if pad_n:  # no tile width divides N (a sequence of 197 tokens): pad N to whole tiles
+        lanes, nv, mr = padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
+    nr = lanes * nv
+    pad_m = i_last is not None and m_ext is not None and m_ext % mr != 0
+    a_pad = b_pad = final = None
+    if pad_n or pad_m:
+        # The block computes whole tiles of zero-padded A and B (copies), so no predicate is
+        # left in the k loop (one per row there cost half the speed of a 197-row GEMM).
+        padding = [1] * len(info.kinds)
+        if pad_m:
+            padding[i_last] = mr
+        if pad_n:
+            padding[j_last] = nr
+        try:
+            sch.pad_einsum(main, padding)
+        except Exception:  # a block pad_einsum refuses keeps the predicated tiles
+            pad_n = pad_m = False
+        else:
+            info = analyze_gemm(sch, main)
+            if info is None:
+                return None
+            blk = sch.get(main)
+            a_pad = _producer_of(sch, main, blk.reads[info.a_read].source) if pad_m else None
+            b_pad = _producer_of(sch, main, blk.reads[info.b_read].source) if pad_n else None
+            if (pad_m and a_pad is None) or (pad_n and b_pad is None):
+                return None
+    if pad_n:
+        # The tiles are written back whole to the padded output of the block; the epilogue
+        # then runs over the real columns in its own vectorized pass (a masked write-back in
+        # the tile would be scalar: TVM scalarizes a vector loop under a lane predicate).
+        folded = fold_epilogue(sch, main)
+        if not folded:
+            return None
+        final = folded[0]
+        epi = sch.cache_write(main, 0, "local")
+    else:
+        epi = tile_writeback(sch, main)
+    if epi is None:
+        return None
+    loops = sch.get_loops(main)
+    groups = {k: [lp for lp, kk in zip(loops, info.kinds) if kk == k] for k in "SIJK"}
     outer = groups["S"] + groups["I"][:-1] + groups["J"][:-1]
     sch.reorder(*outer, *groups["I"][-1:], *groups["J"][-1:], *groups["K"])
     s = _fuse(sch, outer)
     m = groups["I"][-1] if groups["I"] else None
     n = groups["J"][-1]
     k = _fuse(sch, groups["K"])
-    lanes_max = vector_lanes(target, 32)
-    n_ext = extent_of(sch, n)
-    m_ext = extent_of(sch, m) if m is not None else 1
-    lanes, nv, mr = tile_mn(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
-    nr = lanes * nv
     # B in a packed layout [S..., N / NR, K, NR].
     bbuf = blk.reads[info.b_read].source
+    if b_pad is not None:  # B is the padding block's output: pack that, not a copy of it
+        bbuf = sch.get(b_pad).reads[0].source
     b_const = is_layout_free(func, bbuf)
     b_contig = info.b_pos[-1] == "J"
     b_bytes = 4
     for e in bbuf.shape:  # a symbolic dim counts as large: such a B is packed
         b_bytes *= int(e.value) if isinstance(e, tirx.IntImm) else 1 << 16
-    if b_const or not b_contig or b_bytes > pack_bytes:
+    if pad_n or b_const or not b_contig or b_bytes > pack_bytes:
         pos = info.b_pos
 
         def pack(*idx):
@@ -391,10 +432,10 @@ def schedule_matmul(
             kk = next(i for i, p in zip(idx, pos) if p == "K")
             return [*batch, j // nr, kk, j % nr]
 
-        bp = sch.cache_read(main, info.b_read, "global")
+        bp = b_pad if b_pad is not None else sch.cache_read(main, info.b_read, "global")
         padded = n_ext is None or n_ext % nr != 0
         sch.transform_layout(main, ("read", info.b_read), pack,
-                             pad_value=0.0 if padded else None)
+                             pad_value=0.0 if padded and not pad_n else None)
         if b_const:
             sch.annotate(bp, "meta_schedule.layout_rewrite_preproc", True)
         else:
@@ -402,9 +443,9 @@ def schedule_matmul(
     # Tiles.
     no, ni = sch.split(n, [None, nr])
     nvl, nl = sch.split(ni, [None, lanes])
+    a_first = b_bytes <= pack_bytes  # B stays in cache: stream A once
     if m is not None:
         mo, mi = sch.split(m, [None, mr])
-        a_first = b_bytes <= pack_bytes  # B stays in cache: stream A once
         tile_outer, tile_inner = (mo, no) if a_first else (no, mo)
         sch.reorder(tile_outer, tile_inner, k, mi, nvl, nl)
         anchor = tile_inner
@@ -418,5 +459,34 @@ def schedule_matmul(
     sch.vectorize(nl)
     par = _fuse(sch, [x for x in (s, tile_outer) if x is not None])
     sch.parallel(par)
+    if a_pad is not None:
+        # A's padded rows are copied per row tile, while they are in cache.
+        sch.compute_at(a_pad, par if a_first and m is not None else anchor)
+        vectorize_loop(sch, sch.get_loops(a_pad)[-1], lanes_max)
     sch.decompose_reduction(main, k)
+    if final is not None:
+        schedule_prologue(sch, final, lanes_max)
     return sch
+
+
+def _producer_of(sch: s_tir.Schedule, block, buf):
+    """The block before ``block`` that writes ``buf`` (a padding copy), or None."""
+    for p in sch.get_producers(block):
+        if any(w.source.same_as(buf) for w in sch.get(p).writes):
+            return p
+    return None
+
+
+def _static(e: tirx.PrimExpr) -> int | None:
+    return int(e.value) if isinstance(e, tirx.IntImm) else None
+
+
+def padded_tile(
+    m: int | None, n: int, lanes: int, max_vecs: int, mr_max: int, acc_regs: int
+) -> tuple[int, int, int]:
+    """(vector lanes, vectors per tile row, rows per tile) for an N that no vector width
+    divides (N is then padded to whole tiles): the tile width that wastes the fewest padded
+    columns, ties to the wider tile; rows as :func:`tile_m`. N = 197 gets 16-wide tiles
+    (208 columns computed) rather than 64-wide ones (256)."""
+    nv = min(range(1, max_vecs + 1), key=lambda v: (-(-n // (lanes * v)) * v, -v))
+    return lanes, nv, tile_m(m, max(1, min(mr_max, acc_regs // nv)))
