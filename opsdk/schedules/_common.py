@@ -699,8 +699,11 @@ def _schedule_rows(
     rows = _row_axes(blocks, BlockInfo(out.rv, out.name, "S" * len(out_ext), out_ext))
     if split_out is None:
         rows = min(rows, _indexed_rows(sch, blocks))
-    if rows == 0 or rows >= len(out_ext):
+    if rows == 0 or rows > len(out_ext):
         return None
+    if rows == len(out_ext) and not all(_reduces_innermost(sch, b) for b in blocks
+                                        if b.is_reduction):
+        return None  # one value per row, but not along memory: schedule_columns' case
     scratch = _elementwise_scratch(sch, blocks, rows)
     lanes32 = vector_lanes(target, 32)
     # 1. Reductions, while each block still has its own loop nest.
@@ -783,6 +786,22 @@ def _schedule_rows(
     if scratch is not None:
         return _scratch_in_output(sch, *scratch)
     return sch
+
+
+def _reduces_innermost(sch: s_tir.Schedule, b: BlockInfo) -> bool:
+    """Every input the reduction reads walks its innermost non-unit axis with a reduction
+    var (an input of unit axes only has nothing to walk)."""
+    blk = sch.get(b.rv)
+    red = {iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    out = blk.writes[0].source
+    reads = [r for r in blk.reads if not r.source.same_as(out)]
+    if not reads:
+        return False
+    for r in reads:
+        dims = [rg for rg, n in zip(r.region, r.source.shape) if not _is_one(n)]
+        if dims and not any(dims[-1].min.same_as(v) for v in red):
+            return False
+    return True
 
 
 def _is_side_output(sch: s_tir.Schedule, b: BlockInfo,
@@ -872,7 +891,7 @@ def schedule_columns(
     is not a multiple of the vector width keeps its tail in a partitioned loop of its own.
     Spatial producers are inlined into the reduction; consumers (mean's divide) are
     vectorized on their own. Returns None for anything else (the reduced axis innermost is
-    :func:`schedule_rows`' case), and for symbolic shapes.
+    :func:`schedule_rows`' case) and for a symbolic column count.
 
     Examples
     --------
@@ -891,7 +910,7 @@ def schedule_columns(
     if not blocks:
         return None
     reds = [b for b in blocks if b.is_reduction]
-    if len(reds) != 1 or any(not isinstance(e, tirx.IntImm) for b in blocks for e in b.extents):
+    if len(reds) != 1:
         return None
     red = reds[0]
     for b in blocks[: blocks.index(red)]:
@@ -925,16 +944,19 @@ def schedule_columns(
     inner, outer = spatial[-1], spatial[:-1]
     lanes = vector_lanes(target, _dtype_bits(sch, red.rv))
     ext = extent_of(sch, inner)
-    if ext is None or ext < lanes:
+    if ext is None:
         return None
     n_outer = 1
-    for lp in outer:
-        n_outer *= extent_of(sch, lp) or 1
-    main = ext - ext % lanes
-    k = max(1, min(accumulators, main // lanes))
-    while k > 1 and (main % (lanes * k) or n_outer * (main // (lanes * k)) < 4):
-        k -= 1
-    width = lanes * k
+    for lp in outer:  # a symbolic axis (the batch) counts as plenty of work
+        n_outer *= extent_of(sch, lp) or 64
+    if ext < lanes:  # fewer columns than lanes: one short vector
+        main, width = ext, ext
+    else:
+        main = ext - ext % lanes
+        k = max(1, min(accumulators, main // lanes))
+        while k > 1 and (main % (lanes * k) or n_outer * (main // (lanes * k)) < 4):
+            k -= 1
+        width = lanes * k
     sch.reorder(*outer, inner, *rloops)
     if outer and n_outer > 1:
         sch.parallel(_fuse(sch, outer))

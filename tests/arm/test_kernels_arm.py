@@ -22,8 +22,8 @@ def test_kernel_families_verify_on_arm():
     report = verify(list(KERNEL_OPS), "arm", profile="dev", seed=0, database=None)
     bad = [c.failure.format(tir=False) for c in report.cells if c.failure]
     assert report.ok, "\n".join(bad) or report.lints
-    assert {r for c in report.cells for r in c.rules} == {"neon.matmul", "neon.conv2d",
-                                                          "neon.winograd", "neon.pool"}
+    assert {r for c in report.cells for r in c.rules} == {
+        "neon.matmul", "neon.conv2d", "neon.winograd", "neon.pool", "neon.rows", "neon.columns"}
     claims = [x for x in report.lints if x.status != "skip"]
     assert claims and all(x.status == "pass" for x in claims), claims
 

@@ -780,6 +780,26 @@ def _merge_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
                                    lambda e: e - 1))
 
 
+from opsdk.kernels import tvm_mean  # noqa: E402
+
+mut_mean_columns_short = _family_copy(tvm_mean, "mut_mean_columns_short")
+
+
+@opsdk.rule("mut_mean_columns_short", "cpu", name="mut.mean_columns_short", priority=1000,
+            claims=("vectorize",))
+def _mean_columns_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The columns rule (channels-last mean) whose outer reduction loop stops one step early:
+    the last row of the window is never added (NCHW keeps the built-in rows rule)."""
+    from opsdk.schedules._common import schedule_columns
+
+    sch = schedule_columns(func, target)
+    if sch is None:
+        return None
+    # topi.sum names its reduction loops k<axis>: the first one met is the outermost
+    return s_tir.Schedule(_shorten(sch.mod["main"],
+                                   lambda n: str(n.loop_var.name).startswith("k"),
+                                   lambda e: e - 1))
+
 
 # ------------------------------------------------------------------------------ qconv2d
 
@@ -866,7 +886,7 @@ def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
                 "mut_conv_short_rc", "mut_softmax_merge_short", "mut_winograd_short_c",
-                "mut_winograd_tile_edge")
+                "mut_winograd_tile_edge", "mut_mean_columns_short")
 
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
@@ -907,6 +927,7 @@ BUGS = {
     "mut_winograd_short_c": "winograd rule's GEMMs forget the last input channel",
     "mut_winograd_tile_edge": "winograd rule writes the left column of each output tile only",
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
+    "mut_mean_columns_short": "channels-last mean rule forgets the last row of the window",
     "mut_ln_overflow_zero": "layer_norm returns zeros, not NaN, when the sum of squares overflows",
     "mut_qconv2d_zp_sign": "qconv2d adds the input zero point instead of subtracting it",
     "mut_qconv2d_int16_acc": "qconv2d accumulates in int16 (wraps)",
@@ -959,6 +980,7 @@ OPS = [
     mut_winograd_short_c,
     mut_winograd_tile_edge,
     mut_softmax_merge_short,
+    mut_mean_columns_short,
     mut_qconv2d_zp_sign,
     mut_qconv2d_int16_acc,
     mut_qconv2d_short_k,

@@ -61,7 +61,7 @@ def test_fallback_rules_take_model_kernels_not_ops():
 @pytest.mark.parametrize("d", KERNEL_OPS, ids=lambda d: d.name)
 def test_kernel_families_are_defined_with_their_rules(d):
     load_builtin_rules()
-    assert d.kind in ("matmul", "conv2d", "winograd", "pool")
+    assert d.kind in ("matmul", "conv2d", "winograd", "pool", "reduction")
     names = {r.name for r in rules_for(d)}
     assert any(n.startswith("x86.") for n in names) and any(n.startswith("neon.") for n in names)
     # Not in the built-in op list: a model does not call them.
