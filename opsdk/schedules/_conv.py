@@ -15,8 +15,10 @@ the layouts, both matched on that structure:
   along the output row; ``MR`` rows x ``NR`` pixels per tile, the weight broadcast.
 
 The padding block is a separate pass over the input (parallel, vectorized) for dense convs:
-reading the padded copy keeps branches out of the inner loop. A depthwise NHWC conv reads its
-padding in place instead (its bounds test is one scalar branch per pixel and tap).
+reading the padded copy keeps branches out of the inner loop. A depthwise NHWC conv and a conv
+over a few input channels (a 3-channel stem) read their padding in place instead (one scalar
+bounds test per pixel and tap), and a short innermost reduction (a stem's kw x c, a depthwise
+window row) is unrolled.
 """
 
 from __future__ import annotations
@@ -189,7 +191,10 @@ def schedule_conv2d(
         # 3x3 on 144x56x56, one core, 0.45 ms with the pass, 0.33 ms without). A dense conv
         # reuses each padded value across its output channels: there the branches cost more
         # than the pass (64 -> 64 channels: 1.86 ms inlined, 1.14 ms with the pass).
-        if info.channels_last and info.depthwise:
+        # A conv over a few input channels (a 3-channel stem) reuses each padded value only
+        # across its few taps: a separate pass over the input costs more than the branches
+        # (3 -> 16 3x3 stride 2 at 224x224, hardswish: 0.48x the time inlined).
+        if (info.channels_last and info.depthwise) or _few_channels(sch, info, loops):
             try:
                 sch.compute_inline(p)
                 continue
@@ -202,6 +207,16 @@ def schedule_conv2d(
     if info.depthwise and not info.channels_last:
         return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
     return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs)
+
+
+def _few_channels(sch, info: ConvInfo, loops) -> bool:
+    """Whether the reduction runs over fewer than :data:`_FEW_CHANNELS` input channels."""
+    c = [extent_of(sch, lp) for lp, r in zip(loops, info.roles) if r == "C"]
+    return len(c) == 1 and c[0] is not None and c[0] < _FEW_CHANNELS
+
+
+#: Input channels below which a dense conv reads its padding in place (a 3-channel stem).
+_FEW_CHANNELS = 8
 
 
 def _pack_weights(sch, func, info: ConvInfo, nr: int, lanes: int) -> None:
@@ -234,6 +249,8 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
     unrolled ``rows`` and ``vecs`` around the ``vec`` lanes; the write-back at the tile, the
     ``parallel`` loops (default: ``outer``) across the cores, the init hoisted."""
     sch.reorder(*outer, tile, *red, rows, vecs, vec)
+    for lp in _short_inner(sch, red):
+        sch.unroll(lp)
     sch.reverse_compute_at(epi, tile)
     vectorize_writeback(sch, epi, lanes)
     sch.unroll(rows)
@@ -248,32 +265,64 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
 def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
-    Every output channel in one tile where they fit (at most :data:`_MAX_CHANNEL_VECTORS`
-    vectors): a tile then writes whole output pixels, contiguous in NHWC, and broadcasts
-    each input value once. Then as many pixels as the registers allow: ``MR x NV``
-    accumulators plus the ``NV`` weight vectors reused across the pixels, within ``regs``;
-    a depthwise tile, whose every FMA needs its own input vector, keeps at most 12
-    accumulators. The pixel count divides the row where it can; with a long reduction
-    (``long_k``: at least 256 products per output, a 3x3 conv over 32+ channels) the largest
-    count is used with a tail tile instead (64 -> 64 3x3: 6 x 4 0.95x the time of 4 x 4).
-    Measured (NHWC, 56x56 unless noted, 2 threads, time relative to the old 8-pixel x
-    3-vector tile): 24 -> 144 1x1: 2 x 9 0.55; depthwise 144 s2: 1 x 9 0.49, 2 x 9 0.56;
-    32 -> 192 1x1 at 28x28: 1 x 12 0.66, 2 x 12 (36 registers, spills) 2.1; 64 -> 64 3x3:
-    4 x 4 0.90, 2 x 4 1.25.
+    Depthwise: every output channel in one tile where they fit (at most
+    :data:`_MAX_CHANNEL_VECTORS` vectors), then at most 12 accumulators (each FMA needs its
+    own input vector, so a larger tile only adds register pressure): measured on 144 channels
+    at 56x56 stride 2, 1 x 9 0.49 and 2 x 9 0.56 of the time of an 8-pixel x 3-vector tile.
+
+    Dense and grouped: like the matmul tile, the channel-vector count (dividing the channel
+    vectors) whose pixel count (dividing the row, at most :data:`_MAX_TILE_PIXELS`) fills the
+    most accumulators, ``MR x NV`` plus the ``NV`` weight vectors within ``regs``; ties go to
+    the wider tile (whole output pixels, each input value broadcast once). With a long
+    reduction (``long_k``: at least 256 products per output) a pixel count with a tail tile
+    competes too, by its accumulators that do useful work (64 -> 64 3x3 at 56x56: 6 x 4 0.95x
+    the time of 4 x 4; at 7x7 a 6-pixel tile wastes 5 of 12 pixels). Measured (NHWC, SiLU,
+    2 threads, interleaved, time relative to every channel in one tile): 80 -> 480 1x1 at
+    14x14: 7 x 3 0.62 (was 1 x 10); 192 -> 1152 at 7x7: 7 x 3 0.51 (was 1 x 12); 1152 -> 192
+    at 7x7: 7 x 3 0.44; 16 -> 96 at 112x112: 8 x 3 0.78 (was 2 x 6);
+    24 -> 144 at 56x56 and 40 -> 240 at 28x28: even.
     """
     lanes, nv = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
     nvec = -(-o_ext // lanes)
-    if nvec > _MAX_CHANNEL_VECTORS:  # wide layers: the largest divisor that fits
-        nv = max(v for v in range(1, _MAX_CHANNEL_VECTORS + 1) if nvec % v == 0)
-    else:
-        nv = nvec
-    budget = (12 if depthwise else regs - nv)
-    top = max(1, budget // nv)
-    mr = tile_m(w_ext, top)
-    if long_k and w_ext is not None and not depthwise and mr < top <= w_ext:
-        mr = top  # a long reduction amortizes the tail tile: every register in use
-    return lanes, nv, mr
+    cands = [v for v in range(1, min(nvec, _MAX_CHANNEL_VECTORS) + 1) if nvec % v == 0]
+    if depthwise:
+        nv = max(cands)
+        return lanes, nv, tile_m(w_ext, max(1, 12 // nv))
+    best = None
+    for v in cands:
+        top = max(1, min(_MAX_TILE_PIXELS, (regs - v) // v))
+        mr = tile_m(w_ext, top)
+        if long_k and w_ext is not None and mr < top <= w_ext:
+            mr = top  # a long reduction amortizes the tail tile: every register in use
+        exact = w_ext is None or w_ext % mr == 0
+        # Accumulators doing useful work: a tail tile computes a whole tile (7 pixels as
+        # 6 + 1 waste 5 of 12).
+        useful = mr * v * (w_ext / (-(-w_ext // mr) * mr) if w_ext else 1.0)
+        key = (exact or long_k, useful, v)
+        if best is None or key > best[0]:
+            best = (key, v, mr)
+    return lanes, best[1], best[2]
 
+
+def _short_inner(sch, red: list) -> list:
+    """The innermost reduction loops whose trip counts multiply to at most
+    :data:`_UNROLL_REDUCTION` (a 3-channel stem's kw x c, a depthwise window row): unrolled,
+    they leave no loop overhead between a tile's few FMAs per step."""
+    out, prod = [], 1
+    for lp in reversed(red):
+        ext = extent_of(sch, lp)
+        if ext is None or prod * ext > _UNROLL_REDUCTION:
+            break
+        prod *= ext
+        out.append(lp)
+    return out if prod > 1 else []
+
+
+#: Largest fully unrolled inner reduction (products per accumulator per step).
+_UNROLL_REDUCTION = 16
+
+#: Most output pixels in one dense channel-vector tile (the matmul tile's row limit).
+_MAX_TILE_PIXELS = 8
 
 #: Most output-channel vectors in one channel-vector tile (12 x 16 = 192 channels).
 _MAX_CHANNEL_VECTORS = 12

@@ -1,0 +1,166 @@
+"""The conv shapes real nets have, on the conv rule: depthwise 3x3 / 5x5 at stride 1 and 2,
+a 3-channel stem (padding read in place, its kw x c reduction unrolled), and a 1x1 conv over
+many channels at 7x7 (a 7-pixel x 3-vector tile, not one pixel x every channel). Each matches
+float64 within its bound, is vectorized over channels and parallel, and a bug planted in each
+new path is caught by verification."""
+
+from __future__ import annotations
+
+import pytest
+from tvm import s_tir, te, tirx
+from tvm_ffi.structural import structural_mutate, structural_walk
+
+import opsdk
+from opsdk.kernels import tvm_conv2d
+from opsdk.schedules import _conv
+from opsdk.schedules._conv import schedule_conv2d
+from opsdk.verify import Case, run_case
+
+# (id, input shape NHWC, attrs): static dims, bias present.
+SHAPES = [
+    ("dw3_s1", (1, 12, 10, 32), {"layout": "NHWC_dw", "channels": 32, "kernel": 3,
+                                 "stride": 1, "padding": 1, "activation": "silu"}),
+    ("dw3_s2", (1, 13, 11, 48), {"layout": "NHWC_dw", "channels": 48, "kernel": 3,
+                                 "stride": 2, "padding": 1, "activation": "relu"}),
+    ("dw5_s1", (1, 9, 9, 16), {"layout": "NHWC_dw", "channels": 16, "kernel": 5,
+                               "stride": 1, "padding": 2, "activation": "hardswish"}),
+    ("dw5_s2", (1, 14, 14, 32), {"layout": "NHWC_dw", "channels": 32, "kernel": 5,
+                                 "stride": 2, "padding": 2, "activation": "silu"}),
+    ("stem3", (1, 20, 18, 3), {"layout": "NHWC", "channels": 16, "kernel": 3, "stride": 2,
+                               "padding": 1, "activation": "hardswish"}),
+    ("pw_7x7", (1, 7, 7, 96), {"layout": "NHWC", "channels": 192, "kernel": 1, "stride": 1,
+                               "padding": 0, "activation": "silu"}),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    from opsdk.kernels import register_kernels
+
+    register_kernels()
+
+
+def _case(shape, attrs, target="x86", seed=3):
+    return Case("tvm_conv2d", target, "float32", attrs["layout"], shape, attrs, ("bias",), {},
+                seed, static=True)
+
+
+def _scheduled(shape, attrs) -> tirx.PrimFunc:
+    """The conv rule's schedule of the kernel (x86, 16 lanes)."""
+    k, o = attrs["kernel"], attrs["channels"]
+    c = shape[3]
+    dw = attrs["layout"].endswith("dw")
+    x = te.placeholder(shape, name="x")
+    w = te.placeholder((k, k, 1 if dw else c, c if dw else o), name="w")
+    b = te.placeholder((c if dw else o,), name="bias")
+    y = tvm_conv2d.compute(x, w, b, None, **attrs)
+    sch = schedule_conv2d(te.create_prim_func([x, w, b, y]), opsdk.target("x86"), acc_regs=24)
+    assert sch is not None
+    return sch.mod["main"]
+
+
+def _loops(func) -> list:
+    loops: list = []
+    structural_walk(func, [(tirx.For, lambda n: loops.append(n))])
+    return loops
+
+
+def _extent(lp) -> int:
+    return int(lp.extent.value) if isinstance(lp.extent, tirx.IntImm) else -1
+
+
+def _named(func, name: str) -> list:
+    return [lp for lp in _loops(func) if str(lp.loop_var.name) == name]
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [s[1:] for s in SHAPES], ids=[s[0] for s in SHAPES])
+def test_matches_float64_on_the_conv_rule(shape, attrs):
+    res = run_case(_case(shape, attrs))
+    assert res.ok, (res.status, res.message)
+    assert res.rule == "x86.conv2d"  # not the catch-all
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [s[1:] for s in SHAPES], ids=[s[0] for s in SHAPES])
+def test_vectorized_over_channels_and_parallel(shape, attrs):
+    f = _scheduled(shape, attrs)
+    loops = _loops(f)
+    vec = [_extent(lp) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED]
+    par = [_extent(lp) for lp in loops if lp.kind == tirx.ForKind.PARALLEL]
+    out_c = attrs["channels"] if not attrs["layout"].endswith("dw") else shape[3]
+    assert 16 in vec or out_c in vec  # full AVX-512 vectors (or one vector of all channels)
+    assert par and max(par) >= 2  # work for 2+ threads
+
+
+def test_stem_reads_its_padding_in_place_and_unrolls_the_window_row():
+    _, shape, attrs = SHAPES[4]
+    f = _scheduled(shape, attrs)
+    # No separate padding pass: no buffer of the padded input's shape (1, 22, 20, 3).
+    allocated: list = []
+    structural_walk(f, [(s_tir.SBlock, lambda b: allocated.extend(b.alloc_buffers))])
+    padded = (1, shape[1] + 2, shape[2] + 2, 3)
+    assert allocated  # the accumulator tile at least
+    assert all(tuple(int(d) for d in b.shape) != padded for b in allocated)
+    (rc,) = _named(f, "rc")
+    (rx,) = _named(f, "rx")
+    assert (rc.kind, _extent(rc)) == (tirx.ForKind.UNROLLED, 3)
+    assert (rx.kind, _extent(rx)) == (tirx.ForKind.UNROLLED, 3)
+
+
+def test_depthwise_5x5_unrolls_its_window_row():
+    _, shape, attrs = SHAPES[3]
+    (rx,) = _named(_scheduled(shape, attrs), "rx")
+    assert (rx.kind, _extent(rx)) == (tirx.ForKind.UNROLLED, 5)
+
+
+def test_wide_1x1_at_7x7_tiles_the_whole_row():
+    # 192 output channels: 7 pixels x 3 vectors (21 accumulators), not 1 pixel x 12 vectors.
+    _, shape, attrs = SHAPES[5]
+    f = _scheduled(shape, attrs)
+    unrolled = {_extent(lp) for lp in _named(f, "xx_1")}
+    assert unrolled == {7}
+    par = [_extent(lp) for lp in _loops(f) if lp.kind == tirx.ForKind.PARALLEL]
+    assert 7 * 192 // 48 in par  # the tiles: rows x channel tiles, across the cores
+
+
+def _shorten(func, pick):
+    """One loop fewer trip: the first loop ``pick`` selects."""
+    done: list = []
+
+    def cut(node, mut):
+        if done or not pick(node):
+            return mut.default_mutate(node)
+        done.append(node)
+        return tirx.For(node.loop_var, node.min, node.extent - 1, node.kind,
+                        mut.mutate(node.body), node.thread_binding, node.annotations)
+
+    out = structural_mutate(func, [(tirx.For, cut)])
+    assert done, "the planted bug found no loop to shorten"
+    return out
+
+
+# Each new path with a planted bug (a new shape each, so no earlier build is reused): the
+# stem's unrolled channel loop forgets its last channel; the 5x5 depthwise window row its
+# last tap; the 7-pixel tile its last pixel.
+PLANTED = [
+    ("stem_short_rc", (1, 22, 16, 3), {**SHAPES[4][2], "channels": 32},
+     lambda n: str(n.loop_var.name) == "rc" and n.kind == tirx.ForKind.UNROLLED),
+    ("dw5_short_rx", (1, 15, 13, 48), SHAPES[3][2],
+     lambda n: str(n.loop_var.name) == "rx" and n.kind == tirx.ForKind.UNROLLED),
+    ("pw7_tile_edge", (1, 7, 7, 80), {**SHAPES[5][2], "channels": 240},
+     lambda n: str(n.loop_var.name) == "xx_1" and _extent(n) == 7),
+]
+
+
+@pytest.mark.parametrize(("shape", "attrs", "pick"), [p[1:] for p in PLANTED],
+                         ids=[p[0] for p in PLANTED])
+def test_a_bug_planted_in_the_path_is_caught(monkeypatch, shape, attrs, pick):
+    real = _conv._tile
+
+    def buggy(sch, *a, **kw):
+        out = real(sch, *a, **kw)
+        return s_tir.Schedule(_shorten(out.mod["main"], pick))
+
+    monkeypatch.setattr(_conv, "_tile", buggy)
+    res = run_case(_case(shape, attrs, seed=11))
+    assert res.rule == "x86.conv2d"
+    assert not res.ok and res.status == "mismatch", (res.status, res.message)
