@@ -6,7 +6,9 @@ same TE as relax's matmul legalization, the epilogue as FuseOps appends it. Layo
 - ``kn``: a weight ``(K, N)`` (a Linear's weight after FoldConstant folded its transpose);
 - ``nk``: a weight ``(N, K)`` read through a transpose block (the rule inlines producers);
 - ``batched``: ``w`` is ``(..., K, N)`` with x's batch dims (attention's QK^T and PV; at
-  rank 2 it is ``kn``).
+  rank 2 it is ``kn``);
+- ``batched_nk``: ``w`` is ``(..., N, K)``, read along its last axis in the reduction
+  (attention's ``Q @ K^T`` with the transpose folded into the matmul).
 
 Scheduled by the ``kind:matmul`` rules (``x86.matmul``, ``neon.matmul``).
 """
@@ -34,7 +36,7 @@ __all__ = ["tvm_matmul"]
 
 
 def _weight(w: np.ndarray, layout: str) -> np.ndarray:
-    return np.swapaxes(w, -1, -2) if layout == "nk" else w
+    return np.swapaxes(w, -1, -2) if layout in ("nk", "batched_nk") else w
 
 
 def _reference(x, w, bias=None, residual=None, *, layout="kn", n=16, activation="none"):
@@ -44,7 +46,8 @@ def _reference(x, w, bias=None, residual=None, *, layout="kn", n=16, activation=
 
 def _input_shapes(s, a):
     k, n = s[-1], a["n"]
-    w = {"kn": (k, n), "nk": (n, k), "batched": (*s[:-2], k, n)}[a["layout"]]
+    w = {"kn": (k, n), "nk": (n, k), "batched": (*s[:-2], k, n),
+         "batched_nk": (*s[:-2], n, k)}[a["layout"]]
     return {"w": w, "bias": (n,), "residual": (*s[:-1], n)}
 
 
@@ -68,11 +71,12 @@ def _error(m) -> np.ndarray:
     ranks=(2, 4),
     input_shapes=_input_shapes,
     check=_check,
-    layouts={"kn": {"layout": "kn"}, "nk": {"layout": "nk"}, "batched": {"layout": "batched"}},
+    layouts={"kn": {"layout": "kn"}, "nk": {"layout": "nk"}, "batched": {"layout": "batched"},
+             "batched_nk": {"layout": "batched_nk"}},
     domain={"x": (-2.0, 2.0), "w": (-1.0, 1.0), "bias": (-1.0, 1.0), "residual": (-2.0, 2.0)},
     # Output features around the vector widths (16 lanes on AVX-512, 4 on NEON): tails,
-    # fewer than one vector, several tiles.
-    attr_domain={"n": [33, 16, 1, 10, 24, 64, 80, 7], "activation": list(ACTIVATIONS)},
+    # fewer than one vector, several tiles; 67 no vector width divides (its tiles are padded).
+    attr_domain={"n": [33, 16, 1, 10, 24, 64, 80, 7, 67], "activation": list(ACTIVATIONS)},
     kind="matmul",
     examples=[(4, 3, 8)],
 )
@@ -82,7 +86,7 @@ def tvm_matmul(
     bias: Tensor | None = None,
     residual: Tensor | None = None,
     *,
-    layout: Literal["kn", "nk", "batched"] = "kn",
+    layout: Literal["kn", "nk", "batched", "batched_nk"] = "kn",
     n: int = 16,
     activation: Activation = "relu",
 ) -> te.Tensor:
@@ -96,7 +100,8 @@ def tvm_matmul(
 
     def body(*i):
         b = i[:nb]
-        widx = (*b, k, i[-1]) if layout == "batched" else (k, i[-1])
+        widx = {"batched": (*b, k, i[-1]), "batched_nk": (*b, i[-1], k)}.get(
+            layout, (k, i[-1]))
         return te.sum(x(*b, i[-2], k) * wk(*widx), axis=k)
 
     y = te.compute((*x.shape[:-1], n), body, name="matmul")

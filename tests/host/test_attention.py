@@ -1,0 +1,171 @@
+"""Attention's batched matmuls on the matmul rule: ``Q @ K^T`` (K read in place or along its
+last axis) with a scale and mask epilogue, and ``P @ V``, at ViT's 197 tokens, a size no tile
+divides. The kernel is on ``x86.matmul``, its k loop carries no predicate and is vectorized,
+the numbers match float64 within the derived bound, and a bug planted in the remainder
+handling (the padded rows, the epilogue pass over the real columns) is caught by verify."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+from tvm_ffi.structural import structural_mutate, structural_walk
+
+import opsdk
+from opsdk.kernels import tvm_matmul
+from opsdk.schedules import apply_schedule, kernel_for
+from opsdk.schedules.cpu import x86
+from opsdk.verify import Case, run_case
+
+U = 2.0 ** -24  # float32 unit roundoff
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    from opsdk.kernels import register_kernels
+
+    register_kernels()
+
+
+def _scores(b: int, m: int, n: int, k: int, transposed: bool, scale: float):
+    """``Q @ K^T * scale + mask`` as FuseOps hands it over (the epilogue after the block)."""
+    q = te.placeholder((b, m, k), name="q")
+    kt = te.placeholder((b, n, k) if transposed else (b, k, n), name="kt")
+    mask = te.placeholder((m, n), name="mask")
+    r = te.reduce_axis((0, k), name="r")
+
+    def dot(s, i, j):
+        kv = kt[s, j, r] if transposed else kt[s, r, j]
+        return te.sum(q[s, i, r] * kv, axis=r)
+
+    mm = te.compute((b, m, n), dot, name="matmul")
+    out = te.compute((b, m, n), lambda s, i, j: mm[s, i, j] * scale + mask[i, j], name="scores")
+    return te.create_prim_func([q, kt, mask, out])
+
+
+def _update_block(func: tirx.PrimFunc):
+    """(realize, enclosing loops) of the reduction update block."""
+    found = []
+
+    def visit(stmt, loops):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, [*loops, stmt])
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            if stmt.block.name_hint.endswith("_update"):
+                found.append((stmt, loops))
+            visit(stmt.block.body, loops)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt:
+                visit(s, loops)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, loops)
+
+    visit(func.body, [])
+    assert len(found) == 1, [r.block.name_hint for r, _ in found]
+    return found[0]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["k_n", "n_k"])
+def test_scores_at_197_tokens_are_on_the_matmul_rule_unpredicated_and_right(transposed):
+    b, m, n, k, scale = 3, 197, 197, 64, 0.125
+    f = _scores(b, m, n, k, transposed, scale)
+    tgt = opsdk.target("x86")
+    with tgt:
+        out = apply_schedule(kernel_for("scores", f), f, tgt)
+    assert str(out.attrs["opsdk.rule"]) == "x86.matmul"
+    realize, loops = _update_block(out)
+    # Whole tiles of the padded operands: no row or column predicate inside the k loop.
+    assert isinstance(realize.predicate, tirx.IntImm) and int(realize.predicate) == 1
+    assert loops[-1].kind == tirx.ForKind.VECTORIZED and int(loops[-1].extent) >= 8
+    assert any(lp.kind == tirx.ForKind.PARALLEL for lp in loops)
+
+    rng = np.random.default_rng(0)
+    qv = rng.uniform(-1, 1, (b, m, k)).astype("float32")
+    kv = rng.uniform(-1, 1, (b, n, k) if transposed else (b, k, n)).astype("float32")
+    mv = rng.uniform(-2, 2, (m, n)).astype("float32")
+    lib = tvm.compile(tvm.IRModule({"main": out}), target=tgt)
+    dev = tvm.cpu()
+    got = tvm.runtime.tensor(np.zeros((b, m, n), "float32"), dev)
+    lib(*[tvm.runtime.tensor(a, dev) for a in (qv, kv, mv)], got)
+    kn = np.swapaxes(kv, -1, -2) if transposed else kv
+    q64, k64 = qv.astype(np.float64), kn.astype(np.float64)
+    ref = q64 @ k64 * scale + mv
+    # A float32 dot product of length k (any summation order), a multiply and an add.
+    g = (k + 2) * U / (1 - (k + 2) * U)
+    bound = g * (np.abs(q64) @ np.abs(k64) * scale + np.abs(mv))
+    err = np.abs(got.numpy() - ref)
+    assert np.all(err <= bound), float((err / bound).max())
+
+
+def _case(layout: str, shape: tuple[int, ...], n: int, seed: int = 3) -> Case:
+    return Case("tvm_matmul", "x86", "float32", layout, shape,
+                {"layout": layout, "n": n, "activation": "none"}, ("residual",), {}, seed,
+                static=True)
+
+
+@pytest.mark.parametrize(("layout", "shape", "n"), [
+    ("batched", (3, 197, 64), 197),     # Q @ K^T, K^T materialized (N contiguous)
+    ("batched_nk", (3, 197, 64), 197),  # Q @ K^T, K read along its last axis
+    ("batched", (3, 197, 197), 64),     # P @ V: 197 rows, 197-long reduction
+])
+def test_attention_matmuls_verify_on_the_matmul_rule(layout, shape, n):
+    res = run_case(_case(layout, shape, n), op=tvm_matmul)
+    assert res.ok, res.format(tir=False)
+    assert res.rule == "x86.matmul"
+
+
+def _shorten_first(func: tirx.PrimFunc, pick) -> tuple[tirx.PrimFunc, bool]:
+    """``func`` with the first loop ``pick`` selects one iteration shorter."""
+    done: list = []
+
+    def cut(node: tirx.For, mut) -> tirx.For:
+        if done or not pick(node):
+            return mut.default_mutate(node)
+        done.append(node)
+        return tirx.For(node.loop_var, node.min, node.extent - 1, node.kind,
+                        mut.mutate(node.body), node.thread_binding, node.annotations)
+
+    return structural_mutate(func, [(tirx.For, cut)]), bool(done)
+
+
+def _blocks_under(loop: tirx.For) -> list[str]:
+    names: list[str] = []
+    structural_walk(loop, [(s_tir.SBlock, lambda b: names.append(b.name_hint))])
+    return names
+
+
+def _a_pad_rows(node: tirx.For) -> bool:
+    # The per-tile copy of A's padded rows: its row loop (the chunk loop above the vector).
+    return (node.kind == tirx.ForKind.SERIAL and int(node.extent) > 1
+            and str(node.loop_var.name).startswith("ax0")
+            and any(b.endswith("_pad") for b in _blocks_under(node)))
+
+
+def _epilogue_chunks(node: tirx.For) -> bool:
+    # The epilogue pass over the real columns: its loop of whole vectors (before the tail).
+    return (node.kind == tirx.ForKind.SERIAL and isinstance(node.body, tirx.For)
+            and node.body.kind == tirx.ForKind.VECTORIZED
+            and any(b.startswith("T_add") for b in _blocks_under(node)))
+
+
+@pytest.mark.parametrize(("pick", "shape", "n"), [
+    (_a_pad_rows, (2, 37, 16), 32),      # 37 rows: the last row tile is padded
+    (_epilogue_chunks, (2, 11, 24), 67),  # 67 columns: the tiles are padded
+], ids=["padded_rows", "epilogue_pass"])
+def test_a_bug_planted_in_the_remainder_handling_is_caught(monkeypatch, pick, shape, n):
+    real = x86.schedule_matmul
+    planted: list[bool] = []
+
+    def buggy(func, target, **kw):
+        sch = real(func, target, **kw)
+        if sch is None:
+            return None
+        f, hit = _shorten_first(sch.mod["main"], pick)
+        planted.append(hit)
+        return s_tir.Schedule(f)
+
+    monkeypatch.setattr(x86, "schedule_matmul", buggy)
+    res = run_case(_case("batched_nk", shape, n, seed=11), op=tvm_matmul)
+    assert planted and all(planted)  # the bug is in the kernel that ran
+    assert res.status == "mismatch", res.format(tir=False)
