@@ -25,7 +25,8 @@ rename fails and it keeps the first's. Only targets whose code runs on this host
 
 Location: ``$OPSDK_CACHE_DIR``, else ``<opsdk cache>/models`` (``$OPSDK_CACHE``,
 ``$XDG_CACHE_HOME/opsdk`` or ``~/.cache/opsdk``). ``OPSDK_NO_CACHE=1`` (or ``--no-cache``)
-turns it off.
+turns it off, and the kernel cache (:mod:`opsdk._kernelcache`) with it;
+``OPSDK_NO_MODEL_CACHE=1`` turns off this one only.
 """
 
 from __future__ import annotations
@@ -206,10 +207,11 @@ class Entry:
     path: Path
     key: str
     meta: dict[str, Any]
+    lib_name: str = _LIB
 
     @property
     def library(self) -> Path:
-        return self.path / _LIB
+        return self.path / self.lib_name
 
     def load_module(self) -> Any:
         """The library loaded into this process (``tvm.runtime.load_module``)."""
@@ -259,12 +261,14 @@ class ModelCache:
     True
     """
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, max_bytes: int | None = None, *,
+                 lib_name: str = _LIB) -> None:
         self.root = Path(root).expanduser()
         if max_bytes is None:
             mb = os.environ.get("OPSDK_CACHE_MAX_MB")
             max_bytes = int(float(mb) * 1024**2) if mb else MAX_BYTES
         self.max_bytes = max_bytes
+        self.lib_name = lib_name  # the file each entry holds (the kernel cache: an object)
         self.materials: dict[str, dict[str, Any]] = {}  # key -> what it was made of
 
     def key(self, mod: Any, target: Any, options: Mapping[str, Any]) -> str:
@@ -280,7 +284,7 @@ class ModelCache:
         path = self.root / key
         try:
             meta = _unseal((path / _META).read_text())
-            lib = path / _LIB
+            lib = path / self.lib_name
             if (meta.get("format") != FORMAT or meta.get("key") != key
                     or lib.stat().st_size != meta["lib_bytes"]
                     or sha256_file(lib) != meta["lib_sha256"]):
@@ -294,7 +298,7 @@ class ModelCache:
             return None
         with contextlib.suppress(OSError):  # least recently used: a hit counts as a use
             os.utime(path / _META)
-        return Entry(path, key, meta)
+        return Entry(path, key, meta, self.lib_name)
 
     def store(self, key: str, export: Callable[[str], None],
               meta: Mapping[str, Any]) -> Entry | None:
@@ -306,7 +310,7 @@ class ModelCache:
         except OSError:
             return None
         try:
-            lib = tmp / _LIB
+            lib = tmp / self.lib_name
             export(str(lib))
             data = dict(meta) | {"format": FORMAT, "key": key, "created": time.time(),
                                  "material": self.materials.get(key),
@@ -318,7 +322,7 @@ class ModelCache:
             except OSError:  # a concurrent writer was first: keep its entry
                 return self.load(key)
             self.evict()
-            return Entry(self.root / key, key, data)
+            return Entry(self.root / key, key, data, self.lib_name)
         except Exception:  # the cache must never fail a compile that succeeded
             return None
         finally:
@@ -366,7 +370,9 @@ def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCach
     """The cache to use for a compile for ``target``: ``cache`` None follows the environment
     (on unless ``OPSDK_NO_CACHE``), True / False force it on / off, a path is the folder.
     None for targets whose code cannot be loaded on this host."""
-    if cache is False or (cache is None and _truthy(os.environ.get("OPSDK_NO_CACHE"))):
+    if cache is False or (cache is None and (
+            _truthy(os.environ.get("OPSDK_NO_CACHE"))
+            or _truthy(os.environ.get("OPSDK_NO_MODEL_CACHE")))):
         return None
     from .runners.local import host_arch
     from .targets import target_arch

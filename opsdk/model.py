@@ -32,8 +32,11 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import shutil
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,6 +54,7 @@ __all__ = [
     "FAMILY_KINDS",
     "RTOL",
     "SERIAL_LIMIT",
+    "CompileTimings",
     "CompiledModel",
     "KernelReport",
     "LoadedModel",
@@ -63,6 +67,7 @@ __all__ = [
     "load_compiled",
     "load_model",
     "parse_entry_args",
+    "record_timings",
     "report",
     "scheduled_kernels",
     "within_tolerance",
@@ -140,11 +145,18 @@ class LoadedModel:
         from .frontend._cli import export_user_model
         from .transform import FuseIntoOps
 
+        t0 = time.perf_counter()
         ep = exported if exported is not None else export_user_model(
             lambda m, a: export_torch(m, a, dynamic_batch), model, args, name)
+        t1 = time.perf_counter()
         onnx_bytes, err = _torch_to_onnx(model, args) if baselines else (None, "not exported")
         inputs = [a.detach().cpu().numpy() for a in args if isinstance(a, torch.Tensor)]
-        fused = FuseIntoOps()(frontend.from_torch(ep))
+        t2 = time.perf_counter()
+        imported = frontend.from_torch(ep)
+        t3 = time.perf_counter()
+        fused = FuseIntoOps()(imported)
+        _record({"torch.export": t1 - t0, "from_torch": t3 - t2,
+                 "FuseIntoOps": time.perf_counter() - t3})
         return cls(name, fused, from_exported_program(ep) if baselines else fused,
                    inputs, model, tuple(args), onnx_bytes, err)
 
@@ -253,7 +265,9 @@ def load_model(
     if str(spec).endswith(".onnx"):
         proto = load_onnx_file(spec)
         check_shape_names(proto, shp, str(spec))
+        t0 = time.perf_counter()
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
+        _record({"from_onnx": time.perf_counter() - t0})
         tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
                    else opsdk_mod)
         return LoadedModel(str(spec), opsdk_mod, tvm_mod,
@@ -306,6 +320,62 @@ def export_torch(model: Any, args: tuple, dynamic_batch: bool = False) -> Any:
 
 
 # -------------------------------------------------------------------------------- compiling
+@dataclass
+class CompileTimings:
+    """Seconds per phase of the model imports and compiles inside :func:`record_timings`
+    (summed by phase, in the order first seen), and the kernels the kernel cache reused
+    and compiled."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    kernels_reused: int = 0
+    kernels_compiled: int = 0
+
+    def add(self, seconds: Mapping[str, float]) -> None:
+        for k, v in seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+
+
+_RECORDER: contextvars.ContextVar[CompileTimings | None] = contextvars.ContextVar(
+    "opsdk_model_timings", default=None)
+
+
+@contextlib.contextmanager
+def record_timings() -> Iterator[CompileTimings]:
+    """Record the phases of every model import (:func:`load_model`) and compile
+    (:func:`compile_model`) in the block (``opsdk build --timings`` prints them).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(x))
+    ...     _ = bb.emit_func_output(y)
+    >>> with opsdk.model.record_timings() as t:
+    ...     _ = opsdk.model.compile_model(bb.get(), "x86", cache=False)
+    >>> "schedule" in t.seconds and all(v >= 0 for v in t.seconds.values())
+    True
+    """
+    rec = CompileTimings()
+    token = _RECORDER.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDER.reset(token)
+
+
+def _record(seconds: Mapping[str, float], kernel_build: Any = None) -> None:
+    rec = _RECORDER.get()
+    if rec is not None:
+        rec.add(seconds)
+        if kernel_build is not None:
+            rec.kernels_reused += len(kernel_build.hits)
+            rec.kernels_compiled += len(kernel_build.misses)
+
+
 class CompiledModel:
     """An executable and the scheduled IRModule it was built from (before VM lowering).
 
@@ -319,10 +389,16 @@ class CompiledModel:
     def __init__(self, ex: Any, scheduled: tvm.IRModule | None, target: Any, seconds: float,
                  planned: tvm.IRModule | None = None, *,
                  kernels: list[dict[str, Any]] | None = None, library: Any = None,
-                 cached: bool = False, rebuild: Any = None, entry: Any = None) -> None:
+                 cached: bool = False, rebuild: Any = None, entry: Any = None,
+                 timings: dict[str, float] | None = None, kernel_build: Any = None) -> None:
         self.ex, self.target, self.seconds = ex, target, seconds
         self._scheduled, self._planned, self._rebuild = scheduled, planned, rebuild
         self._kernels, self.library, self.cached, self._entry = kernels, library, cached, entry
+        #: Seconds per compile phase, in the order the phases ran.
+        self.timings: dict[str, float] = dict(timings or {})
+        #: The kernel cache's record (:class:`opsdk._kernelcache.KernelBuild`: kernels
+        #: reused and compiled), None when the kernel cache was not used.
+        self.kernel_build = kernel_build
 
     def _ensure_modules(self) -> None:
         if self._scheduled is None and self._rebuild is not None:
@@ -369,7 +445,31 @@ class CompiledModel:
         return out
 
 
-def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool) -> tuple[Any, Any, Any]:
+#: Compile phases by pass name (the rest of the Relax lowering is "lower").
+_PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
+             "LegalizeOps": "legalize", "FoldConstant": "fold constants",
+             "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
+             "DeadCodeElimination": "fuse", "AttachAttrLayoutFreeBuffers": "schedule",
+             "opsdk.ScheduleKernels": "schedule", "SplitLayoutRewritePreproc": "pack weights"}
+
+
+def _run_timed(passes: Sequence[Any], mod: tvm.IRModule,
+               seconds: dict[str, float] | None) -> tvm.IRModule:
+    """``Sequential(passes)(mod)``, one pass at a time so each phase's seconds add up in
+    ``seconds`` (each in a Sequential of its own: the pass context's opt level and disabled
+    passes still apply)."""
+    if seconds is None:
+        return tvm.transform.Sequential(list(passes))(mod)
+    for p in passes:
+        t0 = time.perf_counter()
+        mod = tvm.transform.Sequential([p])(mod)
+        phase = _PHASE_OF.get(p.info.name, "lower")
+        seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - t0
+    return mod
+
+
+def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
+                       seconds: dict[str, float] | None = None) -> tuple[Any, Any, Any]:
     from .transform._lower import lowering_passes, schedule_passes
 
     passes = lowering_passes(tgt)
@@ -377,8 +477,8 @@ def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool) -> tuple[Any
     cut = next((i + 1 for i, p in enumerate(passes)
                 if p.info.name == "StaticPlanBlockMemory"), len(passes))
     with tgt:
-        scheduled = tvm.transform.Sequential(schedule_passes(tgt, winograd=winograd))(mod)
-        planned = tvm.transform.Sequential(passes[:cut])(scheduled)
+        scheduled = _run_timed(schedule_passes(tgt, winograd=winograd), mod, seconds)
+        planned = _run_timed(passes[:cut], scheduled, seconds)
     return scheduled, planned, passes[cut:]
 
 
@@ -407,10 +507,12 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     >>> cm.rule_counts()
     {'x86.elementwise': 1}
     """
+    from ._kernelcache import open_kernel_cache
     from ._modelcache import open_cache
 
     tgt = resolve_target(target)
     t0 = time.perf_counter()
+    seconds: dict[str, float] = {}
     store = open_cache(cache, tgt)
     key = None
     if store is not None:
@@ -423,21 +525,62 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
         except Exception:  # never trust an entry that does not load: rebuild it
             store.discard(key)
         else:
+            seconds["model cache"] = time.perf_counter() - t0
+            _record(seconds)
             return CompiledModel(
                 ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
-                library=entry.library, cached=True, entry=entry,
+                library=entry.library, cached=True, entry=entry, timings=seconds,
                 rebuild=lambda: _schedule_and_plan(mod, tgt, winograd)[:2])
-    scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd)
-    with tgt:
-        lowered = tvm.transform.Sequential(rest)(planned)
-    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
-    cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned)
     if key:
+        seconds["model cache"] = time.perf_counter() - t0
+    scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
+    with tgt:
+        lowered = _run_timed(rest, planned, seconds)
+    built, kernel_build = _build(lowered, tgt, open_kernel_cache(cache, tgt), seconds)
+    ex, library = built
+    cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned,
+                       library=library, timings=seconds, kernel_build=kernel_build)
+    if library is not None:  # its folder goes with the compiled model (the library is
+        # mapped once loaded; the file is what an artifact copies)
+        weakref.finalize(cm, shutil.rmtree, str(library.parent), True)
+    if key:
+        t1 = time.perf_counter()
         kernels = json.loads(json.dumps(cm.kernels))  # as a cached copy reads them back
         cm._kernels = kernels
-        cm._entry = store.store(key, ex.export_library,
-                                {"kernels": kernels, "compile_s": cm.seconds})
+        export = ex.export_library if library is None else (
+            lambda path: shutil.copyfile(library, path))
+        cm._entry = store.store(key, export, {"kernels": kernels, "compile_s": cm.seconds})
+        if cm._entry is not None:  # a file to copy that outlives this process's temp dir
+            cm.library = cm._entry.library
+        seconds["model cache"] += time.perf_counter() - t1
+        cm.seconds = time.perf_counter() - t0
+    _record(seconds, kernel_build)
     return cm
+
+
+def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]
+           ) -> tuple[tuple[Any, Any], Any]:
+    """((executable, library file or None), the kernel cache's record or None): through the
+    kernel cache when there is one, else ``tvm.compile`` (kept in memory)."""
+    if kcache is not None:
+        import tempfile
+        from pathlib import Path
+
+        work = Path(tempfile.mkdtemp(prefix="opsdk-model-"))
+        try:
+            got = kcache.build(lowered, tgt, work)
+        except Exception:  # the cache must never fail a compile: the ordinary way
+            got = None
+        if got is not None:
+            ex, lib, rec = got
+            for k, v in rec.seconds.items():
+                seconds[k] = seconds.get(k, 0.0) + v
+            return (ex, lib), rec
+        shutil.rmtree(work, ignore_errors=True)
+    t0 = time.perf_counter()
+    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+    seconds["codegen"] = seconds.get("codegen", 0.0) + time.perf_counter() - t0
+    return (ex, None), None
 
 
 def load_compiled(key: str, target: Any = "x86") -> CompiledModel | None:

@@ -58,6 +58,10 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
                    "channels run Winograd F(2x2, 3x3): 1.5-2x faster, 16/9 their weights' "
                    "memory)")
     s.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    s.add_argument("--timings", action="store_true",
+                   help="also print the seconds of each phase (import, legalize, fold "
+                   "constants, schedule, kernel codegen, link, ...) and the kernels the "
+                   "kernel cache reused; with --json under \"timings\"")
 
 
 def _shapes(items: list[str] | None) -> dict[str, list[int]]:
@@ -90,25 +94,52 @@ def run_build_command(args: argparse.Namespace) -> int:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:
         raise _usage(str(e)) from None
+    from ..model import record_timings
+
     try:
-        m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
-                           entry_args=entry_args, shapes=_shapes(args.shape) or None,
-                           max_dims=_max_dims(args.max_dim) or None,
-                           int8=args.int8, calibration=args.calibration,
-                           force=args.force, with_runtime=args.with_runtime,
-                           winograd=not args.no_winograd,
-                           log=None if args.json else _progress)
+        with record_timings() as timings:
+            m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
+                               entry_args=entry_args, shapes=_shapes(args.shape) or None,
+                               max_dims=_max_dims(args.max_dim) or None,
+                               int8=args.int8, calibration=args.calibration,
+                               force=args.force, with_runtime=args.with_runtime,
+                               winograd=not args.no_winograd,
+                               log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None
     except (TypeError, ImportError, AttributeError, FileNotFoundError) as e:
         raise _usage(f"cannot load model {spec!r}: {e}") from None
     except OSError as e:  # a full disk while writing: nothing was left behind
         raise _usage(f"cannot write the artifact {args.out}: {e.strerror or e}") from None
+    total = float(m.get("build_seconds") or 0.0)
     if args.json:
-        print(json.dumps(m, indent=2))
+        print(json.dumps(m | ({"timings": _timings_dict(timings, total)} if args.timings
+                              else {}), indent=2))
         return 0
     print(_format_manifest(m, args.out))
+    if args.timings:
+        print(_format_timings(timings, total))
     return 0
+
+
+def _timings_dict(t: Any, total: float) -> dict[str, Any]:
+    """The phases' seconds, the rest of the build (the host check run, the export, the
+    manifest) as ``other``, and the kernel cache's counts."""
+    phases = {k: round(v, 3) for k, v in t.seconds.items()}
+    phases["other"] = round(max(0.0, total - sum(t.seconds.values())), 3)
+    return {"seconds": phases, "total_seconds": round(total, 3),
+            "kernels_reused": t.kernels_reused, "kernels_compiled": t.kernels_compiled}
+
+
+def _format_timings(t: Any, total: float) -> str:
+    d = _timings_dict(t, total)
+    w = max(len(k) for k in d["seconds"])
+    lines = ["timings:"] + [f"  {k:<{w}}  {v:7.2f} s" for k, v in d["seconds"].items()]
+    lines.append(f"  {'total':<{w}}  {total:7.2f} s")
+    if t.kernels_reused or t.kernels_compiled:
+        lines.append(f"  kernel cache: {t.kernels_reused} kernels reused, "
+                     f"{t.kernels_compiled} compiled")
+    return "\n".join(lines)
 
 
 def _format_manifest(m: dict[str, Any], folder: str) -> str:

@@ -1,0 +1,248 @@
+"""A persistent cache of compiled kernels: one object file per scheduled TIR function, so that
+a second compile of a model, or of an edited one, generates code only for the kernels that
+changed.
+
+The model's Relax part is code-generated as usual (VM bytecode); every kernel is compiled on
+its own (``tvm.tirx.build`` of a one-function module: the TIR pipeline, LLVM, an object
+file) or taken from the cache, and the objects are linked into the model's shared library
+beside the VM executable (``export_library(addons=...)``). The VM finds a kernel by its
+symbol in that library.
+
+A kernel is compiled under a symbol derived from its key (``opsdk_k<key>``) and linked under
+its name in the model with ``--defsym``: kernel names carry counters (``fused_conv2d7_add3``)
+that shift when a layer is added or changed before them, and the same code must be found
+under its new name. The key is the SHA-256 of:
+
+- the scheduled function with its symbol replaced: its ``tvm_ffi.structural_hash`` and its
+  TVMScript text (the hash is only 64 bits);
+- the target string and the pass context (TIR options such as ``tir.disable_vectorize``);
+- the versions of opsdk, apache-tvm and tvm-ffi (TVM's TIR pipeline and LLVM).
+
+opsdk's own source is not in the key (unlike the whole-model cache, :mod:`opsdk._modelcache`):
+what opsdk decides about a kernel (rule, epilogue math, tiling) is in its scheduled TIR, and
+opsdk registers nothing in TVM's TIR lowering. An edited rule therefore recompiles just the
+kernels whose TIR it changed.
+
+Entries are :class:`opsdk._modelcache.ModelCache` entries (``<root>/<key>/kernel.o`` and a
+sealed ``meta.json`` with the object's SHA-256 and size): written atomically, checked on every
+read, removed and rebuilt when damaged, evicted least recently used beyond
+:data:`MAX_BYTES` (or ``$OPSDK_KERNEL_CACHE_MAX_MB``).
+
+Location: ``$OPSDK_KERNEL_CACHE_DIR``, else ``.kernels/`` in the model cache's folder when
+that is given (``$OPSDK_CACHE_DIR``, ``cache=<folder>``; the dot keeps it apart from the
+model entries), else ``kernels/`` in opsdk's cache folder (beside ``models/``).
+``OPSDK_NO_CACHE=1`` (``--no-cache``) or ``OPSDK_NO_KERNEL_CACHE=1`` turns it off. Only
+Linux hosts compiling for their own architecture use it (the library is linked with the
+host's GNU linker and loaded back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._modelcache import ModelCache, _pass_context, _truthy, _versions
+
+__all__ = ["MAX_BYTES", "KernelBuild", "KernelCache", "default_dir", "open_kernel_cache"]
+
+#: Bump when the key's ingredients or the object's form change: old entries are then misses.
+FORMAT = 1
+
+#: Entries beyond this many bytes in all are evicted, least recently used first.
+MAX_BYTES = 512 * 1024**2
+
+_OBJ = "kernel.o"
+
+
+def default_dir() -> Path:
+    """``$OPSDK_KERNEL_CACHE_DIR``, else ``.kernels/`` in ``$OPSDK_CACHE_DIR``, else
+    ``kernels/`` in opsdk's cache folder."""
+    if os.environ.get("OPSDK_KERNEL_CACHE_DIR"):
+        return Path(os.environ["OPSDK_KERNEL_CACHE_DIR"]).expanduser()
+    if os.environ.get("OPSDK_CACHE_DIR"):
+        return Path(os.environ["OPSDK_CACHE_DIR"]).expanduser() / ".kernels"
+    from .runners._provision import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def open_kernel_cache(cache: Any, target: Any) -> KernelCache | None:
+    """The kernel cache for a compile for ``target``, or None: ``cache`` as
+    :func:`opsdk._modelcache.open_cache` takes it (None: the environment decides; a path is
+    the model cache's folder, whose ``.kernels/`` this one then is)."""
+    if cache is False or (cache is None and (
+            _truthy(os.environ.get("OPSDK_NO_CACHE"))
+            or _truthy(os.environ.get("OPSDK_NO_KERNEL_CACHE")))):
+        return None
+    if not sys.platform.startswith("linux"):  # --defsym: the GNU linker
+        return None
+    from .runners.local import host_arch
+    from .targets import target_arch
+
+    if getattr(getattr(target, "kind", None), "name", None) != "llvm" or \
+            target_arch(target) != host_arch():
+        return None
+    if cache is None or cache is True:
+        return KernelCache(default_dir())
+    return KernelCache(Path(cache) / ".kernels")
+
+
+@dataclass
+class KernelBuild:
+    """What :meth:`KernelCache.build` did: the kernels it took from the cache (``hits``),
+    compiled (``misses``), and the seconds of each phase."""
+
+    hits: list[str] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class KernelCache:
+    """Compiled kernels in the folder ``root``, and the model build that uses them.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from opsdk._kernelcache import KernelCache
+    >>> KernelCache(tempfile.mkdtemp()).store.load("0" * 64) is None
+    True
+    """
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int | None = None) -> None:
+        if max_bytes is None:
+            mb = os.environ.get("OPSDK_KERNEL_CACHE_MAX_MB")
+            max_bytes = int(float(mb) * 1024**2) if mb else MAX_BYTES
+        self.store = ModelCache(root, max_bytes, lib_name=_OBJ)
+        self._common: dict[str, Any] | None = None
+
+    def key(self, func: Any, target: Any) -> tuple[str, Any]:
+        """(key, the function under its cache symbol) for kernel ``func``."""
+        import tvm_ffi
+
+        canon = func.with_attr("global_symbol", "opsdk_kernel")
+        h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
+        h.update(canon.script(show_meta=False).encode())
+        if self._common is None:
+            self._common = {"format": FORMAT, "pass_context": _pass_context(),
+                            "versions": _versions()}
+        material = dict(self._common, func=h.hexdigest(), target=str(target))
+        key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+        self.store.materials[key] = material
+        return key, func.with_attr("global_symbol", f"opsdk_k{key[:32]}")
+
+    def build(self, lowered: Any, target: Any, workdir: Path,
+              compile_kernel: Callable[[Any, Any], Any] | None = None
+              ) -> tuple[Any, Path, KernelBuild] | None:
+        """Build ``lowered`` (a Relax module after :func:`opsdk.transform.lowering_passes`)
+        for ``target`` into ``workdir/model.so`` and load it: (the executable, the library,
+        what was reused). None when the module needs what this build does not do (external
+        or device modules): the caller compiles it the ordinary way."""
+        import tvm
+        from tvm import relax, tirx
+        from tvm.relax import _ffi_api as relax_api
+        from tvm.relax.vm_build import VMExecutable, _vmcodegen
+
+        rec = KernelBuild()
+
+        def tick(phase: str, t0: float) -> float:
+            now = time.perf_counter()
+            rec.seconds[phase] = rec.seconds.get(phase, 0.0) + now - t0
+            return now
+
+        attrs = dict(lowered.attrs) if lowered.attrs else {}
+        if attrs.get("external_mods"):
+            return None
+        params = dict(attrs.get("const_name_to_constant", {}))
+        t0 = time.perf_counter()
+        builder = relax.ExecBuilder()
+        rest = _vmcodegen(builder, lowered)
+        kernels = {gv.name_hint: f for gv, f in rest.functions.items()
+                   if isinstance(f, tirx.PrimFunc)}
+        if any((f.attrs or {}).get("target") is not None for f in kernels.values()):
+            return None
+        t0 = tick("vm codegen", t0)
+
+        objects: dict[str, Path] = {}  # key -> object file
+        aliases: list[str] = []
+        todo: dict[str, tuple[str, Any]] = {}
+        hit_keys: list[str] = []
+        workdir.mkdir(parents=True, exist_ok=True)
+        for name, f in sorted(kernels.items()):
+            symbol = str((f.attrs or {}).get("global_symbol", name))
+            key, canon = self.key(f, target)
+            aliases.append(f"-Wl,--defsym,__tvm_ffi_{symbol}=__tvm_ffi_opsdk_k{key[:32]}")
+            if key in objects or key in todo:
+                continue
+            entry = self.store.load(key)
+            if entry is not None and (local := _link_or_copy(entry.library, workdir, key)):
+                objects[key] = local
+                hit_keys.append(key)
+                rec.hits.append(symbol)
+            else:
+                todo[key] = (symbol, canon)
+        t0 = tick("kernel cache lookup", t0)
+
+        build_one = compile_kernel or _compile_kernel
+        for key, (symbol, canon) in todo.items():
+            mod = build_one(canon, target)
+            local = workdir / f"{key[:32]}.o"
+            mod.write_to_file(str(local))
+            self.store.store(key, lambda p, src=local: shutil.copyfile(src, p),
+                             {"kernel": symbol})
+            objects[key] = local
+            rec.misses.append(symbol)
+        t0 = tick("kernel codegen", t0)
+
+        # VMLink wants a compiled TIR module to import (the library's own code then loads
+        # the kernels' symbols too): a one-line function, compiled every time (milliseconds).
+        stub = _compile_kernel(_stub_func(), target)
+        ex = VMExecutable(relax_api.VMLink(builder, target, stub, [], params))
+        lib = workdir / "model.so"
+        try:
+            ex.export_library(str(lib), addons=[str(p) for p in objects.values()],
+                              options=aliases)
+            t0 = tick("link", t0)
+            loaded = tvm.runtime.load_module(str(lib))
+        except Exception:  # a reused object the linker or loader refused: never again
+            for key in hit_keys:
+                self.store.discard(key)
+            raise
+        tick("load", t0)
+        return loaded, lib, rec
+
+
+def _compile_kernel(func: Any, target: Any) -> Any:
+    import tvm
+
+    name = str(func.attrs["global_symbol"])
+    return tvm.tirx.build(tvm.IRModule({name: func}), target=target)
+
+
+def _stub_func() -> Any:
+    from tvm import te
+
+    a = te.placeholder((1,), "int8", name="a")
+    b = te.compute((1,), lambda i: a[i], name="b")
+    return te.create_prim_func([a, b]).with_attr("global_symbol", "__opsdk_kernels")
+
+
+def _link_or_copy(src: Path, folder: Path, key: str) -> Path | None:
+    """``src`` hard-linked (else copied) into ``folder``: an eviction or a concurrent
+    rebuild of the entry cannot pull it from under the link step."""
+    dst = folder / f"{key[:32]}.o"
+    with contextlib.suppress(OSError):
+        os.link(src, dst)
+        return dst
+    with contextlib.suppress(OSError):
+        shutil.copyfile(src, dst)
+        return dst
+    return None

@@ -1,0 +1,141 @@
+"""The kernel cache (opsdk._kernelcache): a second compile of a model reuses every compiled
+kernel with bit-identical outputs, an edited layer recompiles only its kernel, a damaged or
+stale entry is rebuilt, never trusted, and ``opsdk build --timings`` states the phases."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from opsdk.cli import main as cli
+from opsdk.model import compile_model, record_timings
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((16, 8, 3, 3)).astype("float32")
+W2 = RNG.standard_normal((24, 16)).astype("float32")
+X = RNG.standard_normal((1, 8, 12, 12)).astype("float32")
+
+
+def _module(act: str = "silu") -> tvm.IRModule:
+    """conv + relu -> mean over H, W -> dense + ``act``: a few kernels, small shapes."""
+    x = relax.Var("x", relax.TensorType(X.shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, relax.const(W1), padding=1)))
+            y = bb.emit(relax.op.mean(y, axis=[2, 3]))
+            y = relax.op.matmul(y, relax.op.permute_dims(relax.const(W2)))
+            y = bb.emit_output(getattr(relax.op.nn, act)(y))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _run(ex) -> np.ndarray:
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(X)).numpy()
+
+
+@pytest.fixture
+def kcache(tmp_path, monkeypatch) -> pathlib.Path:
+    """The kernel cache on in a temporary folder, the whole-model cache off (so that every
+    compile goes through the kernel cache)."""
+    monkeypatch.delenv("OPSDK_NO_CACHE", raising=False)
+    monkeypatch.delenv("OPSDK_NO_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("OPSDK_NO_MODEL_CACHE", "1")
+    root = tmp_path / "kernels"
+    monkeypatch.setenv("OPSDK_KERNEL_CACHE_DIR", str(root))
+    return root
+
+
+def _entries(root: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in root.iterdir() if not p.name.startswith("."))
+
+
+def test_warm_compile_reuses_every_kernel_with_bit_identical_outputs(kcache):
+    ref = _run(compile_model(_module(), "x86", cache=False).ex)  # the ordinary build
+    cold = compile_model(_module(), "x86")
+    warm = compile_model(_module(), "x86")  # a new, equal module
+    n = len(cold.kernels)
+    assert n >= 3
+    assert (len(cold.kernel_build.hits), len(cold.kernel_build.misses)) == (0, n)
+    assert (len(warm.kernel_build.hits), len(warm.kernel_build.misses)) == (n, 0)
+    assert len(_entries(kcache)) == n
+    np.testing.assert_array_equal(_run(cold.ex), ref)
+    np.testing.assert_array_equal(_run(warm.ex), ref)
+    assert warm.kernels == cold.kernels
+    assert warm.library.is_file()  # what an artifact copies
+    assert warm.timings["kernel codegen"] < cold.timings["kernel codegen"]
+
+
+def test_an_edited_layer_recompiles_only_its_kernel(kcache):
+    compile_model(_module("silu"), "x86")
+    edited = compile_model(_module("relu"), "x86")
+    assert len(edited.kernel_build.misses) == 1
+    assert "matmul" in edited.kernel_build.misses[0]
+    assert len(edited.kernel_build.hits) == len(edited.kernels) - 1
+    ref = _run(compile_model(_module("relu"), "x86", cache=False).ex)
+    np.testing.assert_array_equal(_run(edited.ex), ref)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "stale"])
+def test_a_damaged_or_stale_entry_is_rebuilt(kcache, damage):
+    first = compile_model(_module(), "x86")
+    ref = _run(first.ex)
+    a, b = _entries(kcache)[:2]
+    obj = a / "kernel.o"
+    data = obj.read_bytes()
+    if damage == "truncate":
+        obj.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        obj.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    else:  # another kernel's entry under this key: its metadata names the other key
+        obj.write_bytes((b / "kernel.o").read_bytes())
+        (a / "meta.json").write_text((b / "meta.json").read_text())
+    again = compile_model(_module(), "x86")
+    assert len(again.kernel_build.misses) == 1  # the damaged one, rebuilt
+    assert len(again.kernel_build.hits) == len(first.kernels) - 1
+    np.testing.assert_array_equal(_run(again.ex), ref)
+    meta = json.loads((a / "meta.json").read_text())["data"]
+    assert meta["key"] == a.name and obj.read_bytes() == data  # whole again
+    third = compile_model(_module(), "x86")
+    assert third.kernel_build.misses == []
+
+
+@pytest.mark.parametrize("var", ["OPSDK_NO_CACHE", "OPSDK_NO_KERNEL_CACHE"])
+def test_environment_turns_it_off(kcache, monkeypatch, var):
+    monkeypatch.setenv(var, "1")
+    cm = compile_model(_module(), "x86")
+    assert cm.kernel_build is None and not kcache.exists()
+    assert "codegen" in cm.timings
+
+
+def test_timings_cover_the_compile(kcache):
+    with record_timings() as t:
+        cm = compile_model(_module(), "x86")
+    for phase in ("legalize", "fold constants", "schedule", "kernel codegen", "link"):
+        assert phase in t.seconds and t.seconds[phase] >= 0
+    assert sum(t.seconds.values()) <= cm.seconds + 1e-6
+    assert (t.kernels_reused, t.kernels_compiled) == (0, len(cm.kernels))
+
+
+def test_build_timings_prints_the_phases(kcache, tmp_path, capsys):
+    out = tmp_path / "art"
+    rc = cli(["build", str(ROOT / "examples" / "conv_net.py"), "-o", str(out), "--target",
+              "x86", "--model-arg", "channels=8", "--model-arg", "size=16", "--timings"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    lines = text[text.index("timings:"):].splitlines()
+    seconds = {ln.split("  ")[1].strip(): float(ln.split()[-2]) for ln in lines[1:]
+               if ln.endswith(" s")}
+    for phase in ("torch.export", "from_torch", "legalize", "schedule", "kernel codegen",
+                  "link", "other", "total"):
+        assert phase in seconds, phase
+    # The phases and "other" add up to the total, each printed to 0.01 s.
+    parts = [v for k, v in seconds.items() if k != "total"]
+    assert abs(sum(parts) - seconds["total"]) <= 0.005 * (len(parts) + 1) + 1e-9
+    assert "kernels reused" in text
