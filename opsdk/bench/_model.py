@@ -10,7 +10,11 @@ ratio alike). Outputs are checked against torch (or onnxruntime) before timing.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,24 +22,60 @@ from typing import Any
 
 import numpy as np
 
-from ._run import _py_step, _Timer, _vm_step
+from ._run import _calls_step, _py_step, _Timer, _vm_step
 
 __all__ = [
+    "ALL_CANDIDATES",
     "EXAMPLES",
     "MODEL_CANDIDATES",
+    "PEER_INSTALL",
     "format_gemm_table",
     "format_model_table",
     "ort_session",
+    "peer_missing",
     "run_gemm_bench",
     "run_model_bench",
 ]
 
 #: The examples benchmarked by ``opsdk bench --examples`` (each defines ``DEFAULT_ARGS``).
 EXAMPLES = ("transformer_block.py", "conv_net.py", "mobilenet_block.py")
-#: Model candidates in table order.
+#: ``opsdk bench --model``'s candidates, in table order.
 MODEL_CANDIDATES = ("opsdk", "tvm_default", "torch", "onnxruntime")
+#: Every candidate :func:`run_model_bench` can time (``--zoo`` adds the peers after torch).
+ALL_CANDIDATES = ("opsdk", "tvm_default", "torch", "onnxruntime", "openvino", "executorch",
+                  "torch_compile")
 _PEER_SETTLE_S = 0.05  # torch's OpenMP and onnxruntime's workers spin after a run
-_PEERS = ("torch", "onnxruntime")
+_PEERS = ("torch", "onnxruntime", "openvino", "executorch", "torch_compile")
+_PEER_MODULE = {"torch": "torch", "torch_compile": "torch", "onnxruntime": "onnxruntime",
+                "openvino": "openvino", "executorch": "executorch", "tvm_default": "tvm"}
+_CONSTRAINT = "-c <(echo torch==2.13.0)"
+#: How to install each peer (the ``peers`` extra keeps torch at the pinned CPU build).
+PEER_INSTALL = {
+    "torch": "pip install 'opsdk[torch]'",
+    "torch_compile": "pip install 'opsdk[torch]' (and a C++ compiler for inductor)",
+    "onnxruntime": "pip install 'opsdk[bench]'",
+    "openvino": f"pip install 'opsdk[peers]' {_CONSTRAINT}",
+    "executorch": f"pip install 'opsdk[peers]' {_CONSTRAINT}",
+    "tvm_default": "pip install 'opsdk'",
+}
+
+
+def peer_missing(candidate: str) -> str | None:
+    """Why ``candidate`` cannot run on this host (its package is not installed), or None.
+
+    Examples
+    --------
+    >>> from opsdk.bench._model import peer_missing
+    >>> peer_missing("opsdk") is None
+    True
+    """
+    mod = _PEER_MODULE.get(candidate)
+    if mod is None:
+        return None
+    if sys.modules.get(mod, 0) is not None and (mod in sys.modules
+                                                or importlib.util.find_spec(mod) is not None):
+        return None  # (a None entry in sys.modules is a package whose import is blocked)
+    return f"{mod} is not installed ({PEER_INSTALL[candidate]})"
 
 
 def setup_threads(threads: int | None) -> int:
@@ -58,14 +98,20 @@ def setup_threads(threads: int | None) -> int:
     return n
 
 
-def _vm_timed(ex: Any, inputs: Sequence[np.ndarray]) -> tuple[_Timer, np.ndarray]:
+def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
+              per_call: bool = False) -> tuple[_Timer, np.ndarray]:
+    """A timer of ``ex``'s ``main`` on ``inputs`` (TVM's C++ timer loop; ``per_call``: each
+    call timed from Python, as the peers are) and its first output."""
     import tvm
     from tvm import relax
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    out = _first(vm["main"](*args))
+    main = vm["main"]
+    out = _first(main(*args))
+    if per_call:
+        return _Timer(_calls_step(lambda: main(*args))), out
     return _Timer(_vm_step(vm, args, dev)), out
 
 
@@ -98,6 +144,7 @@ def _interleave(timers: Mapping[str, _Timer], repeats: int, budget_s: float) -> 
             # virtual CPUs) after the previous candidate, whose spinning peers had a pause.
             t.step(max(1, t.number // 4))
             t.samples.append(t.step(t.number))
+            t.calls.extend(getattr(t.step, "last", ()))
             if c in _PEERS:
                 time.sleep(_PEER_SETTLE_S)
 
@@ -127,15 +174,29 @@ def run_model_bench(
     entry: str = "build_model",
     entry_args: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    details: bool = False,
+    keep_going: bool = False,
+    cache: Any = None,
 ) -> list[dict[str, Any]]:
     """Benchmark whole models end to end.
 
     ``models`` are model files (see :func:`opsdk.model.load_model`; a Python file's
     ``DEFAULT_ARGS`` dict, when it has one, gives the entry function's arguments unless
-    ``entry_args`` does) or :class:`opsdk.model.LoadedModel` objects. Returns one row per
-    model: ``<candidate>_ms`` (median), ``speedup_<candidate>`` (median per-round ratio of its
-    time to opsdk's), ``check_<candidate>`` (output agreement with the reference), the
-    opsdk rule per kernel kind and ``errors`` for candidates that could not run.
+    ``entry_args`` does), :class:`opsdk.model.LoadedModel` objects, or zoo entries (an object
+    with ``name`` and ``build()`` returning ``(torch module, example args)``:
+    :class:`opsdk.bench._zoo.ZooModel`). ``candidates`` are taken from
+    :data:`ALL_CANDIDATES`. Returns one row per model: ``<candidate>_ms`` (median),
+    ``speedup_<candidate>`` (median per-round ratio of its time to opsdk's),
+    ``check_<candidate>`` (output agreement with the reference), ``<candidate>_ready_s``
+    (from the imported model to a runnable one: opsdk's compile, a peer's conversion and
+    compile), the opsdk rule per kernel kind and ``errors`` for candidates that could not run.
+
+    ``details`` adds ``import_s`` (zoo entries: torch.export and opsdk's import),
+    ``peak_rss_mb`` (the process's peak resident memory over import and compile),
+    ``artifact_mb`` (the exported library) and ``<candidate>_p99_ms`` (99th percentile of
+    single calls, every candidate timed call by call from Python). ``keep_going``: a model
+    that fails to import, compile or run through opsdk gets ``failed`` (stage and first line
+    of the error) and the next model runs. ``cache``: as :func:`opsdk.model.compile_model`.
 
     Examples
     --------
@@ -153,24 +214,34 @@ def run_model_bench(
     >>> rows[0]["opsdk_ms"] > 0
     True
     """
-    from ..model import LoadedModel, compile_default, compile_model, load_model
+    from ..model import compile_default
     from ..targets import target as resolve_target
     from ..targets import target_arch
 
+    unknown = [c for c in candidates if c not in ALL_CANDIDATES]
+    if unknown:
+        raise ValueError(f"unknown benchmark candidate {unknown[0]!r}; choose from "
+                         f"{', '.join(ALL_CANDIDATES)}")
     tgt = resolve_target(target)
     if tgt.kind.name != "llvm" or target_arch(tgt) != target_arch(resolve_target("x86")):
         raise ValueError(f"target {target!r} does not run on this host; use x86")
     n = setup_threads(threads)
     rows = []
     for spec in models:
-        if isinstance(spec, LoadedModel):
-            m = spec
-        else:
-            m = load_model(str(spec), entry=entry, entry_args=entry_args)
+        name = getattr(spec, "name", None) or str(spec)
         if progress:
-            progress(m.name)
-        row: dict[str, Any] = {"model": m.name, "threads": n, "errors": {},
-                               "inputs": [list(a.shape) for a in m.inputs]}
+            progress(Path(name).name)
+        row: dict[str, Any] = {"model": name, "threads": n, "errors": {}}
+        rows.append(row)
+        try:
+            m, cm = _load_and_compile(spec, row, tgt, candidates, entry, entry_args,
+                                      details, cache)
+        except Exception as e:
+            if not keep_going:
+                raise
+            row["failed"] = _line(e, row.pop("_stage", "import"))
+            continue
+        row["inputs"] = [list(a.shape) for a in m.inputs]
         timers: dict[str, _Timer] = {}
         outs: dict[str, np.ndarray] = {}
         ref = None
@@ -179,53 +250,251 @@ def run_model_bench(
 
             with torch.no_grad():
                 ref = _torch_out(m.torch_module(*m.torch_args))
-        if "opsdk" in candidates:
-            cm = compile_model(m.opsdk_mod, tgt)
-            row["compile_s"] = cm.seconds
-            row["rules"] = cm.rule_counts()
-            timers["opsdk"], outs["opsdk"] = _vm_timed(cm.ex, m.inputs)
+        if cm is not None:
+            try:
+                timers["opsdk"], outs["opsdk"] = _vm_timed(cm.ex, m.inputs, details)
+            except Exception as e:
+                if not keep_going:
+                    raise
+                row["failed"] = _line(e, "run")
+                continue
         if "tvm_default" in candidates:
             try:
+                t0 = time.perf_counter()
                 ex = compile_default(m.tvm_mod, tgt)  # through the compile cache
-                timers["tvm_default"], outs["tvm_default"] = _vm_timed(ex, m.inputs)
+                row["tvm_default_ready_s"] = time.perf_counter() - t0
+                timers["tvm_default"], outs["tvm_default"] = _vm_timed(ex, m.inputs, details)
             except Exception as e:
-                row["errors"]["tvm_default"] = f"{type(e).__name__}: {e}".split("\n")[0]
-        if "torch" in candidates and m.torch_module is not None:
-            import torch
-
-            tm, targs = m.torch_module, m.torch_args
-
-            def run_torch(tm=tm, targs=targs):
-                with torch.no_grad():
-                    return tm(*targs)
-
-            timers["torch"] = _Timer(_py_step(run_torch))
-            outs["torch"] = ref
-        if "onnxruntime" in candidates:
+                row["errors"]["tvm_default"] = _line(e)
+        step = _calls_step if details else _py_step
+        for c in _PEERS:
+            if c not in candidates:
+                continue
+            if c in ("torch", "torch_compile", "executorch") and m.torch_module is None:
+                continue  # an ONNX model: no torch program to run
+            if c == "torch":
+                outs["torch"] = ref
+                timers["torch"] = _Timer(step(_torch_runner(m.torch_module, m.torch_args)))
+                continue
+            missing = peer_missing(c)
+            if missing:
+                row["errors"][c] = missing
+                continue
             try:
-                if m.onnx is None:
-                    raise RuntimeError(m.onnx_error or "no ONNX model")
-                sess = ort_session(m.onnx, n)
-                feed = {i.name: np.ascontiguousarray(a)
-                        for i, a in zip(sess.get_inputs(), m.inputs)}
-                outs["onnxruntime"] = sess.run(None, feed)[0]
-                timers["onnxruntime"] = _Timer(_py_step(lambda s=sess, f=feed: s.run(None, f)))
-            except ImportError:
-                row["errors"]["onnxruntime"] = (
-                    "onnxruntime is not installed (pip install opsdk[bench])")
+                with contextlib.ExitStack() as quiet:
+                    if c == "executorch":  # its C++ side logs CPU probing to fd 2
+                        from ..model import _fd2_silenced
+
+                        quiet.enter_context(_fd2_silenced())
+                    _PEER_IMPORT[c]()  # the import is not its compile time
+                    t0 = time.perf_counter()
+                    fn, outs[c] = _PEER_SETUP[c](m, n)
+                    row[f"{c}_ready_s"] = time.perf_counter() - t0
+                timers[c] = _Timer(step(fn))
             except Exception as e:
-                row["errors"]["onnxruntime"] = f"{type(e).__name__}: {e}".split("\n")[0]
+                outs.pop(c, None)
+                row["errors"][c] = _line(e)
         base = ref if ref is not None else outs.get("onnxruntime")
         if base is not None:
             for c, o in outs.items():
                 row[f"check_{c}"] = _agree(o, base)
         _interleave(timers, repeats, budget_ms / 1e3)
-        for c in MODEL_CANDIDATES:
+        for c in ALL_CANDIDATES:
             t = timers.get(c)
             row[f"{c}_ms"] = float(np.median(t.samples)) * 1e3 if t else None
             row[f"speedup_{c}"] = _ratio(timers, c) if c != "opsdk" else None
-        rows.append(row)
+            if details:
+                row[f"{c}_p99_ms"] = (float(np.percentile(t.calls, 99)) * 1e3
+                                      if t and t.calls else None)
+        if "torch_compile" in timers:
+            import torch
+
+            torch._dynamo.reset()  # drop its compiled graphs before the next model
     return rows
+
+
+def _line(e: BaseException, stage: str = "") -> str:
+    """An error as one line (``stage: Type: first line``)."""
+    text = f"{type(e).__name__}: {str(e).strip()}".split("\n")[0]
+    return f"{stage}: {text}" if stage else text
+
+
+def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequence[str],
+                      entry: str, entry_args: Mapping[str, Any] | None, details: bool,
+                      cache: Any) -> tuple[Any, Any]:
+    """Import ``spec`` and compile it with opsdk (when a candidate); fills the row's import,
+    compile, memory and artifact figures. ``row["_stage"]`` names the step that was running."""
+    from ..model import LoadedModel, _torch_to_onnx, compile_model, export_torch, load_model
+
+    with _PeakRSS() as mem:
+        row["_stage"] = "import"
+        t0 = time.perf_counter()
+        built = None
+        if isinstance(spec, LoadedModel):
+            m = spec
+        elif callable(getattr(spec, "build", None)):
+            built = spec.build()
+            m = LoadedModel.from_torch(spec.name, built[0], tuple(built[1]), baselines=False)
+        else:
+            m = load_model(str(spec), entry=entry, entry_args=entry_args)
+        if details:
+            row["import_s"] = time.perf_counter() - t0
+        cm = None
+        if "opsdk" in candidates:
+            row["_stage"] = "compile"
+            cm = compile_model(m.opsdk_mod, tgt, cache=cache)
+            row["compile_s"] = row["opsdk_ready_s"] = cm.seconds
+            row["compile_cached"] = bool(getattr(cm, "cached", False))
+            row["rules"] = cm.rule_counts()
+    row.pop("_stage")
+    if details:
+        row["peak_rss_mb"], row["rss_before_mb"] = mem.peak_mb, mem.start_mb
+        if cm is not None:
+            row["artifact_mb"] = _artifact_mb(cm)
+    if built is not None:  # the baselines from_torch skipped, outside the measured span
+        model, args = built[0], tuple(built[1])
+        if "tvm_default" in candidates:
+            from tvm.relax.frontend.torch import from_exported_program
+
+            m.tvm_mod = from_exported_program(export_torch(model, args))
+        if {"onnxruntime", "openvino"} & set(candidates):
+            m.onnx, m.onnx_error = _torch_to_onnx(model, args)
+    return m, cm
+
+
+class _PeakRSS:
+    """The process's peak resident memory over a block, in MiB (``peak_mb``). On Linux the
+    high-water mark is reset first (``5`` to ``/proc/self/clear_refs``), so it is this
+    block's peak; elsewhere it is the process's peak so far (``ru_maxrss``)."""
+
+    def __enter__(self) -> _PeakRSS:
+        with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.start_mb = _status_mb("VmRSS")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.peak_mb = _status_mb("VmHWM")
+        if self.peak_mb is None:
+            import resource
+            import sys
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self.peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _status_mb(key: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _artifact_mb(cm: Any) -> float:
+    """Size of the compiled library (the cache's file, else exported to a scratch folder)."""
+    if getattr(cm, "library", None):
+        return os.path.getsize(cm.library) / 2**20
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.so")
+        cm.ex.export_library(path)
+        return os.path.getsize(path) / 2**20
+
+
+def _torch_runner(tm: Any, targs: tuple) -> Callable[[], Any]:
+    import torch
+
+    def run() -> Any:
+        with torch.no_grad():
+            return tm(*targs)
+
+    return run
+
+
+def _ort_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+    if m.onnx is None:
+        raise RuntimeError(m.onnx_error or "no ONNX model")
+    sess = ort_session(m.onnx, n)
+    feed = {i.name: np.ascontiguousarray(a) for i, a in zip(sess.get_inputs(), m.inputs)}
+    out = sess.run(None, feed)[0]
+    return (lambda: sess.run(None, feed)), out
+
+
+def _openvino_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+    """OpenVINO's CPU plugin on the ONNX bytes onnxruntime gets (the same graph, no second
+    trace; ``openvino.convert_model`` of the torch module when the ONNX export failed), in
+    float32 (its default on CPUs with bfloat16 units is bfloat16) with ``n`` threads."""
+    import openvino as ov
+
+    core = ov.Core()
+    if m.onnx is not None:
+        model = core.read_model(m.onnx)
+    elif m.torch_module is not None:
+        model = ov.convert_model(m.torch_module, example_input=m.torch_args)
+    else:
+        raise RuntimeError(m.onnx_error or "no ONNX model")
+    compiled = core.compile_model(model, "CPU", {
+        "INFERENCE_NUM_THREADS": n, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32"})
+    req = compiled.create_infer_request()
+    feed = [np.ascontiguousarray(a) for a in m.inputs]
+    req.infer(feed)
+    return (lambda: req.infer(feed)), np.array(req.get_output_tensor(0).data)
+
+
+def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+    """ExecuTorch with every op XNNPACK takes delegated to it (``XnnpackPartitioner``), from
+    torch.export of the module; its thread pool set to ``n`` threads."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.extension.pybindings import portable_lib
+    from executorch.runtime import Runtime
+
+    from ..model import export_torch
+
+    ep = export_torch(m.torch_module, m.torch_args)
+    prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    portable_lib._unsafe_reset_threadpool(n)
+    buffer = prog.buffer
+    program = Runtime.get().load_program(buffer)
+    method = program.load_method("forward")
+    args = list(m.torch_args)
+
+    def run(keep: Any = (buffer, program)) -> Any:  # a method outliving its program crashes
+        return method.execute(args)
+
+    return run, _torch_out(run())
+
+
+def _torch_compile_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+    """``torch.compile`` (inductor); its compile runs in the first call, timed as ready."""
+    import torch
+
+    run = _torch_runner(torch.compile(m.torch_module), m.torch_args)
+    return run, _torch_out(run())
+
+
+def _import_executorch() -> None:
+    import executorch.backends.xnnpack.partition.xnnpack_partitioner
+    import executorch.exir
+    import executorch.runtime  # noqa: F401
+
+
+_PEER_IMPORT: dict[str, Callable[[], Any]] = {
+    "onnxruntime": lambda: __import__("onnxruntime"),
+    "openvino": lambda: __import__("openvino"),
+    "executorch": _import_executorch,
+    "torch_compile": lambda: __import__("torch"),
+}
+_PEER_SETUP: dict[str, Callable[[Any, int], tuple[Callable[[], Any], np.ndarray]]] = {
+    "onnxruntime": _ort_setup,
+    "openvino": _openvino_setup,
+    "executorch": _executorch_setup,
+    "torch_compile": _torch_compile_setup,
+}
 
 
 def _torch_out(out: Any) -> np.ndarray:

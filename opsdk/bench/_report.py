@@ -256,6 +256,24 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--examples", action="store_true",
         help="benchmark the three example models at their default sizes",
     )
+    parser.add_argument(
+        "--zoo", nargs="?", const="all", metavar="MODELS",
+        help="benchmark the model zoo (public architectures, random weights, no downloads) "
+        "against the peers of --peers: numerics, compile time, library size, peak memory, "
+        "median and p99 latency; MODELS: all (default), small, or names separated by commas "
+        "(see --zoo list)",
+    )
+    parser.add_argument(
+        "--peers", metavar="LIST",
+        help="with --zoo: runtimes to compare with, separated by commas (default: "
+        "onnxruntime,openvino,executorch,torch,torch_compile; also tvm_default); a peer "
+        "that is not installed is skipped",
+    )
+    parser.add_argument(
+        "--use-cache", action="store_true",
+        help="with --zoo: let opsdk's compile cache answer (default: compile afresh, so the "
+        "compile time and peak memory are a real compile's)",
+    )
     parser.add_argument("--entry", default="build_model", help="model entry function")
     parser.add_argument(
         "--model-arg", action="append", metavar="NAME=VALUE",
@@ -269,8 +287,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", metavar="PATH", type=output_path,
                         help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", type=output_path,
-                        help="write a PNG bar chart")
+    parser.add_argument("--plot", "--chart", metavar="PATH", type=output_path,
+                        help="write a bar chart (PNG; with --zoo also .svg or .html)")
     parser.add_argument(
         "--no-check",
         action="store_true",
@@ -299,6 +317,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         except (ImportError, TypeError, ValueError, UserCodeError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2
+    if getattr(args, "zoo", None) is not None:
+        return _bench_zoo(args)
     if getattr(args, "model", None) or getattr(args, "examples", False) or \
             getattr(args, "gemm", None) is not None:
         return _bench_models(args)
@@ -479,4 +499,71 @@ def _bench_models(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         write_text_atomic(args.json, json.dumps(out, indent=2))
+    return 0
+
+
+def _bench_zoo(args: argparse.Namespace) -> int:
+    """``opsdk bench --zoo [MODELS] [--peers LIST]``."""
+    from ._model import ALL_CANDIDATES, peer_missing, run_model_bench
+    from ._zoo import ZOO, select_zoo
+    from ._zooreport import (
+        DEFAULT_PEERS,
+        format_zoo_table,
+        machine_load,
+        plot_zoo,
+        zoo_geomeans,
+    )
+
+    def fail(msg: str) -> int:
+        print(f"opsdk bench: error: {msg}", file=sys.stderr)
+        return 2
+
+    if args.model or args.examples or args.gemm is not None or args.ops:
+        return fail("--zoo runs on its own (drop --model, --examples, --gemm and op names)")
+    if args.zoo == "list":
+        for z in ZOO.values():
+            gone = z.missing()
+            print(f"{z.name:<20} {z.description}"
+                  + (f" [needs {', '.join(gone)}: pip install 'opsdk[zoo]']" if gone else ""))
+        return 0
+    try:
+        zoo = select_zoo(args.zoo)
+    except ValueError as e:
+        return fail(str(e))
+    peers = DEFAULT_PEERS if args.peers is None else tuple(
+        dict.fromkeys(p.strip() for p in args.peers.split(",") if p.strip()))
+    bad = [p for p in peers if p not in ALL_CANDIDATES or p == "opsdk"]
+    if bad:
+        return fail(f"--peers: unknown peer {bad[0]!r}; choose from "
+                    f"{', '.join(c for c in ALL_CANDIDATES if c != 'opsdk')}")
+    skipped = {}
+    for p in peers:  # one line per peer that cannot run here, not one per model
+        why = peer_missing(p)
+        if why:
+            skipped[p] = why
+            print(f"opsdk bench: skipped {p}: {why}", file=sys.stderr)
+    peers = tuple(p for p in peers if p not in skipped)
+    runnable = []
+    for z in zoo:
+        gone = z.missing()
+        if gone:
+            skipped[z.name] = f"needs {', '.join(gone)} (pip install 'opsdk[zoo]')"
+            print(f"opsdk bench: skipped {z.name}: {skipped[z.name]}", file=sys.stderr)
+        else:
+            runnable.append(z)
+    load_before = machine_load()
+    rows = run_model_bench(
+        runnable, target=args.target, threads=args.threads, repeats=args.repeats,
+        budget_ms=max(args.budget_ms, 50.0), candidates=("opsdk", *peers), details=True,
+        keep_going=True, cache=None if args.use_cache else False,
+        progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True))
+    print(format_zoo_table(rows, peers))
+    if args.json:
+        write_text_atomic(args.json, json.dumps({
+            "zoo": rows, "peers": list(peers), "skipped": skipped,
+            "geomean": zoo_geomeans(rows, peers),
+            "machine": {"before": load_before, "after": machine_load()},
+        }, indent=2))
+    if args.plot:
+        plot_zoo(rows, peers, args.plot)
     return 0

@@ -208,6 +208,7 @@ class _Timer:
         self.step = step
         self.number = 1
         self.samples: list[float] = []
+        self.calls: list[float] = []  # per-call seconds, when ``step`` records them (.last)
 
     def calibrate(self, budget_s: float) -> None:
         self.step(1)  # warm-up (first-touch pages, thread pool start)
@@ -222,6 +223,23 @@ def _py_step(fn: Callable[[], Any]) -> Callable[[int], float]:
             fn()
         return (time.perf_counter() - t0) / k
 
+    return step
+
+
+def _calls_step(fn: Callable[[], Any]) -> Callable[[int], float]:
+    """Like :func:`_py_step`, timing each call too: ``step.last`` holds the last batch's."""
+
+    def step(k: int) -> float:
+        ts = []
+        t0 = time.perf_counter()
+        for _ in range(k):
+            a = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - a)
+        step.last = ts  # type: ignore[attr-defined]
+        return (time.perf_counter() - t0) / k
+
+    step.last = []  # type: ignore[attr-defined]
     return step
 
 
