@@ -16,8 +16,13 @@ tile's write-back. The schedule is the classic register-blocked GEMM:
   buffer the size of one tile (the ``k`` loop outside the unrolled ``MR`` rows and ``NR / lanes``
   vectors), and the epilogue writes the tile out once, vectorized.
 - Tiles divide the extents where possible (``MR`` in ``[1, mr_max]``, ``NR`` a multiple of the
-  lanes that divides ``N``, narrower vectors for channel counts like 24); otherwise the last
-  tile carries a predicate (correct, slower).
+  lanes that divides ``N``, narrower vectors for channel counts like 24). A static ``M`` or
+  ``N`` that no tile divides (ViT's 197 tokens) is padded to whole tiles (``pad_einsum``):
+  ``A``'s rows are copied zero-padded per row tile, ``B``'s columns zero-padded into its
+  packed layout, so the ``k`` loop has no predicate. With ``N`` padded, the tiles are written
+  whole to a padded buffer and the epilogue runs over the real columns in its own vectorized
+  pass (TVM scalarizes a vector loop under a lane predicate). A symbolic extent keeps a
+  predicated last tile (correct, slower).
 """
 
 from __future__ import annotations
@@ -368,13 +373,15 @@ def schedule_matmul(
     lanes, nv, mr = tile_mn(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
     pad_n = n_ext is not None and n_ext % (lanes * nv) != 0
     if pad_n:  # no tile width divides N (a sequence of 197 tokens): pad N to whole tiles
-        lanes, nv, mr = padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
+        lanes, nv, mr = _padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
     nr = lanes * nv
-    pad_m = i_last is not None and m_ext is not None and m_ext % mr != 0
+    # Rows are padded where the waste is small (under a quarter: 197 rows in 6-row tiles
+    # compute 198); a few rows (7 in 6-row tiles) keep the predicated last tile.
+    pad_m = i_last is not None and m_ext is not None and m_ext % mr != 0 and m_ext >= 4 * mr
     a_pad = b_pad = final = None
     if pad_n or pad_m:
         # The block computes whole tiles of zero-padded A and B (copies), so no predicate is
-        # left in the k loop (one per row there cost half the speed of a 197-row GEMM).
+        # left in the k loop (a row predicate there made 197-row GEMMs 1.2-1.7x slower).
         padding = [1] * len(info.kinds)
         if pad_m:
             padding[i_last] = mr
@@ -481,7 +488,7 @@ def _static(e: tirx.PrimExpr) -> int | None:
     return int(e.value) if isinstance(e, tirx.IntImm) else None
 
 
-def padded_tile(
+def _padded_tile(
     m: int | None, n: int, lanes: int, max_vecs: int, mr_max: int, acc_regs: int
 ) -> tuple[int, int, int]:
     """(vector lanes, vectors per tile row, rows per tile) for an N that no vector width

@@ -29,8 +29,8 @@ def _arm_env():
 
 
 def test_padded_scores_verify_on_arm():
-    # 11 rows and 33 columns: no 4-lane tile divides either (both are padded).
-    case = Case("tvm_matmul", "arm", "float32", "batched_nk", (2, 11, 8),
+    # 37 rows and 33 columns: no NEON tile divides either (both are padded).
+    case = Case("tvm_matmul", "arm", "float32", "batched_nk", (2, 37, 8),
                 {"layout": "batched_nk", "n": 33, "activation": "none"}, ("residual",), {},
                 3, static=True)
     res = run_case(case, op=tvm_matmul)
@@ -39,7 +39,7 @@ def test_padded_scores_verify_on_arm():
 
 
 def test_padded_scores_k_loop_is_unpredicated_neon():
-    b, m, n, k = 2, 11, 33, 8
+    b, m, n, k = 2, 37, 33, 8
     q = te.placeholder((b, m, k), name="q")
     kt = te.placeholder((b, n, k), name="kt")
     mask = te.placeholder((m, n), name="mask")
