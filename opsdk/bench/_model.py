@@ -242,6 +242,8 @@ def run_model_bench(
             row["failed"] = _line(e, row.pop("_stage", "import"))
             continue
         row["inputs"] = [list(a.shape) for a in m.inputs]
+        if progress and details and cm is not None:
+            progress(f"{Path(name).name}: opsdk compiled in {cm.seconds:.1f} s")
         timers: dict[str, _Timer] = {}
         outs: dict[str, np.ndarray] = {}
         ref = None
@@ -291,6 +293,8 @@ def run_model_bench(
                     fn, outs[c] = _PEER_SETUP[c](m, n)
                     row[f"{c}_ready_s"] = time.perf_counter() - t0
                 timers[c] = _Timer(step(fn))
+                if progress and details:
+                    progress(f"{Path(name).name}: {c} ready in {row[f'{c}_ready_s']:.1f} s")
             except Exception as e:
                 outs.pop(c, None)
                 row["errors"][c] = _line(e)
