@@ -52,7 +52,7 @@ def test_hand_written_detector_is_yolov8n_sized():
 def test_small_zoo_end_to_end_with_a_peer_that_does_not_import(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now fails
     out_json, chart = tmp_path / "zoo.json", tmp_path / "zoo.png"
-    rc = main(["bench", "--zoo", "small", "--repeats", "2", "--budget-ms", "5",
+    rc = main(["bench", "--zoo", "small", "--repeats", "2",
                "--peers", "onnxruntime,openvino,torch",
                "--json", str(out_json), "--chart", str(chart)])
     cap = capsys.readouterr()
