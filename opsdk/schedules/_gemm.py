@@ -376,8 +376,11 @@ def schedule_matmul(
         lanes, nv, mr = _padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
     nr = lanes * nv
     # Rows are padded where the waste is small (under a quarter: 197 rows in 6-row tiles
-    # compute 198); a few rows (7 in 6-row tiles) keep the predicated last tile.
-    pad_m = i_last is not None and m_ext is not None and m_ext % mr != 0 and m_ext >= 4 * mr
+    # compute 198; 7 rows keep the predicated last tile) and the copy of a row tile serves
+    # several column tiles: with one (P @ V's 64 columns) the copy cost more than the
+    # predicate (measured 6 %).
+    pad_m = (i_last is not None and m_ext is not None and m_ext % mr != 0
+             and m_ext >= 4 * mr and (n_ext is None or n_ext > nr))
     a_pad = b_pad = final = None
     if pad_n or pad_m:
         # The block computes whole tiles of zero-padded A and B (copies), so no predicate is
