@@ -150,7 +150,7 @@ def _epilogue_chunks(node: tirx.For) -> bool:
 
 
 @pytest.mark.parametrize(("pick", "shape", "n"), [
-    (_a_pad_rows, (2, 37, 16), 32),      # 37 rows: the last row tile is padded
+    (_a_pad_rows, (2, 37, 16), 128),     # 37 rows, two column tiles: the rows are padded
     (_epilogue_chunks, (2, 11, 24), 67),  # 67 columns: the tiles are padded
 ], ids=["padded_rows", "epilogue_pass"])
 def test_a_bug_planted_in_the_remainder_handling_is_caught(monkeypatch, pick, shape, n):
