@@ -169,3 +169,29 @@ def test_a_bug_planted_in_the_remainder_handling_is_caught(monkeypatch, pick, sh
     res = run_case(_case("batched_nk", shape, n, seed=11), op=tvm_matmul)
     assert planted and all(planted)  # the bug is in the kernel that ran
     assert res.status == "mismatch", res.format(tir=False)
+
+
+def test_constant_weights_with_padded_columns_are_packed_at_compile_time():
+    # Linear layers with 67 and 197 output features on 37 tokens: the weights' padding copy
+    # is the packing block, folded at compile time (no kernel left packing them per call).
+    from tvm import relax
+
+    from opsdk.model import compile_model, within_tolerance
+
+    rng = np.random.default_rng(0)
+    w1 = rng.uniform(-1, 1, (64, 67)).astype("float32")
+    w2 = rng.uniform(-1, 1, (67, 197)).astype("float32")
+    xv = rng.uniform(-1, 1, (1, 37, 64)).astype("float32")
+    x = relax.Var("x", relax.TensorType((1, 37, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(w1)))
+            y = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
+        bb.emit_func_output(y)
+    cm = compile_model(bb.get(), "x86", cache=False)
+    assert cm.rule_counts() == {"x86.matmul": 2}
+    assert all(k["name"].endswith("_prepacked") for k in cm.kernels), cm.kernels
+    got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
+    res = within_tolerance(got, xv.astype(np.float64) @ w1 @ w2)
+    assert res["ok"], res
