@@ -13,8 +13,10 @@ its name in the model with ``--defsym``: kernel names carry counters (``fused_co
 that shift when a layer is added or changed before them, and the same code must be found
 under its new name. The key is the SHA-256 of:
 
-- the scheduled function with its symbol replaced: its ``tvm_ffi.structural_hash`` and its
-  TVMScript text (the hash is only 64 bits);
+- the scheduled function with its symbol replaced: its ``tvm_ffi.structural_hash`` (which
+  ignores names) and its TVMScript text with every name replaced by its order of first
+  appearance (the hash is only 64 bits; parameter names such as ``lv200`` come from the
+  model's variables and shift when a layer before the kernel changes);
 - the target string and the pass context (TIR options such as ``tir.disable_vectorize``);
 - the versions of opsdk, apache-tvm and tvm-ffi (TVM's TIR pipeline and LLVM).
 
@@ -42,6 +44,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -130,7 +133,7 @@ class KernelCache:
 
         canon = func.with_attr("global_symbol", "opsdk_kernel")
         h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
-        h.update(canon.script(show_meta=False).encode())
+        h.update(_alpha_text(canon.script(show_meta=False)).encode())
         if self._common is None:
             self._common = {"format": FORMAT, "pass_context": _pass_context(),
                             "versions": _versions()}
@@ -218,6 +221,19 @@ class KernelCache:
             raise
         tick("load", t0)
         return loaded, lib, rec
+
+
+_IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _alpha_text(text: str) -> str:
+    """TVMScript text with every name (but attribute names after a dot) replaced by its
+    order of first appearance: the parameter and buffer names of a kernel come from the
+    model's variables (``lv200``), which an edit earlier in the model renumbers. Beside the
+    structural hash (which ignores names and holds every dtype, shape and constant) it
+    guards against a 64-bit collision."""
+    names: dict[str, str] = {}
+    return _IDENT.sub(lambda m: names.setdefault(m.group(0), f"n{len(names)}"), text)
 
 
 def _compile_kernel(func: Any, target: Any) -> Any:

@@ -82,6 +82,31 @@ def test_an_edited_layer_recompiles_only_its_kernel(kcache):
     np.testing.assert_array_equal(_run(edited.ex), ref)
 
 
+def test_key_ignores_names_and_holds_structure(tmp_path):
+    """Parameter and buffer names come from the model's variables, which an edit earlier in
+    the model renumbers: the same kernel under other names is the same entry; another dtype,
+    shape or constant is not."""
+    from tvm import te
+
+    from opsdk._kernelcache import KernelCache
+
+    def kernel(a_name: str, b_name: str, n: int = 64, dtype: str = "float32", c: float = 2.0):
+        a = te.placeholder((n,), dtype, name=a_name)
+        b = te.compute((n,), lambda i: a[i] * tvm.tirx.const(c, dtype), name=b_name)
+        return te.create_prim_func([a, b]).with_attr("global_symbol", "k")
+
+    kc = KernelCache(tmp_path)
+    tgt = tvm.target.Target("llvm")
+    key = kc.key(kernel("lv200", "T_multiply"), tgt)[0]
+    assert kc.key(kernel("lv201", "T_multiply1"), tgt)[0] == key
+    assert kc.key(kernel("lv200", "T_multiply").with_attr("global_symbol", "k2"), tgt)[0] == key
+    for other in (kernel("lv200", "T_multiply", n=65), kernel("lv200", "T_multiply", c=3.0),
+                  kernel("lv200", "T_multiply", dtype="float16")):
+        assert kc.key(other, tgt)[0] != key
+    znver3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
+    assert kc.key(kernel("lv200", "T_multiply"), znver3)[0] != key
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "stale"])
 def test_a_damaged_or_stale_entry_is_rebuilt(kcache, damage):
     first = compile_model(_module(), "x86")
