@@ -107,28 +107,29 @@ def test_key_ignores_names_and_holds_structure(tmp_path):
     assert kc.key(kernel("lv200", "T_multiply"), znver3)[0] != key
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "stale"])
-def test_a_damaged_or_stale_entry_is_rebuilt(kcache, damage):
+def test_damaged_and_stale_entries_are_rebuilt(kcache):
     first = compile_model(_module(), "x86")
     ref = _run(first.ex)
-    a, b = _entries(kcache)[:2]
-    obj = a / "kernel.o"
-    data = obj.read_bytes()
-    if damage == "truncate":
-        obj.write_bytes(data[: len(data) // 2])
-    elif damage == "flip":
-        obj.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
-    else:  # another kernel's entry under this key: its metadata names the other key
-        obj.write_bytes((b / "kernel.o").read_bytes())
-        (a / "meta.json").write_text((b / "meta.json").read_text())
+    entries = _entries(kcache)
+    assert len(entries) >= 4
+    trunc, flip, stale, other = entries[:4]
+    good = {p: (p / "kernel.o").read_bytes() for p in (trunc, flip, stale)}
+    data = good[trunc]
+    (trunc / "kernel.o").write_bytes(data[: len(data) // 2])
+    data = good[flip]
+    (flip / "kernel.o").write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    # another kernel's entry under this key: whole, but its metadata names the other key
+    (stale / "kernel.o").write_bytes((other / "kernel.o").read_bytes())
+    (stale / "meta.json").write_text((other / "meta.json").read_text())
+
     again = compile_model(_module(), "x86")
-    assert len(again.kernel_build.misses) == 1  # the damaged one, rebuilt
-    assert len(again.kernel_build.hits) == len(first.kernels) - 1
+    assert len(again.kernel_build.misses) == 3  # the three, recompiled
+    assert len(again.kernel_build.hits) == len(first.kernels) - 3
     np.testing.assert_array_equal(_run(again.ex), ref)
-    meta = json.loads((a / "meta.json").read_text())["data"]
-    assert meta["key"] == a.name and obj.read_bytes() == data  # whole again
-    third = compile_model(_module(), "x86")
-    assert third.kernel_build.misses == []
+    for p, data in good.items():  # whole again
+        assert json.loads((p / "meta.json").read_text())["data"]["key"] == p.name
+        assert (p / "kernel.o").read_bytes() == data
+    assert compile_model(_module(), "x86").kernel_build.misses == []
 
 
 @pytest.mark.parametrize("var", ["OPSDK_NO_CACHE", "OPSDK_NO_KERNEL_CACHE"])
