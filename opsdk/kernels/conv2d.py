@@ -142,7 +142,7 @@ def _error(m) -> np.ndarray:
     },
     domain={"x": (-2.0, 2.0), "w": (-1.0, 1.0), "bias": (-1.0, 1.0), "residual": (-2.0, 2.0)},
     attr_domain={
-        "channels": [16, 24, 7, 33, 64, 1],
+        "channels": [16, 24, 7, 33, 64, 1, 96],
         "kernel": [3, 1, 7, 5],
         "stride": [1, 2],
         "padding": [1, 0, 3, 2],
