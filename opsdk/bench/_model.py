@@ -16,12 +16,14 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._quiet import verbose
 from ._run import _calls_step, _py_step, _Timer, _vm_step
 
 __all__ = [
@@ -284,6 +286,9 @@ def run_model_bench(
                 continue
             try:
                 with contextlib.ExitStack() as quiet:
+                    if not verbose():  # a peer's own deprecation and tracer warnings
+                        quiet.enter_context(warnings.catch_warnings())
+                        warnings.simplefilter("ignore")
                     if c == "executorch":  # its C++ side logs CPU probing to fd 2
                         from ..model import _fd2_silenced
 
@@ -319,7 +324,11 @@ def run_model_bench(
 
 def _line(e: BaseException, stage: str = "") -> str:
     """An error as one line (``stage: Type: first line``)."""
-    text = f"{type(e).__name__}: {str(e).strip()}".split("\n")[0]
+    lines = [ln.strip() for ln in f"{type(e).__name__}: {str(e).strip()}".split("\n")]
+    lines = [ln for ln in lines if ln]
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:  # "Check 'false' failed at ...:" says nothing
+        text = f"{text} {lines[1]}"
     return f"{stage}: {text}" if stage else text
 
 
@@ -362,8 +371,23 @@ def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequ
 
             m.tvm_mod = from_exported_program(export_torch(model, args))
         if {"onnxruntime", "openvino"} & set(candidates):
-            m.onnx, m.onnx_error = _torch_to_onnx(model, args)
+            with _fd1_silenced():  # a failed export logs the whole TorchScript graph to fd 1
+                m.onnx, m.onnx_error = _torch_to_onnx(model, args)
     return m, cm
+
+
+@contextlib.contextmanager
+def _fd1_silenced() -> Any:
+    """File descriptor 1 to /dev/null for the block (C++ loggers bypass ``sys.stdout``)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _PeakRSS:

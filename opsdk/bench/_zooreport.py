@@ -24,7 +24,11 @@ _CHART_LABELS = {"onnxruntime": "onnxruntime", "openvino": "OpenVINO",
 
 
 def _f(v: Any, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
+    """``v`` formatted, or ``-`` padded to the format's width."""
+    if v is not None:
+        return format(v, fmt)
+    width = "".join(ch for ch in fmt.split(".")[0] if ch.isdigit())
+    return format("-", (">" if not fmt.startswith("<") else "<") + (width or "1"))
 
 
 def _geomean(vals: Sequence[float | None]) -> float | None:
@@ -50,6 +54,11 @@ def zoo_geomeans(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> dict[s
     return out
 
 
+def _delta(r: dict[str, Any]) -> float | None:
+    peak, before = r.get("peak_rss_mb"), r.get("rss_before_mb")
+    return None if peak is None or before is None else peak - before
+
+
 def format_zoo_table(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> str:
     """The zoo bench as text: per model opsdk's numerics, compile and latency figures and
     the ratio of each peer's time to opsdk's, a geomean row, then every candidate's median
@@ -63,7 +72,7 @@ def format_zoo_table(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> st
     """
     ratio_head = "".join(f" {'x ' + PEER_LABELS.get(p, p):>9}" for p in peers)
     head = (f"{'model':<20} {'check':<5} {'max abs':>8} {'max rel':>8} {'import':>7} "
-            f"{'compile':>8} {'lib MB':>7} {'peak MB':>8} {'ms':>8} {'p99 ms':>8}"
+            f"{'compile':>8} {'lib MB':>7} {'peak MB':>8} {'+MB':>6} {'ms':>8} {'p99 ms':>8}"
             + ratio_head)
     lines = [head, "-" * len(head)]
     notes = []
@@ -80,6 +89,7 @@ def format_zoo_table(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> st
             f"{_f(chk and chk['max_rel'], '8.1e')} {_f(r.get('import_s'), '7.1f')} "
             f"{_f(r.get('compile_s'), '8.1f')}{'*' if r.get('compile_cached') else ' '}"
             f"{_f(r.get('artifact_mb'), '6.2f')} {_f(r.get('peak_rss_mb'), '8.0f')} "
+            f"{_f(_delta(r), '6.0f')} "
             f"{_f(r.get('opsdk_ms'), '8.3f')} {_f(r.get('opsdk_p99_ms'), '8.3f')}" + ratios)
         for p in peers:
             c = r.get(f"check_{p}")
@@ -101,13 +111,14 @@ def format_zoo_table(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> st
         if r.get("failed"):
             continue
         lines.append(f"{r['model'][:20]:<20}" + "".join(
-            f" {_f(r.get(f'{c}_ms'), '7.2f')}/{_f(r.get(f'{c}_ready_s'), '<7.1f')}"
+            f" {_f(r.get(f'{c}_ms'), '8.2f')}/{_f(r.get(f'{c}_ready_s'), '<6.1f')}"
             for c in cands))
     lines.append(
         "check = opsdk's output against torch eager within opsdk.model's tolerance (max abs/"
         "rel error); import = torch.export + opsdk import (s); compile = opsdk compile (s, "
         "* = from the compile cache); lib MB = exported library; peak MB = process peak RSS "
-        "over import + compile; ms / p99 ms = opsdk's median (of per-round means) and 99th "
+        "over import + compile, +MB = that peak less the RSS before the import; ms / p99 ms = "
+        "opsdk's median (of per-round means) and 99th "
         "percentile of single calls; x P = P's time / opsdk's, median of per-round ratios "
         "(> 1: opsdk faster), all candidates interleaved in one run, same thread count; "
         "ready s = from the imported model to a runnable one (a peer's convert + compile; "
