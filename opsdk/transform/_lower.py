@@ -28,6 +28,7 @@ from tvm import relax, tirx
 from tvm.target import Target
 
 from ..targets import target as _resolve
+from ._fold import FoldConstantsAtOnce
 
 __all__ = [
     "LowerOps",
@@ -185,6 +186,7 @@ def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     return [
         relax.transform.LegalizeOps(customize_legalize_map=custom),
         relax.transform.AnnotateTIROpPattern(),
+        FoldConstantsAtOnce(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
@@ -206,6 +208,7 @@ def schedule_passes(
         relax.transform.AttachAttrLayoutFreeBuffers(),
         ScheduleKernels(tgt),
         relax.transform.SplitLayoutRewritePreproc(),
+        FoldConstantsAtOnce(),
         relax.transform.FoldConstant(),
         relax.transform.DeadCodeElimination(),
     ]
