@@ -38,7 +38,9 @@ from ._rewrite import op_counts
 __all__ = ["ChannelsLast"]
 
 #: conv2d layouts ``ChannelsLast`` asks ConvertLayout for: data / weight.
-LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"],
+           # TVM legalizes only NCHW transposed convs: keep them so (a permute pair)
+           "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
 
 
 def _bound(e: relax.Expr) -> float | None:

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax, tirx
 
 import opsdk
-from opsdk.model import LoadedModel, compile_model, load_model, report
+from opsdk.model import LoadedModel, compile_model, load_model, report, within_tolerance
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 _EXAMPLES = ("transformer_block", "conv_net", "mobilenet_block")
@@ -345,3 +345,21 @@ def test_a_rule_that_raised_on_a_kernel_is_a_problem_in_the_report():
     assert k.rule == "x86.matmul"  # the next rule took it
     assert k.problems == ["schedule rule failed: test.matmul_raises: RuntimeError: boom"]
     assert "test.matmul_raises" in rep.format()
+
+
+def test_a_transposed_conv_among_channels_last_convs_is_lowered_and_right():
+    # A UNet's ConvTranspose2d between convs took the convs' NHWC from ConvertLayout; TVM
+    # legalizes only NCHW transposed convs, so it reached VM codegen unlowered.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(16, 8, 2, stride=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 3, padding=1)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    m = LoadedModel.from_torch("up", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    assert "x86.fallback" not in cm.rule_counts()
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = _run(cm.ex, x.numpy())
+    assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
