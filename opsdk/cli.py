@@ -550,6 +550,7 @@ def _main(argv: list[str]) -> int:
     from opsdk._cliargs import distinct_outputs
     from opsdk._files import OutputError
     from opsdk._userfile import UserCodeError
+    from opsdk.errors import UnloweredOpError
 
     try:  # every command: a second output on the path of the first silently replaced it
         distinct_outputs(**{k: getattr(args, k, None) for k in ("report", "junit", "json",
@@ -565,6 +566,9 @@ def _main(argv: list[str]) -> int:
     except (UsageError, UserCodeError) as e:  # a user's file: its line, not our traceback
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except UnloweredOpError as e:  # a layer opsdk cannot lower: which one, not a traceback
+        print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except OutputError as e:  # the results are printed above; the file is as it was
         print(f"opsdk {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -45,6 +45,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from .errors import UnloweredOpError
 from .schedules import GENERIC
 from .targets import target as resolve_target
 from .targets import target_arch
@@ -59,6 +60,7 @@ __all__ = [
     "KernelReport",
     "LoadedModel",
     "ModelReport",
+    "UnloweredOpError",
     "compile_default",
     "compile_model",
     "export_torch",
@@ -536,6 +538,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
     with tgt:
         lowered = _run_timed(rest, planned, seconds)
+    _refuse_unlowered(lowered, tgt)
     built, kernel_build = _build(lowered, tgt, open_kernel_cache(cache, tgt), seconds)
     ex, library = built
     cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned,
@@ -556,6 +559,30 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
         cm.seconds = time.perf_counter() - t0
     _record(seconds, kernel_build)
     return cm
+
+
+def _refuse_unlowered(lowered: tvm.IRModule, tgt: Any) -> None:
+    """Raise :class:`UnloweredOpError` naming every high-level Relax op (one with a
+    legalization registered) left in ``lowered``: TVM leaves a call whose form its
+    legalization does not take (an NHWC transposed conv, say) in place."""
+    left: dict[str, str] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
+                and e.op.get_attr("FLegalize") is not None and e.op.name not in left:
+            attrs = " ".join(str(e.attrs).split()) if e.attrs is not None else ""
+            left[e.op.name] = attrs if len(attrs) <= 160 else attrs[:157] + "..."
+
+    for _, f in lowered.functions.items():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f.body, visit)
+    if left:
+        what = "; ".join(f"{op}({a})" if a else op for op, a in left.items())
+        raise UnloweredOpError(
+            f"the model uses {what}, which no lowering handles for target {tgt.kind.name} "
+            f"({', '.join(map(str, tgt.keys))}) in this form; opsdk cannot compile it. "
+            "Rewrite that layer with supported ops, or register the op with opsdk.op and a "
+            "torch/ONNX mapping (docs/authoring.md)")
 
 
 def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]

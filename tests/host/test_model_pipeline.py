@@ -363,3 +363,21 @@ def test_a_transposed_conv_among_channels_last_convs_is_lowered_and_right():
         ref = net(x).numpy()
     got = _run(cm.ex, x.numpy())
     assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
+
+
+def test_an_op_no_lowering_takes_is_named_not_an_internal_error():
+    # TVM leaves a call its legalization does not take (a channels-last transposed conv) in
+    # place; VM codegen then failed with "InternalError: CodeGenVM cannot emit this Relax
+    # operator" (a UNet's ConvTranspose2d did, before ChannelsLast kept it NCHW).
+    from opsdk.errors import UnloweredOpError
+
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8, 4), "float32"))
+    w = relax.const(np.ones((4, 2, 2, 2, 2), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.conv3d_transpose(
+                x, w, strides=2, data_layout="NDHWC", kernel_layout="IODHW"))
+        bb.emit_func_output(y)
+    with pytest.raises(UnloweredOpError, match=r"relax\.nn\.conv3d_transpose\(.*NDHWC"):
+        compile_model(bb.get(), "x86", cache=False)
