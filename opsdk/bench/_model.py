@@ -231,7 +231,9 @@ def run_model_bench(
     rows = []
     for spec in models:
         name = getattr(spec, "name", None) or str(spec)
-        if progress:
+        # The zoo (details) says which model it starts (its compiles take minutes); a model
+        # file is named once it loaded, so that a file that fails is one error line alone.
+        if progress and details:
             progress(Path(name).name)
         row: dict[str, Any] = {"model": name, "threads": n, "errors": {}}
         rows.append(row)
@@ -243,6 +245,8 @@ def run_model_bench(
                 raise
             row["failed"] = _line(e, row.pop("_stage", "import"))
             continue
+        if progress and not details:
+            progress(Path(name).name)
         row["inputs"] = [list(a.shape) for a in m.inputs]
         if progress and details and cm is not None:
             progress(f"{Path(name).name}: opsdk compiled in {cm.seconds:.1f} s")
