@@ -46,7 +46,11 @@ MODEL_CANDIDATES = ("opsdk", "tvm_default", "torch", "onnxruntime")
 #: Every candidate :func:`run_model_bench` can time (``--zoo`` adds the peers after torch).
 ALL_CANDIDATES = ("opsdk", "tvm_default", "torch", "onnxruntime", "openvino", "executorch",
                   "torch_compile")
-_PEER_SETTLE_S = 0.05  # torch's OpenMP and onnxruntime's workers spin after a run
+# Every runtime's workers spin after a run (TVM's, torch's OpenMP, onnxruntime's) and take
+# the cores from the next candidate. Measured, MobileNetV2 interleaved with a 0.05 s pause
+# after the peers only: onnxruntime 16.0 ms against 4.2 ms alone (TVM's workers still
+# spinning); with 0.3 s after every candidate, 5.3 ms.
+_SETTLE_S = 0.3
 _PEERS = ("torch", "onnxruntime", "openvino", "executorch", "torch_compile")
 _PEER_MODULE = {"torch": "torch", "torch_compile": "torch", "onnxruntime": "onnxruntime",
                 "openvino": "openvino", "executorch": "executorch", "tvm_default": "tvm"}
@@ -141,14 +145,13 @@ def _interleave(timers: Mapping[str, _Timer], repeats: int, budget_s: float) -> 
     for t in timers.values():
         t.calibrate(budget_s)
     for _ in range(max(1, repeats)):
-        for c, t in timers.items():
+        for t in timers.values():
             # An untimed warm-up batch first: it wakes this runtime's workers (and the
             # virtual CPUs) after the previous candidate, whose spinning peers had a pause.
             t.step(max(1, t.number // 4))
             t.samples.append(t.step(t.number))
             t.calls.extend(getattr(t.step, "last", ()))
-            if c in _PEERS:
-                time.sleep(_PEER_SETTLE_S)
+            time.sleep(_SETTLE_S)
 
 
 def _ratio(timers: Mapping[str, _Timer], c: str, base: str = "opsdk") -> float | None:
