@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._modelcache import ModelCache, _pass_context, _truthy, _versions
+from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
 
 __all__ = ["MAX_BYTES", "KernelBuild", "KernelCache", "default_dir", "open_kernel_cache"]
 
@@ -88,11 +88,7 @@ def open_kernel_cache(cache: Any, target: Any) -> KernelCache | None:
         return None
     if not sys.platform.startswith("linux"):  # --defsym: the GNU linker
         return None
-    from .runners.local import host_arch
-    from .targets import target_arch
-
-    if getattr(getattr(target, "kind", None), "name", None) != "llvm" or \
-            target_arch(target) != host_arch():
+    if not runs_on_host(target):
         return None
     if cache is None or cache is True:
         return KernelCache(default_dir())

@@ -366,6 +366,16 @@ class ModelCache:
             total -= size
 
 
+def runs_on_host(target: Any) -> bool:
+    """Whether code for ``target`` loads into this process (an LLVM target of the host's
+    architecture): only such compiles are cached, since an entry is checked by loading it."""
+    from .runners.local import host_arch
+    from .targets import target_arch
+
+    return getattr(getattr(target, "kind", None), "name", None) == "llvm" and \
+        target_arch(target) == host_arch()
+
+
 def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCache | None:
     """The cache to use for a compile for ``target``: ``cache`` None follows the environment
     (on unless ``OPSDK_NO_CACHE``), True / False force it on / off, a path is the folder.
@@ -374,11 +384,7 @@ def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCach
             _truthy(os.environ.get("OPSDK_NO_CACHE"))
             or _truthy(os.environ.get("OPSDK_NO_MODEL_CACHE")))):
         return None
-    from .runners.local import host_arch
-    from .targets import target_arch
-
-    if getattr(getattr(target, "kind", None), "name", None) != "llvm" or \
-            target_arch(target) != host_arch():
+    if not runs_on_host(target):
         return None
     if cache is None or cache is True:
         return ModelCache(default_dir())

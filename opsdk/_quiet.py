@@ -21,7 +21,8 @@ import threading
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["HARMLESS_LOG_LINES", "HARMLESS_WARNINGS", "filter_log_line", "quiet", "verbose"]
+__all__ = ["HARMLESS_LOG_LINES", "HARMLESS_WARNINGS", "fd_silenced", "filter_log_line", "quiet",
+           "verbose"]
 
 #: Python warnings opsdk silences: (message regex, category, module regex, why).
 HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
@@ -43,6 +44,28 @@ HARMLESS_LOG_LINES: tuple[tuple[str, str], ...] = (
 )
 
 _LOG_RES = tuple(re.compile(p) for p, _ in HARMLESS_LOG_LINES)
+
+
+@contextlib.contextmanager
+def fd_silenced(fd: int) -> Iterator[None]:
+    """File descriptor ``fd`` (1 or 2) to /dev/null for the block: C++ writers (torch.onnx's
+    graph dump, a peer's CPU probing) bypass ``sys.stdout`` / ``sys.stderr``.
+
+    Examples
+    --------
+    >>> from opsdk._quiet import fd_silenced
+    >>> with fd_silenced(2):
+    ...     pass
+    """
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def verbose() -> bool:

@@ -45,6 +45,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from ._quiet import fd_silenced
 from .errors import UnloweredOpError
 from .schedules import GENERIC
 from .targets import target as resolve_target
@@ -163,23 +164,6 @@ class LoadedModel:
                    inputs, model, tuple(args), onnx_bytes, err)
 
 
-@contextlib.contextmanager
-def _fd2_silenced() -> Iterator[None]:
-    """File descriptor 2 to /dev/null for the block (C++ writers bypass ``sys.stderr``)."""
-    import os
-    import sys
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     import io
 
@@ -187,7 +171,7 @@ def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
 
     buf = io.BytesIO()
     try:  # torch's C++ side prints the whole TorchScript graph to fd 2 when export fails
-        with contextlib.redirect_stderr(io.StringIO()), _fd2_silenced(), torch.no_grad():
+        with contextlib.redirect_stderr(io.StringIO()), fd_silenced(2), torch.no_grad():
             torch.onnx.export(model, args, buf, dynamo=False, opset_version=17)
     except Exception as e:  # an exporter gap must not stop the rest of the benchmark
         return None, f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._quiet import verbose
+from .._quiet import fd_silenced, verbose
 from ._run import _calls_step, _py_step, _Timer, _vm_step
 
 __all__ = [
@@ -297,9 +297,7 @@ def run_model_bench(
                         quiet.enter_context(warnings.catch_warnings())
                         warnings.simplefilter("ignore")
                     if c == "executorch":  # its C++ side logs CPU probing to fd 2
-                        from ..model import _fd2_silenced
-
-                        quiet.enter_context(_fd2_silenced())
+                        quiet.enter_context(fd_silenced(2))
                     _PEER_IMPORT[c]()  # the import is not its compile time
                     t0 = time.perf_counter()
                     fn, outs[c] = _PEER_SETUP[c](m, n)
@@ -378,23 +376,9 @@ def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequ
 
             m.tvm_mod = from_exported_program(export_torch(model, args))
         if {"onnxruntime", "openvino"} & set(candidates):
-            with _fd1_silenced():  # a failed export logs the whole TorchScript graph to fd 1
+            with fd_silenced(1):  # a failed export logs the whole TorchScript graph to fd 1
                 m.onnx, m.onnx_error = _torch_to_onnx(model, args)
     return m, cm
-
-
-@contextlib.contextmanager
-def _fd1_silenced() -> Any:
-    """File descriptor 1 to /dev/null for the block (C++ loggers bypass ``sys.stdout``)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 class _PeakRSS:
