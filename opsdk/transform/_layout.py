@@ -279,6 +279,7 @@ def ChannelsLast() -> tvm.transform.Pass:
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         if not op_counts(mod, "relax.nn.conv2d"):
             return mod
+        mod = mod.clone()  # the caller's module stays as it was (item assignment mutates)
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
