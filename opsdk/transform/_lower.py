@@ -110,6 +110,8 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
                     kernel = kernel_for(gv.name_hint, func)
                     updates[gv] = apply_schedule(kernel, func, tgt).with_attr(
                         "opsdk.kind", kernel.kind)
+        if updates:
+            mod = mod.clone()  # the caller's module stays as it was
         for gv, func in updates.items():
             mod[gv] = func
         return mod

@@ -229,3 +229,22 @@ def test_explain_of_an_unchanged_model_file_is_read_back_and_a_changed_helper_is
     third = explain()
     assert "(cached)" not in third[0]
     assert any(" 96 " in ln for ln in third[1:]) and third[1:] != first[1:]  # 4 x 24 outputs
+
+
+def test_compiling_leaves_the_module_as_it_was_so_a_recompile_hits(tmp_path):
+    # A conv with a ReLU6 (clip): ChannelsLast rewrote the caller's module in place (clip as
+    # maximum/minimum), so the second compile of the same object in one process missed.
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    w = relax.const(np.ones((4, 4, 3, 3), "float32") / 9)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            y = bb.emit_output(relax.op.clip(y, 0.0, 6.0))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    text = mod.script()
+    first = compile_model(mod, "x86", cache=tmp_path)
+    assert mod.script() == text
+    second = compile_model(mod, "x86", cache=tmp_path)
+    assert (first.cached, second.cached) == (False, True)
