@@ -434,6 +434,7 @@ class CompiledModel:
 #: Compile phases by pass name (the rest of the Relax lowering is "lower").
 _PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
              "LegalizeOps": "legalize", "FoldConstant": "fold constants",
+             "opsdk.FoldConstantsAtOnce": "fold constants",
              "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
              "DeadCodeElimination": "fuse", "AttachAttrLayoutFreeBuffers": "schedule",
              "opsdk.ScheduleKernels": "schedule", "SplitLayoutRewritePreproc": "pack weights"}
