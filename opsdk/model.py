@@ -457,6 +457,7 @@ def _run_timed(passes: Sequence[Any], mod: tvm.IRModule,
 
 def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
                        seconds: dict[str, float] | None = None) -> tuple[Any, Any, Any]:
+    from .transform._lift import lift_passes, lifts_weights
     from .transform._lower import lowering_passes, schedule_passes
 
     passes = lowering_passes(tgt)
@@ -464,7 +465,10 @@ def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
     cut = next((i + 1 for i, p in enumerate(passes)
                 if p.info.name == "StaticPlanBlockMemory"), len(passes))
     with tgt:
-        scheduled = _run_timed(schedule_passes(tgt, winograd=winograd), mod, seconds)
+        front = schedule_passes(tgt, winograd=winograd)
+        if lifts_weights(mod):  # weight transforms run once at load (opsdk.transform._lift)
+            front = lift_passes(front)
+        scheduled = _run_timed(front, mod, seconds)
         planned = _run_timed(passes[:cut], scheduled, seconds)
     return scheduled, planned, passes[cut:]
 
