@@ -185,6 +185,7 @@ class Runner(abc.ABC):
         *,
         entry: str = "main",
         outputs: Sequence[OutputSpec] | None = None,
+        weights: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         """Run ``executable`` on ``inputs`` and return its outputs as numpy arrays.
 
@@ -200,35 +201,44 @@ class Runner(abc.ABC):
             None for a Relax module (run through the VM; a tuple result becomes a list).
             For a PrimFunc module in destination-passing style, the output tensors to
             allocate; the function is called as ``f(*inputs, *outputs)``.
+        weights : sequence of numpy.ndarray, optional
+            The original weights of a model compiled with its weight transforms lifted
+            (:mod:`opsdk.transform._lift`): the first call on a loaded executable runs
+            ``<entry>_transform_params`` on them once and keeps its results on the device;
+            every call passes them after ``inputs``.
 
         Returns
         -------
         list of numpy.ndarray
         """
-        return self._checked(executable, inputs, entry, outputs, None)
+        return self._checked(executable, inputs, entry, outputs, None, weights)
 
     def run_timed(
         self, executable: Any, inputs: Sequence[np.ndarray], *, entry: str = "main",
-        repeats: int = 10,
+        repeats: int = 10, weights: Sequence[np.ndarray] | None = None,
     ) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Run a Relax executable (or an exported library: a path) like :meth:`run`, then
         time ``repeats`` more calls on the device.
 
         Returns the outputs and ``{"first_ms", "samples_ms", "median_ms"}``: the first call
         (wall clock on this host, a remote round trip included) and the warm calls, each
-        timed on the device.
+        timed on the device; with ``weights``, ``load_ms``: their upload and transform (wall
+        clock on this host, the first call on this executable only).
         """
         timing: dict[str, Any] = {"repeats": repeats}
-        out = self._checked(executable, inputs, entry, None, timing)
+        out = self._checked(executable, inputs, entry, None, timing, weights)
         return out, timing_summary(timing)
 
     def _checked(self, executable: Any, inputs: Sequence[np.ndarray], entry: str,
                  outputs: Sequence[OutputSpec] | None,
-                 timing: dict[str, Any] | None) -> list[np.ndarray]:
+                 timing: dict[str, Any] | None,
+                 weights: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """:meth:`_run`, with TVM's refusal of the inputs (a multi-part internal check) told
         as :class:`InputMismatch`: the input, what the model takes and what it got."""
         try:
-            return self._run(executable, inputs, entry, outputs, timing)
+            if weights is None:  # runners written before weights keep working
+                return self._run(executable, inputs, entry, outputs, timing)
+            return self._run(executable, inputs, entry, outputs, timing, weights=weights)
         except (DeviceCrash, DeviceTimeout, RunnerUnavailable):
             raise
         except Exception as e:
@@ -256,7 +266,8 @@ def timing_summary(timing: dict[str, Any]) -> dict[str, Any]:
     """``run_on_device``'s timing dict with the warm median added."""
     samples = timing.get("samples_ms") or []
     return {"first_ms": timing.get("first_ms"), "samples_ms": samples,
-            "median_ms": float(np.median(samples)) if samples else None}
+            "median_ms": float(np.median(samples)) if samples else None,
+            **({"load_ms": timing["load_ms"]} if "load_ms" in timing else {})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +314,7 @@ def run_on_device(
     entry: str,
     outputs: Sequence[OutputSpec] | None,
     timing: dict[str, Any] | None = None,
+    weights: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Run one call on ``dev``; shared by local and remote runners.
 
@@ -311,6 +323,7 @@ def run_on_device(
     ``timing`` (VM calls only), a dict with ``repeats``, receives ``first_ms`` (the first
     call, wall clock on this host: a remote call's round trip included) and ``samples_ms``
     (``repeats`` warm calls, each timed on the device by TVM's time evaluator).
+    ``weights`` (VM calls only): see :meth:`Runner.run`.
     """
     import time
 
@@ -319,6 +332,8 @@ def run_on_device(
         if vm_factory is None:
             raise ValueError("outputs=None needs a Relax executable (VM)")
         vm = vm_factory()
+        if weights is not None:
+            args += transformed_weights(vm, dev, weights, entry, timing)
         # set_input/invoke_stateful/get_outputs also works over RPC with tuple results.
         vm.set_input(entry, *args)
         t0 = time.perf_counter()
@@ -333,6 +348,32 @@ def run_on_device(
     outs = [empty_tensor(shape, dtype, dev) for shape, dtype in outputs]
     module[entry](*args, *outs)
     return [o.numpy() for o in outs]
+
+
+def transformed_weights(vm: Any, dev: Any, weights: Sequence[np.ndarray], entry: str,
+                        timing: dict[str, Any] | None = None) -> list[Any]:
+    """``<entry>_transform_params(*weights)`` on ``dev``, run on the first call with these
+    weights on ``vm`` and kept with it (the uploaded originals are dropped once it ran)."""
+    import time
+
+    kept = vm.__dict__.setdefault("_opsdk_weights", {})
+    hit = kept.get(entry)
+    if hit is not None and hit[0] is weights:
+        return hit[1]
+    t0 = time.perf_counter()
+    name = entry + "_transform_params"
+    originals = [to_tensor(np.asarray(a), dev) for a in weights]
+    if int(dev.dlpack_device_type()) >= 128:  # RPC_SESS_MASK: a tuple result travels so only
+        vm.set_input(name, *originals)
+        vm.invoke_stateful(name)
+        got = list(vm.get_outputs(name))
+    else:
+        got = list(vm[name](*originals))
+    del originals
+    kept[entry] = (weights, got)
+    if timing is not None:
+        timing["load_ms"] = (time.perf_counter() - t0) * 1e3
+    return got
 
 
 def runtime_module(executable: Any) -> Any:

@@ -67,6 +67,7 @@ class LocalRunner(Runner):
         entry: str,
         outputs: Sequence[OutputSpec] | None,
         timing: dict[str, Any] | None,
+        weights: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         import tvm
 
@@ -81,7 +82,7 @@ class LocalRunner(Runner):
 
         def call() -> list[np.ndarray]:
             module = runtime_module(executable) if outputs is not None else None
-            return run_on_device(module, vm, dev, inputs, entry, outputs, timing)
+            return run_on_device(module, vm, dev, inputs, entry, outputs, timing, weights)
 
         try:
             return call_with_timeout(call, self.timeout, "local-run")

@@ -340,6 +340,7 @@ class RPCRunner(Runner):
         entry: str,
         outputs: Sequence[OutputSpec] | None,
         timing: dict[str, Any] | None = None,
+        weights: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         # Runs in a helper thread (see call_with_timeout).
         self._phase = "connect"
@@ -372,7 +373,8 @@ class RPCRunner(Runner):
             return slot[1]
 
         self._phase = "run"
-        return run_on_device(slot[0], vm, session.dev, inputs, entry, outputs, timing)
+        return run_on_device(slot[0], vm, session.dev, inputs, entry, outputs, timing,
+                             weights)
 
     @staticmethod
     def _alive(session: _Session) -> bool:
@@ -427,6 +429,7 @@ class RPCRunner(Runner):
         entry: str,
         outputs: Sequence[OutputSpec] | None,
         timing: dict[str, Any] | None,
+        weights: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         with self._lock:
             self._ensure_started()
@@ -437,7 +440,8 @@ class RPCRunner(Runner):
             try:
                 result = call_with_timeout(
                     lambda: self._remote_call(
-                        session, generation, executable, lib, inputs, entry, outputs, timing
+                        session, generation, executable, lib, inputs, entry, outputs, timing,
+                        weights,
                     ),
                     self.timeout,
                     "rpc-run",
