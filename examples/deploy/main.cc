@@ -1,13 +1,18 @@
 // Minimal C++ host program for an `opsdk build` artifact: load model.so with libtvm_runtime,
-// read the inputs named in io.txt, run `main` in the Relax VM, write the outputs.
+// load the weights and transform them once (main_transform_params), read the inputs named in
+// io.txt, run `main` in the Relax VM, write the outputs.
 //
 //   deploy_run ARTIFACT_DIR INPUT_DIR OUTPUT_DIR
 //
 // io.txt (written by `opsdk build`) has one line per tensor:
 //   input  NAME DTYPE D0 D1 ...     (read from INPUT_DIR/NAME.bin, raw little-endian)
+//   weight NAME DTYPE D0 D1 ...     (in ARTIFACT_DIR/weights.params, TVM's parameter format)
 //   output NAME DTYPE D0 D1 ...     (written to OUTPUT_DIR/NAME.bin)
+// Without weight lines (an artifact with its weights bundled in model.so) main takes the
+// inputs only.
 // A symbolic dim is written as its example size; pass other sizes by editing a copy of it.
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
@@ -78,6 +83,35 @@ void Collect(const ffi::Any& value, std::vector<ffi::Tensor>* out) {
   }
 }
 
+// The weights as the kernels read them: weights.params loaded, in io.txt's order, through
+// main_transform_params, once. The originals are freed on return.
+std::vector<ffi::Tensor> LoadWeights(const ffi::Module& vm, const std::string& art,
+                                     const std::vector<Spec>& weights) {
+  std::vector<ffi::Tensor> out;
+  if (weights.empty()) return out;
+  const std::string path = art + "/weights.params";
+  if (!std::ifstream(path)) throw std::runtime_error("cannot read " + path);
+  auto load = ffi::Function::GetGlobal("runtime.LoadParamsFromFile").value();
+  auto params = load(path).cast<ffi::Map<ffi::String, ffi::Tensor>>();
+  std::vector<ffi::AnyView> args;
+  std::vector<ffi::Tensor> originals;
+  for (const Spec& s : weights) {
+    auto it = params.find(s.name);
+    if (it == params.end()) throw std::runtime_error(path + " has no weight " + s.name);
+    ffi::Tensor t = (*it).second;
+    if (std::vector<int64_t>(t.shape().begin(), t.shape().end()) != s.shape) {
+      throw std::runtime_error(path + ": weight " + s.name + " has another shape than io.txt");
+    }
+    originals.push_back(t);
+  }
+  for (const auto& t : originals) args.emplace_back(t);
+  ffi::Any result;
+  vm->GetFunction("main_transform_params").value().CallPacked(
+      args.data(), static_cast<int>(args.size()), &result);
+  Collect(result, &out);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,10 +132,14 @@ int main(int argc, char** argv) {
     std::vector<Spec> specs = ReadSpecs(art + "/io.txt");
     std::vector<ffi::AnyView> args;
     std::vector<ffi::Tensor> inputs;
-    std::vector<Spec> outs;
+    std::vector<Spec> outs, weight_specs;
     for (const Spec& s : specs) {
       if (s.role == "output") {
         outs.push_back(s);
+        continue;
+      }
+      if (s.role == "weight") {
+        weight_specs.push_back(s);
         continue;
       }
       DLDataType dt = ffi::StringToDLDataType(s.dtype);
@@ -112,7 +150,10 @@ int main(int argc, char** argv) {
       std::memcpy(t.data_ptr(), data.data(), nbytes);
       inputs.push_back(t);
     }
+    // Once per process: every later call of main reuses the transformed weights.
+    std::vector<ffi::Tensor> weights = LoadWeights(vm, art, weight_specs);
     for (const auto& t : inputs) args.emplace_back(t);
+    for (const auto& t : weights) args.emplace_back(t);
     ffi::Any result;
     run.CallPacked(args.data(), static_cast<int>(args.size()), &result);
 

@@ -5,8 +5,12 @@ file with a ``build_model`` entry like the examples, a ``torch.export`` ``.pt2``
 ``.onnx`` file), applies the opsdk rewrites, compiles it with every kernel scheduled and
 writes a folder:
 
-- ``model.so``: the Relax VM executable, cross-compiled for the target, weights bundled
-  (the VM's constant pool, no separate params file); load it with ``libtvm_runtime``;
+- ``model.so``: the Relax VM executable, cross-compiled for the target; load it with
+  ``libtvm_runtime``;
+- ``weights.params``: the model's weights, stored once as the model has them (TVM's
+  parameter format); ``main_transform_params`` turns them into the form the kernels read
+  (packed, Winograd-transformed) once at load (:func:`load_artifact`, ``opsdk run``, the
+  C++ example), and ``main`` takes them after the inputs;
 - ``manifest.json``: target, the CPU features the code needs, every kernel with its rule,
   inputs and outputs (symbolic dims named), the memory the VM plans, versions, sizes and the
   artifact's hash (see :data:`MANIFEST_FORMAT`);
@@ -29,13 +33,13 @@ Examples
 >>> bb = relax.BlockBuilder()
 >>> with bb.function("main", [x]):
 ...     with bb.dataflow():
-...         y = bb.emit_output(relax.op.matmul(x, relax.const(np.ones((16, 4), "float32"))))
+...         y = bb.emit_output(relax.op.matmul(x, relax.const(np.ones((16, 32), "float32"))))
 ...     _ = bb.emit_func_output(y)
 >>> out = pathlib.Path(tempfile.mkdtemp()) / "art"
 >>> m = opsdk.deploy.build_artifact(bb.get(), out, target="x86",
 ...                                  inputs=[np.ones((8, 16), "float32")], log=None)
 >>> m["outputs"][0]["shape"], sorted(p.name for p in out.iterdir())
-([8, 4], ['check', 'io.txt', 'manifest.json', 'model.so'])
+([8, 32], ['check', 'io.txt', 'manifest.json', 'model.so', 'weights.params'])
 >>> opsdk.deploy.run_artifact(out, log=None)["ok"]
 True
 """
@@ -45,14 +49,17 @@ from __future__ import annotations
 from typing import Any
 
 from ._artifact import MANIFEST_FORMAT, ArtifactError, build_artifact, read_manifest
+from ._load import LoadedArtifact, load_artifact
 from ._run import FeatureMismatch, device_features, run_artifact
 
 __all__ = [
     "MANIFEST_FORMAT",
     "ArtifactError",
     "FeatureMismatch",
+    "LoadedArtifact",
     "build_artifact",
     "device_features",
+    "load_artifact",
     "read_manifest",
     "run_artifact",
     "runtime_paths",

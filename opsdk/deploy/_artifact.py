@@ -18,10 +18,16 @@ import numpy as np
 
 from .._files import sha256_file
 
-__all__ = ["MANIFEST_FORMAT", "ArtifactError", "build_artifact", "read_manifest"]
+__all__ = ["MANIFEST_FORMAT", "WEIGHTS_FILE", "ArtifactError", "build_artifact",
+           "read_manifest", "read_weights"]
 
-#: ``manifest.json``'s ``format``: bumped when a field changes meaning.
-MANIFEST_FORMAT = "opsdk-artifact/1"
+#: ``manifest.json``'s ``format``: bumped when a field changes meaning. 2: the weights in
+#: their own file (``weights``), transformed once at load by ``main_transform_params``.
+MANIFEST_FORMAT = "opsdk-artifact/2"
+#: Formats this opsdk still reads (1: weights bundled in ``model.so``, already transformed).
+_READABLE = ("opsdk-artifact/1", MANIFEST_FORMAT)
+#: The weights' file in an artifact: TVM's parameter format (``runtime.LoadParamsFromFile``).
+WEIGHTS_FILE = "weights.params"
 
 # x86 ISA extensions worth naming in a manifest (what LLVM may use for the target's -mcpu).
 _X86_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq",
@@ -64,7 +70,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
                             "with `opsdk build MODEL --target TARGET -o FOLDER`") from None
     except (OSError, ValueError) as e:
         raise ArtifactError(f"{path} cannot be read ({e}); rebuild the artifact") from None
-    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+    if not isinstance(m, dict) or m.get("format") not in _READABLE:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise ArtifactError(f"{path}: format {got!r}, this opsdk reads {MANIFEST_FORMAT!r}; "
                             "rebuild the artifact with this opsdk")
@@ -77,14 +83,57 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     except (KeyError, TypeError):
         raise ArtifactError(f"{path} is incomplete (written by hand or cut short); rebuild "
                             "the artifact") from None
-    if not lib.is_file():
-        raise ArtifactError(f"{lib} is missing; rebuild the artifact")
-    digest = sha256_file(lib)
+    _check_file(lib, want, "library")
+    w = m.get("weights") or {}
+    if w.get("file"):
+        try:
+            _check_file(root / w["file"], str(w["sha256"]), "weights")
+        except (KeyError, TypeError):
+            raise ArtifactError(f"{path} is incomplete (weights without sha256); rebuild "
+                                "the artifact") from None
+    return m
+
+
+def _check_file(path: Path, want: str, what: str) -> None:
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing (the artifact's {what}); copy the whole "
+                            "artifact folder, or rebuild it")
+    digest = sha256_file(path)
     if digest != want:
-        raise ArtifactError(f"{lib} does not match its manifest (sha256 {digest[:12]}..., "
+        raise ArtifactError(f"{path} does not match its manifest (sha256 {digest[:12]}..., "
                             f"manifest {want[:12]}...): the file was "
                             "changed or damaged; rebuild the artifact")
-    return m
+
+
+def read_weights(folder: str | os.PathLike, manifest: Mapping[str, Any] | None = None
+                 ) -> list[np.ndarray] | None:
+    """The original weights of an artifact, in ``main_transform_params``' order; None for an
+    artifact whose weights are bundled in ``model.so`` (format 1, or a model without any).
+
+    Raises
+    ------
+    ArtifactError
+        The weights file is missing, damaged, or lacks a weight the manifest names.
+    """
+    import tvm
+
+    root = Path(folder)
+    m = read_manifest(root) if manifest is None else manifest
+    w = m.get("weights") or {}
+    if not w.get("file"):
+        return None
+    path = root / w["file"]
+    try:
+        got = tvm.runtime.load_param_dict_from_file(str(path))
+    except Exception as e:  # TVM's reader: a bad magic number, a short file
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ArtifactError(f"{path} cannot be read as weights ({first[:200]}); rebuild "
+                            "the artifact") from None
+    missing = [n for n in w["names"] if n not in got]
+    if missing:
+        raise ArtifactError(f"{path} lacks weight(s) {', '.join(missing[:5])} that the "
+                            "manifest names; rebuild the artifact")
+    return [got[n].numpy() for n in w["names"]]
 
 
 # ------------------------------------------------------------------------- model facts
@@ -283,6 +332,41 @@ def _constants_bytes(mod: Any) -> int:
     return total
 
 
+def _tensor_bytes(t: Any) -> int:
+    import tvm
+
+    dt = tvm.DataType(str(t.dtype))
+    return int(np.prod([int(d) for d in t.shape])) * max(1, dt.bits * dt.lanes // 8)
+
+
+def _weights_info(folder: Path, weights: Mapping[str, Any], cm: Any) -> dict[str, Any]:
+    """Write ``weights`` (none: bundled) to ``folder/WEIGHTS_FILE``; the manifest's
+    ``weights``: how they are stored, their bytes on disk and once loaded."""
+    import tvm
+
+    bundled = _constants_bytes(cm.planned or cm.scheduled)
+    if not weights:
+        return {"storage": "bundled", "file": None, "bundled_bytes": bundled,
+                "loaded_bytes": bundled}
+    path = folder / WEIGHTS_FILE
+    tvm.runtime.save_param_dict_to_file(dict(weights), str(path))
+    main = cm.scheduled["main"]
+    n_in = int(main.attrs["num_input"])
+    # What main takes after its inputs: the weights as the kernels read them (static
+    # shapes: they come from constants).
+    loaded = 0
+    for p in main.params[n_in:]:
+        dt = tvm.DataType(str(p.ty.dtype))
+        loaded += int(np.prod([int(d) for d in p.ty.shape.values])) * max(1, dt.bits // 8)
+    return {
+        "storage": "file", "file": WEIGHTS_FILE, "format": "tvm-params",
+        "bytes": path.stat().st_size, "sha256": sha256_file(path),
+        "names": list(weights), "tensor_bytes": sum(_tensor_bytes(t) for t in weights.values()),
+        "bundled_bytes": bundled, "transform": "main_transform_params",
+        "transformed_bytes": loaded, "loaded_bytes": loaded + bundled,
+    }
+
+
 def needed_features(tgt: Any) -> list[str]:
     """The CPU features the code for ``tgt`` may use, in manifest spelling (``neon``,
     ``dotprod``, ``avx512f``, ...): an aarch64 target's ``mattr``, an x86 target's ISA
@@ -401,6 +485,7 @@ def build_artifact(
     force: bool = False,
     with_runtime: bool = False,
     winograd: bool = True,
+    lift_weights: bool = True,
     log: Callable[[str], Any] | None = print,
 ) -> dict[str, Any]:
     """Compile ``model`` for ``target`` and write a deployable folder ``out_dir``.
@@ -440,6 +525,12 @@ def build_artifact(
     winograd
         False: every conv direct (by default eligible 3x3 convs run Winograd F(2x2, 3x3),
         whose transformed weights take 16/9 the memory of the conv's own).
+    lift_weights
+        True: the weights (constants of 1 KiB or more) are stored once, as the model has
+        them, in ``weights.params``; every transform of them (channels-last transposes,
+        packing, Winograd's G·g·Gᵀ) runs once at load in ``main_transform_params``
+        (:mod:`opsdk.transform._lift`). False: the weights are bundled in ``model.so``,
+        transformed at compile time (format 1's way; larger with Winograd).
     log
         Progress messages (None: quiet).
 
@@ -498,13 +589,21 @@ def build_artifact(
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
     say(f"compiling for {target if isinstance(target, str) else tgt.kind.name} ({arch}"
         + (f", {mcpu}" if mcpu else "") + ")")
+    weights: dict[str, Any] = {}
+    if lift_weights:
+        from ..transform._lift import weights_as_params
+
+        lifted, weights = weights_as_params(mod)
+        if weights:  # else nothing to store apart: the module as it is
+            mod = lifted
+    w_arrays = [t.numpy() for t in weights.values()] if weights else None
     cm = compile_model(mod, tgt, winograd=winograd)
     host_tgt = resolve_target("host")
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
     host_cm = cm if same_host else compile_model(mod, host_tgt, winograd=winograd)
 
     with LocalRunner() as host:
-        host_out = host.run(host_cm.ex, inputs)
+        host_out = host.run(host_cm.ex, inputs, weights=w_arrays)
     if quant_info is not None:
         quant_info["vs_float"] = agreement(host_out[0], float_out[0])
     framework, fw_out = _framework_outputs(loaded, inputs)
@@ -540,12 +639,18 @@ def build_artifact(
         arrays |= {f"{framework}_{i}": np.asarray(a) for i, a in enumerate(fw_out)}
         np.savez(check / "expected.npz", **arrays)
         lines = ["# opsdk build: one tensor per line: role name dtype dims (example sizes)"]
-        for role, specs in (("input", ins), ("output", outs)):
+        w_specs = [{"name": n, "dtype": str(t.dtype), "example_shape": list(t.shape)}
+                   for n, t in weights.items()]
+        if weights:
+            lines.append(f"# weight lines: {WEIGHTS_FILE}, in the order main_transform_params "
+                         "takes them")
+        for role, specs in (("input", ins), ("weight", w_specs), ("output", outs)):
             for sp in specs:
                 lines.append(" ".join([role, sp["name"], sp["dtype"],
                                        *map(str, sp["example_shape"])]))
         (tmp / "io.txt").write_text("\n".join(lines) + "\n")
         spec_name = target if isinstance(target, str) else None
+        w_info = _weights_info(tmp, weights, cm)
         manifest = {
             "format": MANIFEST_FORMAT,
             "model": {"source": source, "entry": entry if loaded is not None else None,
@@ -554,10 +659,13 @@ def build_artifact(
                        "features": needed_features(tgt)},
             "library": {"file": "model.so", "bytes": lib.stat().st_size,
                         "sha256": sha256_file(lib),
-                        "weights": "bundled in model.so (the VM constant pool)",
-                        "weights_bytes": _constants_bytes(cm.planned or cm.scheduled),
+                        "weights": (f"{WEIGHTS_FILE}, transformed once at load by "
+                                    "main_transform_params" if weights else
+                                    "bundled in model.so (the VM constant pool)"),
+                        "weights_bytes": w_info["loaded_bytes"],
                         "runtime": ["libtvm_runtime.so", "libtvm_ffi.so"],
                         "runtime_included": runtime_files},
+            "weights": w_info,
             "entry": "main",
             "inputs": [{k: v for k, v in sp.items()} for sp in ins],
             "outputs": outs,

@@ -56,7 +56,10 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-winograd", action="store_true",
                    help="compute every conv directly (by default 3x3 stride-1 convs with 16+ "
                    "channels run Winograd F(2x2, 3x3): 1.5-2x faster, 16/9 their weights' "
-                   "memory)")
+                   "memory at run time; the artifact stores them once either way)")
+    s.add_argument("--bundle-weights", action="store_true",
+                   help="keep the weights in model.so, transformed at compile time (format 1: "
+                   "no weights.params, no transform at load; larger with Winograd)")
     s.add_argument("--json", action="store_true", help="print the manifest as JSON")
     s.add_argument("--timings", action="store_true",
                    help="also print the seconds of each phase (import, legalize, fold "
@@ -104,6 +107,7 @@ def run_build_command(args: argparse.Namespace) -> int:
                                int8=args.int8, calibration=args.calibration,
                                force=args.force, with_runtime=args.with_runtime,
                                winograd=not args.no_winograd,
+                               lift_weights=not args.bundle_weights,
                                log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None
@@ -142,9 +146,18 @@ def _format_timings(t: Any, total: float) -> str:
     return "\n".join(lines)
 
 
+def _weights_line(m: dict[str, Any], mb: Any) -> str:
+    lib, w = m["library"], m.get("weights") or {}
+    if not w.get("file"):
+        return (f"library:  model.so {mb(lib['bytes'])} (weights "
+                f"{mb(lib['weights_bytes'])} bundled)")
+    return (f"library:  model.so {mb(lib['bytes'])} + {w['file']} {mb(w['bytes'])} "
+            f"({len(w['names'])} weights, stored once; {mb(w['loaded_bytes'])} once "
+            "transformed at load)")
+
+
 def _format_manifest(m: dict[str, Any], folder: str) -> str:
     mem = m.get("memory") or {}
-    lib = m["library"]
 
     def mb(n: int | None) -> str:
         return "?" if n is None else f"{n / 1e6:.2f} MB"
@@ -163,7 +176,7 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
         f"target:   {m['target']['name'] or 'custom'} ({m['target']['arch']}"
         + (f", -mcpu={m['target']['mcpu']}" if m["target"].get("mcpu") else "") + ")",
         f"needs:    {', '.join('+' + f for f in m['target']['features']) or 'no extension'}",
-        f"library:  model.so {mb(lib['bytes'])} (weights {mb(lib['weights_bytes'])} bundled)",
+        _weights_line(m, mb),
         f"inputs:   {'; '.join(io(s) for s in m['inputs'])}",
         f"outputs:  {'; '.join(io(s) for s in m['outputs'])}",
         f"memory:   {mb(mem.get('planned_intermediates_bytes'))} planned for intermediates "

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._artifact import ArtifactError, _log_to, read_manifest
+from ._artifact import ArtifactError, _log_to, read_manifest, read_weights
 
 __all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact"]
 
@@ -220,7 +220,9 @@ def run_artifact(
     dict
         ``ok`` (every output within tolerance of the host build and the framework),
         ``device``, ``features`` (needed, device, missing), ``outputs`` (one comparison per
-        output), ``latency`` (``first_ms``, ``median_ms``, ``samples_ms``), ``emulated``.
+        output), ``latency`` (``first_ms``, ``median_ms``, ``samples_ms``; ``load_ms``: the
+        weights' upload and their transform at load, for an artifact that stores them apart),
+        ``emulated``.
 
     Raises
     ------
@@ -243,6 +245,7 @@ def run_artifact(
         arrays, stored = _random_inputs(m, seed), False
     else:
         arrays, stored = _stored_inputs(root, m), True
+    weights = read_weights(root, m)  # None: bundled in the library (format 1)
     runner = _runner(m, rpc, tracker, key, emulate, qemu_cpu)
     arch = m["target"]["arch"]
     with runner:
@@ -262,7 +265,7 @@ def run_artifact(
                 "NEON only) or run it on one that has them")
         say("features: " + (f"needs {', '.join(need) or 'nothing'}; device has them"
                             if have is not None else "not checked (remote x86 device)"))
-        got, timing = runner.run_timed(lib, arrays, repeats=repeats)
+        got, timing = runner.run_timed(lib, arrays, repeats=repeats, weights=weights)
     expected: dict[str, list[np.ndarray]] = {}
     framework = m["check"].get("framework")
     if stored:
@@ -273,7 +276,8 @@ def run_artifact(
                     expected[prefix] = [z[f"{prefix}_{i}"] for i in range(n)]
     else:
         with LocalRunner() as host:
-            expected["host"] = host.run(root / m["check"]["host_library"], arrays)
+            expected["host"] = host.run(root / m["check"]["host_library"], arrays,
+                                        weights=weights)
     outputs = []
     ok = len(got) == len(m["outputs"])
     int8 = bool(m.get("quantization"))
@@ -333,7 +337,9 @@ def format_run(res: Mapping[str, Any]) -> str:
         threads = f", {n} thread{'s' if n != 1 else ''}" if n else ""
         lines.append(f"latency: first run {lat['first_ms']:.3f} ms (host wall clock), warm "
                      f"median {lat['median_ms']:.3f} ms over {len(lat['samples_ms'])} runs "
-                     f"(timed on the device{threads})")
+                     f"(timed on the device{threads})"
+                     + (f"; weights loaded and transformed once in {lat['load_ms']:.1f} ms"
+                        if lat.get("load_ms") is not None else ""))
     if res.get("warning"):
         lines.append(f"warning: {res['warning']}")
     from ..model import ATOL, RTOL

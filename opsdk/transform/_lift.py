@@ -89,16 +89,19 @@ def weights_as_params(mod: tvm.IRModule, entry: str = "main", min_bytes: int = M
     Raises
     ------
     ValueError
-        ``entry`` is missing, or already has a ``num_input`` attribute.
+        ``entry`` is missing, or takes weights as parameters already (``num_input``
+        below its parameter count).
     """
     if entry not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ValueError(f"the module has no function {entry!r} to take weights from")
     func = mod[entry]
     if not isinstance(func, relax.Function):
         raise ValueError(f"{entry!r} is not a Relax function")
-    if func.attrs is not None and "num_input" in func.attrs:
-        raise ValueError(f"{entry!r} takes its weights as parameters already (num_input "
-                         f"{int(func.attrs['num_input'])})")
+    # ONNX's importer sets num_input to the input count: only one below it means weights.
+    if func.attrs is not None and "num_input" in func.attrs \
+            and int(func.attrs["num_input"]) < len(func.params):
+        raise ValueError(f"{entry!r} takes weights as parameters already (num_input "
+                         f"{int(func.attrs['num_input'])} of {len(func.params)})")
     found: dict[Any, relax.Var] = {}  # constant's address -> its parameter
     weights: dict[str, Any] = {}
 

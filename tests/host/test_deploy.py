@@ -18,6 +18,7 @@ import torch
 import opsdk
 from opsdk.cli import main as cli
 from opsdk.deploy import ArtifactError, build_artifact, read_manifest, run_artifact
+from opsdk.deploy._artifact import read_weights
 from opsdk.runners import LocalRunner
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def art(tmp_path_factory) -> pathlib.Path:
 def test_artifact_files_and_manifest_facts(art):
     m = read_manifest(art)
     assert sorted(p.name for p in art.iterdir()) == ["check", "io.txt", "manifest.json",
-                                                     "model.so"]
+                                                     "model.so", "weights.params"]
     assert m["target"]["arch"] == "x86_64" and m["target"]["name"] == "x86"
     host_feats = opsdk.targets.target_features(opsdk.target("x86"))
     assert ("avx512f" in m["target"]["features"]) == ("avx512f" in host_feats)
@@ -49,15 +50,25 @@ def test_artifact_files_and_manifest_facts(art):
     assert mem["outputs_bytes"] == 2 * 10 * 4
     assert mem["peak_bytes"] == mem["planned_intermediates_bytes"] + mem["outputs_bytes"]
     torch_params = sum(p.numel() * 4 for p in _conv_model().parameters())
-    # BN folded into the conv weights and biases (not kept beside them): no more bytes than
-    # torch's parameters, but for the Winograd convs' transformed weights (16 values per
-    # 3x3 filter instead of 9; here the 16 -> 16 conv).
-    assert 0 < m["library"]["weights_bytes"] <= torch_params + 7 * 3 * 3 * 16 * 16 * 4 // 9
+    # BN folded into the conv weights and biases (not kept beside them): stored in no more
+    # bytes than torch's parameters (the file's header aside); once loaded, the Winograd
+    # convs' transformed weights take 16 values per 3x3 filter instead of 9 (here the
+    # 16 -> 16 conv).
+    w = m["weights"]
+    assert w["storage"] == "file" and w["file"] == "weights.params"
+    assert w["bytes"] == (art / "weights.params").stat().st_size
+    assert 0 < w["tensor_bytes"] + w["bundled_bytes"] <= torch_params
+    assert w["bytes"] <= 1.1 * w["tensor_bytes"]
+    winograd_growth = (16 - 9) * 16 * 16 * 4
+    assert w["tensor_bytes"] < w["transformed_bytes"] <= w["tensor_bytes"] + winograd_growth
+    assert m["library"]["weights_bytes"] == w["loaded_bytes"]
     assert m["library"]["bytes"] == (art / "model.so").stat().st_size
     assert m["check"]["host_library"] == "model.so"  # the host build is the artifact itself
     assert m["versions"]["apache-tvm"] == "0.27.0.post1"
     io = [ln.split() for ln in (art / "io.txt").read_text().splitlines() if ln[:1] != "#"]
     assert io == [["input", "x", "float32", "2", "3", "16", "16"],
+                  *[["weight", n, "float32", *map(str, a.shape)]
+                    for n, a in zip(w["names"], read_weights(art))],
                   ["output", "out0", "float32", "2", "10"]]
     for p in art.rglob("*"):  # the modes a copy would have, not mkdtemp's 0700
         want = 0o755 if p.is_dir() else 0o644
@@ -117,7 +128,7 @@ def test_cpp_example_matches_python_bit_for_bit(art, tmp_path):
     m = read_manifest(art)
     x = np.fromfile(art / "check" / "inputs" / "x.bin", "float32").reshape(2, 3, 16, 16)
     with LocalRunner() as r:
-        (want,) = r.run(art / "model.so", [x])
+        (want,) = r.run(art / "model.so", [x], weights=read_weights(art))
     got = np.fromfile(outdir / "out0.bin", "float32").reshape(m["outputs"][0]["example_shape"])
     assert np.array_equal(got, want)
     # A wrong input size is an error naming the file, not garbage.
