@@ -15,7 +15,8 @@ from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
 
-__all__ = ["Explanation", "asm_of", "asm_vector_stats", "build_single_op", "explain"]
+__all__ = ["Explanation", "ZooCheck", "asm_of", "asm_vector_stats", "build_single_op",
+           "catch_all_rules", "check_zoo_model", "explain", "format_zoo_check"]
 
 
 @dataclass
@@ -161,3 +162,155 @@ def asm_of(ex: Any) -> str:
         if src:
             return src
     return ""
+
+
+# ------------------------------------------------------------------------ explain --zoo
+@dataclass
+class ZooCheck:
+    """The structure of one zoo model on a target (``opsdk explain --zoo``): whether it
+    compiles, its kernels on a catch-all rule (``x86.fallback`` / ``neon.fallback``: no rule
+    of their kind took them), its heavy kernels with no vector instructions in their
+    assembly, every problem of its kernel report and, on the host, its agreement with torch.
+    """
+
+    model: str
+    target: str
+    compiled: bool = False
+    error: str | None = None
+    kernels: int = 0
+    compile_s: float = 0.0
+    #: ``"<kernel> (<kind>, <rule>)"`` for each kernel on a catch-all rule.
+    fallback: list[str] = field(default_factory=list)
+    #: ``"<kernel> (<kind>, <rule>)"`` for each heavy kernel without vector instructions.
+    unvectorized: list[str] = field(default_factory=list)
+    #: Every problem :func:`opsdk.model.report` states (``explain --model --strict``'s list).
+    problems: list[str] = field(default_factory=list)
+    #: Output agreement with torch (host targets; None when not run).
+    torch: dict[str, Any] | None = None
+
+    def failed(self, strict: bool = False) -> bool:
+        """Whether this model fails the check (``strict``: any report problem too)."""
+        return (not self.compiled or bool(self.fallback or self.unvectorized)
+                or (self.torch is not None and not self.torch["ok"])
+                or (strict and bool(self.problems)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+def catch_all_rules() -> set[str]:
+    """Names of the rules that take any kernel no rule of its kind took (``kind:any``)."""
+    from .schedules import Kernel, load_builtin_rules, rules_for
+
+    load_builtin_rules()
+    return {r.name for r in rules_for(Kernel("", "opaque")) if "any" in r.kinds}
+
+
+def _heavy_unvectorized(k: Any, limit: int) -> bool:
+    """A kernel writing more than ``limit`` elements (or a symbolic count) whose assembly has
+    no vector instruction (an elementwise copy: no vector load or store either)."""
+    big = k.out_elements is None or k.out_elements > limit
+    vec = sum(k.vector_ops.values()) + (k.vector_moves if k.kind == "elementwise" else 0)
+    return big and not vec and k.kind != "opaque"
+
+
+def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
+                    numerics: bool = True, cache: Any = None) -> ZooCheck:
+    """Compile a zoo entry (:class:`opsdk.bench._zoo.ZooModel`) for ``target`` and state
+    its structure (:class:`ZooCheck`). Nothing runs for a target other than the host (an arm
+    target is cross-compiled only); on the host, with ``numerics``, the model runs once and
+    its first output is compared with torch's (:func:`opsdk.model.within_tolerance`).
+
+    Examples
+    --------
+    >>> from opsdk.bench._zoo import ZOO
+    >>> c = check_zoo_model(ZOO["unet_tiny"], "x86")  # doctest: +SKIP
+    >>> c.compiled, c.fallback, c.torch["ok"]  # doctest: +SKIP
+    (True, [], True)
+    """
+    import numpy as np
+
+    from . import model as M
+    from .runners.local import host_arch
+
+    tgt = resolve_target(target)
+    name = str(target) if isinstance(target, str) else str(tgt)
+    out = ZooCheck(z.name, name)
+    try:
+        module, args = z.build()
+        m = M.LoadedModel.from_torch(z.name, module, tuple(args), baselines=False)
+        cm = M.compile_model(m.opsdk_mod, tgt, cache=cache)
+        rep = M.report(cm, tgt, profile=False, asm=asm, name=z.name)
+    except Exception as e:  # the check goes on to the next model
+        out.error = _one_line(e)
+        return out
+    out.compiled, out.kernels, out.compile_s = True, len(rep.kernels), cm.seconds
+    catch_all = catch_all_rules()
+    for k in rep.kernels:
+        tag = f"{k.name} ({k.kind}, {k.rule})"
+        if k.rule in catch_all:
+            out.fallback.append(tag)
+        if asm and tgt.kind.name == "llvm" and _heavy_unvectorized(k, M.SERIAL_LIMIT):
+            out.unvectorized.append(tag)
+    out.problems = list(rep.problems)
+    if numerics and tgt.kind.name == "llvm" and target_arch(tgt) == host_arch():
+        import torch
+
+        from .bench._model import _torch_out
+
+        try:
+            vm = relax.VirtualMachine(cm.ex, tvm.cpu())
+            got = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in m.inputs])
+            while not isinstance(got, tvm.runtime.Tensor):
+                got = got[0]
+            with torch.no_grad():
+                ref = _torch_out(module(*args))
+            out.torch = M.within_tolerance(got.numpy(), ref)
+        except Exception as e:
+            out.torch = {"ok": False, "error": f"run: {_one_line(e)}"}
+    return out
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def format_zoo_check(rows: list[ZooCheck], *, strict: bool = False) -> str:
+    """The ``opsdk explain --zoo`` table: one line per model, then the kernels named.
+
+    Examples
+    --------
+    >>> print(format_zoo_check([ZooCheck("m", "arm", True, kernels=3)]))
+    model  target  compiles  kernels  fallback  unvectorized  problems  torch  compile s
+    m      arm     yes             3         0             0         0  -            0.0
+    zoo check: 1 model, all pass
+    """
+    w = max([5, *(len(r.model) for r in rows)])
+    wt = max([6, *(len(r.target) for r in rows)])
+    lines = [f"{'model':<{w}}  {'target':<{wt}}  compiles  kernels  fallback  unvectorized  "
+             f"problems  torch  compile s"]
+    for r in rows:
+        torch_s = "-" if r.torch is None else ("ok" if r.torch["ok"] else "FAIL")
+        if not r.compiled:
+            lines.append(f"{r.model:<{w}}  {r.target:<{wt}}  NO        {r.error}")
+            continue
+        lines.append(f"{r.model:<{w}}  {r.target:<{wt}}  {'yes':<8}  {r.kernels:>7}  "
+                     f"{len(r.fallback):>8}  {len(r.unvectorized):>12}  {len(r.problems):>8}  "
+                     f"{torch_s:<5}  {r.compile_s:>9.1f}")
+    for r in rows:
+        named = ([f"fallback: {k}" for k in r.fallback]
+                 + [f"no vector instructions: {k}" for k in r.unvectorized])
+        if strict:
+            named += [f"problem: {p}" for p in r.problems]
+        if r.torch is not None and not r.torch["ok"]:
+            named.append("torch: " + (r.torch.get("error") or
+                                      f"max abs error {r.torch['max_abs']:.3g} "
+                                      f"(relative {r.torch['max_rel']:.3g})"))
+        lines += [f"  {r.model}: {n}" for n in named]
+    bad = [r.model for r in rows if r.failed(strict)]
+    n = f"{len(rows)} model{'s' if len(rows) != 1 else ''}"
+    lines.append(f"zoo check: {n}, " + (f"{len(bad)} failed ({', '.join(bad)})" if bad
+                                         else "all pass"))
+    return "\n".join(lines)

@@ -173,6 +173,14 @@ def _explain_from_record(args: argparse.Namespace) -> int | None:
 
 
 def _print_model_report(args: argparse.Namespace, rep) -> int:
+    from opsdk._explain import catch_all_rules
+
+    catch_all = catch_all_rules()
+    for k in rep.kernels:  # a kind no rule took: named, as explain --zoo names it
+        note = f"on the catch-all rule {k.rule}: no rule for its kind ({k.kind}) took it"
+        if k.rule in catch_all and note not in k.problems and not any(
+                "catch-all" in p for p in k.problems):
+            k.problems.append(note)
     print(rep.format())
     if args.json:
         _write_json(args.json, rep.as_dict())
@@ -209,9 +217,57 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     return _print_model_report(args, rep)
 
 
+def _cmd_explain_zoo(args: argparse.Namespace) -> int:
+    """``opsdk explain --zoo [MODELS] --target T``: each zoo model's structure on a target
+    (compiles, kernels on a catch-all rule, heavy kernels without vector instructions; on the
+    host its output against torch), nothing timed."""
+    import os
+
+    from opsdk.bench._zoo import ZOO, select_zoo
+
+    if args.op or args.model:
+        raise UsageError("--zoo runs on its own (drop the op name and --model)")
+    if args.zoo == "list":
+        for z in ZOO.values():
+            gone = z.missing()
+            print(f"{z.name:<20} {z.description}"
+                  + (f" [needs {', '.join(gone)}: pip install 'opsdk[zoo]']" if gone else ""))
+        return 0
+    try:
+        zoo = select_zoo(args.zoo)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    import opsdk
+    from opsdk._explain import check_zoo_model, format_zoo_check
+
+    try:
+        opsdk.target(args.target)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    _load_ops(args.module)
+    rows, skipped = [], {}
+    for z in zoo:
+        gone = z.missing()
+        if gone:  # one line per model that cannot be built here, as bench --zoo says it
+            skipped[z.name] = f"needs {', '.join(gone)} (pip install 'opsdk[zoo]')"
+            print(f"opsdk explain: skipped {z.name}: {skipped[z.name]}", file=sys.stderr)
+            continue
+        print(f"  {z.name} ...", file=sys.stderr, flush=True)
+        rows.append(check_zoo_model(z, args.target, asm=not args.no_asm,
+                                    cache=False if getattr(args, "no_cache", False) else None))
+    print(format_zoo_check(rows, strict=args.strict))
+    if args.json:
+        _write_json(args.json, {"target": args.target, "skipped": skipped,
+                                "models": [r.as_dict() for r in rows]})
+    return 1 if any(r.failed(args.strict) for r in rows) else 0
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     import opsdk
 
+    if args.zoo is not None:
+        return _cmd_explain_zoo(args)
     if args.model and not args.op:
         import os
 
@@ -345,6 +401,14 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
         help="report every kernel of a compiled model: kind, rule, vector/parallel facts, "
         "vector instructions, share of the run time (host)",
     )
+    s.add_argument(
+        "--zoo", nargs="?", const="all", metavar="MODELS",
+        help="check the model zoo's structure on --target, nothing timed: per model whether "
+        "it compiles (arm: cross-compiled only), kernels on the catch-all rule, heavy "
+        "kernels with no vector instructions and, on the host, its output against torch; "
+        "exit 1 if any. MODELS as bench --zoo: all (default), small, or names separated by "
+        "commas (see --zoo list)",
+    )
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
                    help="keyword argument of the entry function (default: DEFAULT_ARGS)")
@@ -353,7 +417,8 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-profile", action="store_true",
                    help="with --model: skip timing the kernels")
     s.add_argument("--strict", action="store_true",
-                   help="with --model: exit 1 when a kernel is unscheduled or serial")
+                   help="with --model / --zoo: exit 1 when a kernel has a problem (unscheduled, "
+                   "serial, on the catch-all rule, no vector instructions, ...)")
     s.add_argument(
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )
