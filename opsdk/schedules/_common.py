@@ -22,6 +22,7 @@ The rules are written with ``s_tir.Schedule`` primitives; three facts of TVM 0.2
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -203,6 +204,69 @@ def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV,
         if n > 1:
             sch.vectorize(part)
     return outer
+
+
+def vectorize_segments(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int,
+                       cuts: Sequence[int]) -> None:
+    """Vectorize a static loop cut at ``cuts`` (offsets in it, multiples of ``lanes``, as is
+    its extent): split by ``lanes``, the vector loop's outer loop partitioned at the cuts
+    (one ``loop_partition``: TVM 0.27 splits no loop that does not start at 0)."""
+    ext = extent_of(sch, loop)
+    assert ext is not None and ext % lanes == 0 and all(c % lanes == 0 for c in cuts)
+    outer, inner = sch.split(loop, [None, lanes])
+    bounds = [0, *(c // lanes for c in cuts), ext // lanes]
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
+    if len(lengths) == 1:
+        sch.vectorize(inner)
+        return
+    for part in sch.loop_partition(outer, lengths[:-1]):
+        leaf = sch.get_child_blocks(part)[0]
+        while sch.get_child_blocks(leaf):  # a partition is a block scope of its own
+            leaf = sch.get_child_blocks(leaf)[0]
+        sch.vectorize(sch.get_loops(leaf)[-1])
+
+
+def _select_cuts(sch: s_tir.Schedule, rv, loop: s_tir.schedule.LoopRV) -> list[int]:
+    """Where an ``if_then_else`` of the block (a concatenate) switches on the index bound
+    to ``loop`` alone: the constant offsets inside the loop's static range, sorted."""
+    ext = extent_of(sch, loop)
+    var = sch.get(loop).loop_var
+    blk = sch.get(rv)
+    bound = [iv.var for iv, v in zip(blk.iter_vars, _realize(sch, rv).iter_values)
+             if v.same_as(var)]
+    if ext is None or not bound:
+        return []
+    v = bound[0]
+    cuts: set[int] = set()
+
+    def visit(e) -> None:
+        for sub in _children(e):
+            visit(sub)
+        if isinstance(e, tvm.ir.Call) and str(getattr(e.op, "name", "")).endswith("if_then_else"):
+            c = e.args[0]
+            for cls, off in ((tirx.LT, 0), (tirx.GE, 0), (tirx.LE, 1), (tirx.GT, 1)):
+                if isinstance(c, cls):
+                    a, b = c.a, c.b
+                    if a.same_as(v) and isinstance(b, tirx.IntImm):
+                        cuts.add(int(b.value) + off)
+                    elif b.same_as(v) and isinstance(a, tirx.IntImm):
+                        cuts.add(int(a.value) + 1 - off)
+
+    if isinstance(blk.body, tirx.BufferStore):
+        visit(blk.body.value)
+    return sorted(c for c in cuts if 0 < c < ext)
+
+
+def _children(e) -> list:
+    """The operands of an expression node (calls, arithmetic, casts, selects, lets)."""
+    if isinstance(e, tvm.ir.Call):
+        return list(e.args)
+    if isinstance(e, tirx.Select):
+        return [e.condition, e.true_value, e.false_value]
+    if isinstance(e, tirx.Let):
+        return [e.value, e.body]
+    return [getattr(e, k) for k in ("a", "b", "value") if isinstance(getattr(e, k, None),
+                                                                   tvm.ir.expr.Expr)]
 
 
 def _pow2_pieces(n: int) -> list[int]:
@@ -539,11 +603,22 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     blocks = analyze(sch)
     if not blocks or any(b.is_reduction for b in blocks):
         return None
-    if any(not sch.get_consumers(b.rv) for b in blocks[:-1]):
-        return None  # several outputs (split): the fallback rule's case
-    for b in blocks[:-1]:
-        sch.compute_inline(b.rv)
-    last = blocks[-1].rv
+    outs = [b.name for b in blocks if not sch.get_consumers(b.rv)]
+    for b in blocks:
+        if b.name not in outs:
+            sch.compute_inline(b.rv)
+    if len(outs) > 1:
+        # Several outputs (a split): each output its own parallel, vectorized loop nest over
+        # the inlined producers (no streaming stores: they rebuild the function).
+        for name in outs:
+            _elementwise_nest(sch, sch.get_sblock(name), target, stream_ok=False)
+        return sch
+    return _elementwise_nest(sch, blocks[-1].rv, target, stream_ok=True)
+
+
+def _elementwise_nest(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV, target: Target,
+                      *, stream_ok: bool) -> s_tir.Schedule:
+    """:func:`schedule_elementwise` of one output block whose producers are inlined."""
     loops = sch.get_loops(last)
     # Leading unit axes (a batch of 1) fold into the next axis: they count for nothing, and
     # left alone the "rows" to split across the cores would be that one row.
@@ -562,6 +637,14 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     # (measured: NCHW -> NHWC of 24x56x56, 90 us fused, 10 us with the channel loop alone).
     aligned = _is_broadcast_free(sch, last) and _reads_aligned(sch, last)
     n_inner = min(n_inner, MAX_FUSE if aligned else 1)
+    cuts = _select_cuts(sch, last, loops[-1]) if n_inner == 1 else []
+    if cuts and len(loops) > 1 and all(c % lanes == 0 for c in
+                                       [*cuts, extent_of(sch, loops[-1]) or 1]):
+        # A concatenate along the innermost axis selects its input by index: one vector
+        # loop per input range (the select folds away in each), not a select per lane.
+        sch.parallel(_fuse(sch, loops[:-1]))
+        vectorize_segments(sch, loops[-1], lanes, cuts)
+        return sch
     if not aligned and n_inner == 1 and (extent_of(sch, loops[-1]) or 0) < lanes:
         # A transpose into a short innermost axis (NCHW -> NHWC with 3 channels): vectors
         # along the input's contiguous axis instead, stored strided.
@@ -580,7 +663,7 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     from ._stream import stream_lanes, stream_stores  # (it imports this module)
 
     # A DRAM-sized float32 output is written with streaming stores (full vectors only).
-    stream = stream_lanes(sch, last, target, lanes)
+    stream = stream_lanes(sch, last, target, lanes) if stream_ok else None
     if n_inner == len(loops):
         flat = _fuse(sch, loops)
         total = extent_of(sch, flat) or 0
@@ -678,8 +761,17 @@ def _schedule_rows(
     """:func:`schedule_rows` before the partial-sum loops are kept rolled."""
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
-    if not blocks or not any(b.is_reduction for b in blocks) or blocks[-1].is_reduction:
+    if not blocks or not any(b.is_reduction for b in blocks):
         return None
+    if blocks[-1].is_reduction:
+        # A plain reduction writes the output (a max / sum over the last axis, nothing after
+        # it): a copy of each row's result into the output is the epilogue the rows end in.
+        if split_out is not None:
+            return None
+        sch.cache_write(blocks[-1].rv, 0, "global")
+        blocks = analyze(sch)
+        if not blocks:
+            return None
     out = blocks[-1]
     # Side outputs of a multi-output op (a residual add + norm also returning the sum): TVM
     # cannot compute an output block inside the row loop, so each is a parallel, vectorized
@@ -712,12 +804,13 @@ def _schedule_rows(
     for k, b in enumerate(blocks[:-1]):
         if not b.is_reduction:
             continue
-        if b.n_spatial == rows:  # reduces over the trailing axes
-            width = pick_width(_prod(b.extents[rows:]), lanes32, accumulators)
+        # Reduces over the trailing axes (after unit axes that keepdims leaves in place).
+        if b.n_spatial >= rows and all(_is_one(e) for e in b.extents[rows:b.n_spatial]):
+            width = pick_width(_prod(b.extents[b.n_spatial:]), lanes32, accumulators)
             if width is not None:
                 # checked on the block before rfactor rewrites its reads
                 feeds = k > 0 and _feeds_in_order(sch, blocks[k - 1], b)
-                rfs.append(rfactor_reduction(sch, b.rv, rows, width))
+                rfs.append(rfactor_reduction(sch, b.rv, b.n_spatial, width))
                 if feeds and rfs[-1].exact and _static_bytes(func) <= _MERGE_MAX_BYTES:
                     rfs[-1].producer = blocks[k - 1].name
         else:
@@ -793,6 +886,9 @@ def _reduces_innermost(sch: s_tir.Schedule, b: BlockInfo) -> bool:
     var (an input of unit axes only has nothing to walk)."""
     blk = sch.get(b.rv)
     red = {iv.var for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    if all(_is_one(iv.dom.extent) for iv in blk.iter_vars
+           if iv.iter_type == tirx.IterVar.CommReduce):
+        return True  # over unit axes: one element per row, a copy
     out = blk.writes[0].source
     reads = [r for r in blk.reads if not r.source.same_as(out)]
     if not reads:
@@ -920,7 +1016,7 @@ def schedule_columns(
             return None
     blk = sch.get(red.rv)
     spatial_ivs = [iv for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    live = [iv for iv in spatial_ivs if int(iv.dom.extent) != 1]
+    live = [iv for iv in spatial_ivs if not _is_one(iv.dom.extent)]  # the batch: symbolic
     if not live:
         return None
     col = live[-1].var
