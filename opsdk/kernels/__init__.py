@@ -18,7 +18,7 @@ Examples
 --------
 >>> from opsdk.kernels import KERNEL_OPS
 >>> [d.name for d in KERNEL_OPS]
-['tvm_matmul', 'tvm_conv2d', 'tvm_conv2d_winograd', 'tvm_pool2d', 'tvm_mean']
+['tvm_matmul', 'tvm_conv2d', 'tvm_conv2d_winograd', 'tvm_pool2d', 'tvm_mean', 'tvm_reduce']
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from .conv2d import tvm_conv2d
 from .matmul import tvm_matmul
 from .pool2d import tvm_pool2d
-from .reduce import tvm_mean
+from .reduce import tvm_mean, tvm_reduce
 from .winograd import tvm_conv2d_winograd
 
 __all__ = [
@@ -37,10 +37,12 @@ __all__ = [
     "tvm_matmul",
     "tvm_mean",
     "tvm_pool2d",
+    "tvm_reduce",
 ]
 
 #: The kernel families, in verification order. Adding one means adding it here.
-KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_conv2d_winograd, tvm_pool2d, tvm_mean)
+KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_conv2d_winograd, tvm_pool2d, tvm_mean,
+              tvm_reduce)
 
 
 def register_kernels() -> list:

@@ -20,7 +20,7 @@ from .._opdef import Tensor, op
 from ..verify._tolerance import error_model
 from ._epilogue import gamma, static_int
 
-__all__ = ["tvm_mean"]
+__all__ = ["tvm_mean", "tvm_reduce"]
 
 
 def _axes(layout: str) -> tuple[int, int]:
@@ -67,3 +67,49 @@ def tvm_mean(x: Tensor, *, layout: Literal["NCHW", "NHWC"] = "NCHW") -> te.Tenso
 
 
 error_model(tvm_mean)(_error)
+
+
+# ---------------------------------------------------------------------------- tvm_reduce
+_REDUCE_AXIS = {"last": 2, "middle": 1}
+
+
+def _reduce_reference(x, *, reduce="max", axis="last"):
+    f = np.max if reduce == "max" else np.sum
+    return f(x, axis=_REDUCE_AXIS[axis], keepdims=True)
+
+
+def _reduce_check(shapes, dtypes, attrs):
+    for i in (1, 2):
+        if static_int(shapes["x"][i]) is None:
+            raise ValueError(f"argument 'x' has a symbolic dim {i}; the reduce kernel needs "
+                             "static trailing dims (only the batch may be symbolic)")
+
+
+def _reduce_error(m) -> np.ndarray:
+    """max: exact. sum of ``n`` terms in any order: gamma_n of the sum of |x|."""
+    x, axis = m.inputs["x"], _REDUCE_AXIS[m.attrs["axis"]]
+    if m.attrs["reduce"] == "max":
+        return np.zeros_like(np.max(x, axis=axis, keepdims=True))
+    return gamma(x.shape[axis], m.u) * np.abs(x).sum(axis=axis, keepdims=True)
+
+
+@op(
+    reference=_reduce_reference,
+    dtypes=("float32",),
+    ranks=(3, 3),
+    check=_reduce_check,
+    layouts={"last": {"axis": "last"}, "middle": {"axis": "middle"}},
+    domain={"x": (-4.0, 4.0)},
+    kind="reduction",
+    examples=[(2, 7, 40)],
+)
+def tvm_reduce(x: Tensor, *, reduce: Literal["max", "sum"] = "max",
+               axis: Literal["last", "middle"] = "last") -> te.Tensor:
+    """A plain reduction, nothing after it (``relax.max`` / ``relax.sum`` keeping the axis,
+    e.g. DeiT's and BERT's mask check): over the last axis (``x86.rows`` / ``neon.rows``) or
+    the middle one, the last innermost (``x86.columns`` / ``neon.columns``)."""
+    f = topi.max if reduce == "max" else topi.sum
+    return f(x, _REDUCE_AXIS[axis], True)
+
+
+error_model(tvm_reduce)(_reduce_error)
