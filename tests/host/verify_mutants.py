@@ -801,6 +801,28 @@ def _mean_columns_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule |
                                    lambda e: e - 1))
 
 
+from opsdk.kernels import tvm_reduce  # noqa: E402
+
+mut_reduce_rows_short = _family_copy(tvm_reduce, "mut_reduce_rows_short")
+
+
+@opsdk.rule("mut_reduce_rows_short", "cpu", name="mut.reduce_rows_short", priority=1000,
+            claims=("vectorize",))
+def _reduce_rows_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The rows rule on a plain reduction (no epilogue: the row results copied out) whose
+    outer partial-sum loop runs one chunk short (the middle axis keeps the columns rule)."""
+    from opsdk.schedules._common import schedule_rows
+
+    sch = schedule_rows(func, target)
+    if sch is None:
+        return None
+    # the first serial loop around the partial sums' update (the outer chunk loop)
+    return s_tir.Schedule(_shorten(
+        sch.mod["main"],
+        lambda n: n.kind == tirx.ForKind.SERIAL and "rf_update" in str(n.body),
+        lambda e: e - 1))
+
+
 # ------------------------------------------------------------------------------ qconv2d
 
 _QCONV = opsdk.get_op("qconv2d")
@@ -886,7 +908,7 @@ def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
                 "mut_conv_short_rc", "mut_softmax_merge_short", "mut_winograd_short_c",
-                "mut_winograd_tile_edge", "mut_mean_columns_short")
+                "mut_winograd_tile_edge", "mut_mean_columns_short", "mut_reduce_rows_short")
 
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
@@ -928,6 +950,7 @@ BUGS = {
     "mut_winograd_tile_edge": "winograd rule writes the left column of each output tile only",
     "mut_softmax_merge_short": "softmax rule's merged exp-and-sum loop stops a chunk early",
     "mut_mean_columns_short": "channels-last mean rule forgets the last row of the window",
+    "mut_reduce_rows_short": "rows rule on a plain reduction drops a partial-sum chunk",
     "mut_ln_overflow_zero": "layer_norm returns zeros, not NaN, when the sum of squares overflows",
     "mut_qconv2d_zp_sign": "qconv2d adds the input zero point instead of subtracting it",
     "mut_qconv2d_int16_acc": "qconv2d accumulates in int16 (wraps)",
@@ -981,6 +1004,7 @@ OPS = [
     mut_winograd_tile_edge,
     mut_softmax_merge_short,
     mut_mean_columns_short,
+    mut_reduce_rows_short,
     mut_qconv2d_zp_sign,
     mut_qconv2d_int16_acc,
     mut_qconv2d_short_k,
