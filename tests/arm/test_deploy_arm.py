@@ -15,6 +15,7 @@ import pytest
 
 from opsdk.cli import main as cli
 from opsdk.deploy import FeatureMismatch, build_artifact, read_manifest, run_artifact
+from opsdk.deploy._artifact import read_weights
 
 pytestmark = pytest.mark.arm
 
@@ -49,6 +50,8 @@ def test_emulated_run_matches_host_build_and_torch(transformer, capsys):
     (out,) = res["outputs"]
     assert out["vs_host"]["ok"] and out["vs_torch"]["ok"]
     assert "neon" in res["features"]["device"]
+    # The weights travel as the model has them; main_transform_params ran on the device.
+    assert m["weights"]["storage"] == "file" and res["latency"]["load_ms"] > 0
     assert cli(["run", str(transformer), "--emulate", "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     assert "PASS" in text and "emulated timings are not performance" in text
@@ -88,7 +91,7 @@ def test_cpp_example_under_qemu_matches_python_bit_for_bit(transformer, tmp_path
     shape = read_manifest(transformer)["outputs"][0]["example_shape"]
     x = np.fromfile(transformer / "check" / "inputs" / "x.bin", "float32").reshape(2, 16, 64)
     with EmulatedRunner() as r:
-        (want,) = r.run(transformer / "model.so", [x])
+        (want,) = r.run(transformer / "model.so", [x], weights=read_weights(transformer))
     got = np.fromfile(outdir / "out0.bin", "float32").reshape(shape)
     assert np.array_equal(got, want)
 
@@ -122,10 +125,10 @@ def test_rpc_runner_reconnects_after_the_board_server_restarts(transformer, stan
     lib = transformer / "model.so"
     with standalone_server("cortex-a72") as (_, port):
         runner = runner_for("arm", rpc=f"127.0.0.1:{port}")
-        (first,) = runner.run(lib, [x])
+        (first,) = runner.run(lib, [x], weights=read_weights(transformer))
     try:
         with standalone_server("cortex-a72", port=port):
-            (again,) = runner.run(lib, [x])
+            (again,) = runner.run(lib, [x], weights=read_weights(transformer))
     finally:
         runner.close()
     assert np.array_equal(first, again)
