@@ -30,6 +30,9 @@ sealed ``meta.json`` with the object's SHA-256 and size): written atomically, ch
 read, removed and rebuilt when damaged, evicted least recently used beyond
 :data:`MAX_BYTES` (or ``$OPSDK_KERNEL_CACHE_MAX_MB``).
 
+The folded constants of a model compile (weight layout changes, packings) are kept beside
+the kernels, in ``.folds/`` (:func:`opsdk.transform._fold.fold_cache`): same switches.
+
 Location: ``$OPSDK_KERNEL_CACHE_DIR``, else ``.kernels/`` in the model cache's folder when
 that is given (``$OPSDK_CACHE_DIR``, ``cache=<folder>``; the dot keeps it apart from the
 model entries), else ``kernels/`` in opsdk's cache folder (beside ``models/``).
@@ -121,6 +124,9 @@ class KernelCache:
             mb = os.environ.get("OPSDK_KERNEL_CACHE_MAX_MB")
             max_bytes = int(float(mb) * 1024**2) if mb else MAX_BYTES
         self.store = ModelCache(root, max_bytes, lib_name=_OBJ)
+        #: Folded constants (:func:`opsdk.transform._fold.fold_cache`), in ``.folds/``
+        #: (bounded like the model cache: ``$OPSDK_CACHE_MAX_MB``, 2 GB).
+        self.folds = ModelCache(Path(root) / ".folds", lib_name="value.bin")
         self._common: dict[str, Any] | None = None
 
     def key(self, func: Any, target: Any) -> tuple[str, Any]:

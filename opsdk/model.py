@@ -315,6 +315,9 @@ class CompileTimings:
     seconds: dict[str, float] = field(default_factory=dict)
     kernels_reused: int = 0
     kernels_compiled: int = 0
+    #: Folded constants read from the kernel cache's folder and computed.
+    folds_reused: int = 0
+    folds_computed: int = 0
 
     def add(self, seconds: Mapping[str, float]) -> None:
         for k, v in seconds.items():
@@ -353,10 +356,14 @@ def record_timings() -> Iterator[CompileTimings]:
         _RECORDER.reset(token)
 
 
-def _record(seconds: Mapping[str, float], kernel_build: Any = None) -> None:
+def _record(seconds: Mapping[str, float], kernel_build: Any = None,
+            folds: Any = None) -> None:
     rec = _RECORDER.get()
     if rec is not None:
         rec.add(seconds)
+        if folds is not None:
+            rec.folds_reused += folds.reused
+            rec.folds_computed += folds.computed
         if kernel_build is not None:
             rec.kernels_reused += len(kernel_build.hits)
             rec.kernels_compiled += len(kernel_build.misses)
@@ -385,6 +392,9 @@ class CompiledModel:
         #: The kernel cache's record (:class:`opsdk._kernelcache.KernelBuild`: kernels
         #: reused and compiled), None when the kernel cache was not used.
         self.kernel_build = kernel_build
+        #: Folded constants read back and computed (:class:`opsdk.transform._fold.FoldStats`),
+        #: None for a model from the compile cache.
+        self.fold_stats: Any = None
 
     def _ensure_modules(self) -> None:
         if self._scheduled is None and self._rebuild is not None:
@@ -473,6 +483,15 @@ def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
     return scheduled, planned, passes[cut:]
 
 
+def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any) -> tuple[Any, Any]:
+    """The scheduled and planned modules of a model read from the compile cache, folding
+    through ``folds`` (the kernel cache's folded constants, or None)."""
+    from .transform._fold import fold_cache
+
+    with fold_cache(folds):
+        return _schedule_and_plan(mod, tgt, winograd)[:2]
+
+
 def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = True,
                   cache: Any = None) -> CompiledModel:
     """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
@@ -500,11 +519,14 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     """
     from ._kernelcache import open_kernel_cache
     from ._modelcache import open_cache
+    from .transform._fold import fold_cache
 
     tgt = resolve_target(target)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     store = open_cache(cache, tgt)
+    kcache = open_kernel_cache(cache, tgt)
+    folds = kcache.folds if kcache is not None else None
     key = None
     if store is not None:
         with contextlib.suppress(Exception):  # a module the printer refuses: not cached
@@ -521,14 +543,15 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
             return CompiledModel(
                 ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
                 library=entry.library, cached=True, entry=entry, timings=seconds,
-                rebuild=lambda: _schedule_and_plan(mod, tgt, winograd)[:2])
+                rebuild=lambda: _replan(mod, tgt, winograd, folds))
     if key:
         seconds["model cache"] = time.perf_counter() - t0
-    scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
+    with fold_cache(folds) as fold_stats:
+        scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
     with tgt:
         lowered = _run_timed(rest, planned, seconds)
     _refuse_unlowered(lowered, tgt)
-    built, kernel_build = _build(lowered, tgt, open_kernel_cache(cache, tgt), seconds)
+    built, kernel_build = _build(lowered, tgt, kcache, seconds)
     ex, library = built
     cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned,
                        library=library, timings=seconds, kernel_build=kernel_build)
@@ -546,7 +569,8 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
             cm.library = cm._entry.library
         seconds["model cache"] += time.perf_counter() - t1
         cm.seconds = time.perf_counter() - t0
-    _record(seconds, kernel_build)
+    cm.fold_stats = fold_stats
+    _record(seconds, kernel_build, fold_stats)
     return cm
 
 

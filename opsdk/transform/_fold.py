@@ -7,10 +7,22 @@ a MobileNetV2 has 158 of them, 12 s of a 30 s compile on a 2-core machine. Here 
 met in one round are compiled together in one module (one LLVM run), evaluated on the host,
 and the round repeats for chains (a transpose feeding a packing) until nothing is left. TVM's
 pass runs after it for whatever is not a plain ``call_tir`` of constants.
+
+Inside :func:`fold_cache` (a model compile with the kernel cache on) every folded value is
+also kept on disk, keyed by the kernel (its structural hash and its TVMScript text with names
+numbered, as the kernel cache keys it), the digests of its input tensors and the TVM
+versions: a recompile of an edited model computes and builds only the folds whose kernel or
+inputs changed. Entries are :class:`opsdk._modelcache.ModelCache` entries (checked on every
+read, removed and recomputed when damaged).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,10 +30,115 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-__all__ = ["FoldConstantsAtOnce", "fold_constants"]
+__all__ = ["FoldConstantsAtOnce", "FoldStats", "fold_cache", "fold_constants"]
 
 #: Rounds of folding (a chain of constant kernels folds one link per round).
 _MAX_ROUNDS = 8
+
+
+#: Bump when the key's ingredients or the stored form change: old entries are then misses.
+_FORMAT = 1
+
+_VALUE = "value.bin"
+
+
+class FoldStats:
+    """What the folds inside one :func:`fold_cache` block did: values read from the cache
+    (``reused``) and computed (``computed``)."""
+
+    def __init__(self) -> None:
+        self.reused = 0
+        self.computed = 0
+
+
+_CACHE: contextvars.ContextVar[tuple[Any, FoldStats] | None] = contextvars.ContextVar(
+    "opsdk_fold_cache", default=None)
+
+
+@contextlib.contextmanager
+def fold_cache(store: Any) -> Iterator[FoldStats]:
+    """Keep the values :func:`fold_constants` computes in ``store`` (a
+    :class:`opsdk._modelcache.ModelCache`; None: no cache) inside the block, and read them
+    back from it.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from opsdk._modelcache import ModelCache
+    >>> from opsdk.transform._fold import fold_cache
+    >>> with fold_cache(ModelCache(tempfile.mkdtemp())) as stats:
+    ...     pass
+    >>> (stats.reused, stats.computed)
+    (0, 0)
+    """
+    stats = FoldStats()
+    token = _CACHE.set((store, stats))
+    try:
+        yield stats
+    finally:
+        _CACHE.reset(token)
+
+
+def _func_digest(func: tirx.PrimFunc) -> str:
+    """The kernel cache's digest of a kernel: structural hash and the text with every name
+    numbered by its first appearance (a 64-bit hash alone could collide)."""
+    import tvm_ffi
+
+    from .._kernelcache import _alpha_text
+
+    canon = func.with_attr("global_symbol", "opsdk_fold")
+    h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
+    h.update(_alpha_text(canon.script(show_meta=False)).encode())
+    return h.hexdigest()
+
+
+def _tensor_digest(a: np.ndarray) -> str:
+    h = hashlib.sha256(f"{a.dtype} {a.shape}\0".encode())
+    h.update(memoryview(np.ascontiguousarray(a).reshape(-1).view("uint8")))
+    return h.hexdigest()
+
+
+def _common_material() -> dict[str, Any]:
+    from .._modelcache import _versions
+
+    return {"format": _FORMAT, "versions": _versions(), "target": "llvm", "opt_level": 3}
+
+
+def _read_value(store: Any, key: str, specs: list[Any]) -> list[np.ndarray] | None:
+    """The stored outputs of one fold, or None (absent; damaged or not matching the call's
+    output types: removed, so the fold is computed and stored again)."""
+    entry = store.load(key)
+    if entry is None:
+        return None
+    try:
+        blob = entry.library.read_bytes()
+        outs, pos = [], 0
+        for (dtype, shape, nbytes), o in zip(entry.meta["outputs"], specs, strict=True):
+            want = [int(d) for d in o.shape.values]
+            if list(shape) != want or dtype != str(o.dtype):
+                raise ValueError("outputs differ from the call's")
+            a = np.frombuffer(blob, dtype=np.dtype(dtype), count=int(np.prod(shape)),
+                              offset=pos).reshape(shape)
+            if a.nbytes != nbytes:
+                raise ValueError("size mismatch")
+            outs.append(a)
+            pos += nbytes
+        if pos != len(blob):
+            raise ValueError("size mismatch")
+        return outs
+    except Exception:  # never trust an entry that does not read back whole
+        store.discard(key)
+        return None
+
+
+def _write_value(store: Any, key: str, outs: list[np.ndarray]) -> None:
+    def export(path: str) -> None:
+        with open(path, "wb") as f:
+            for a in outs:
+                f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view("uint8")))
+
+    store.store(key, export, {"outputs": [(str(a.dtype), list(a.shape), int(a.nbytes))
+                                          for a in outs]})
 
 
 def _is_tensor_const(e: Any) -> bool:
@@ -87,35 +204,63 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     False
     """
     host = tvm.target.Target("llvm")
+    cached = _CACHE.get()
+    store, stats = cached if cached is not None else (None, FoldStats())
+    common = _common_material() if store is not None else None
+    func_digests: dict[str, str] = {}
+    # a constant's Tensor handle -> (the Tensor, kept alive so the handle is not reused; its
+    # digest)
+    tensor_digests: dict[Any, tuple[Any, str]] = {}
     failed: set[str] = set()
     for _ in range(_MAX_ROUNDS):
         calls = [c for c in _calls(mod) if c.args[0].name_hint not in failed]
         if not calls:
             break
-        names = sorted({c.args[0].name_hint for c in calls})
-        kernels = tvm.IRModule({n: mod[n].with_attr("global_symbol", n) for n in names})
-        try:
-            with tvm.transform.PassContext(opt_level=3):
-                lib = tvm.tirx.build(kernels, target=host)
-        except Exception:  # a kernel the host build refuses: TVM's FoldConstant decides
-            return mod
-        dev = tvm.cpu()
         values: dict[Any, relax.Expr] = {}
-        for c in calls:
-            outs = c.ty_args[0]
-            many = isinstance(outs, relax.TupleType)
-            specs = outs.fields if many else [outs]
-            args = [a.value for a in c.args[1].fields]
-            res = [tvm.runtime.empty([int(d) for d in o.shape.values], o.dtype, dev)
-                   for o in specs]
+        todo = calls
+        keys: dict[Any, str] = {}
+        if store is not None:
+            todo = []
+            for c in calls:
+                key = _fold_key(c, mod, common, func_digests, tensor_digests)
+                specs = _out_specs(c)
+                got = _read_value(store, key, specs) if key else None
+                if got is None:
+                    todo.append(c)
+                    if key:
+                        keys[c.__chandle__()] = key
+                    continue
+                values[c.__chandle__()] = _as_const(got, specs, c)
+                stats.reused += 1
+        if todo:
+            names = sorted({c.args[0].name_hint for c in todo})
+            kernels = tvm.IRModule({n: mod[n].with_attr("global_symbol", n) for n in names})
             try:
-                lib[c.args[0].name_hint](*args, *res)
-            except Exception:  # left in place, as TVM's FoldConstant leaves what fails
-                failed.add(c.args[0].name_hint)
-                continue
-            consts = [relax.const(r.numpy() if r.ndim else np.asarray(r.numpy()), o.dtype)
-                      for r, o in zip(res, specs)]
-            values[c.__chandle__()] = relax.Tuple(consts) if many else consts[0]
+                with tvm.transform.PassContext(opt_level=3):
+                    lib = tvm.tirx.build(kernels, target=host)
+            except Exception:  # a kernel the host build refuses: TVM's FoldConstant decides
+                lib = None
+            if lib is None and not values:
+                return mod
+            dev = tvm.cpu()
+            for c in todo if lib is not None else ():
+                specs = _out_specs(c)
+                args = [a.value for a in c.args[1].fields]
+                res = [tvm.runtime.empty([int(d) for d in o.shape.values], o.dtype, dev)
+                       for o in specs]
+                try:
+                    lib[c.args[0].name_hint](*args, *res)
+                except Exception:  # left in place, as TVM's FoldConstant leaves what fails
+                    failed.add(c.args[0].name_hint)
+                    continue
+                outs = [r.numpy() if r.ndim else np.asarray(r.numpy()) for r in res]
+                key = keys.get(c.__chandle__())
+                if key:
+                    _write_value(store, key, outs)
+                values[c.__chandle__()] = _as_const(outs, specs, c)
+                stats.computed += 1
+            if lib is None:
+                failed.update(c.args[0].name_hint for c in todo)
         if not values:
             break
         rep = _Replace(mod, values)
@@ -124,6 +269,38 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
                 rep.builder_.update_func(gv, rep.visit_expr(f))
         mod = rep.builder_.get()
     return mod
+
+
+def _out_specs(call: relax.Call) -> list[Any]:
+    outs = call.ty_args[0]
+    return list(outs.fields) if isinstance(outs, relax.TupleType) else [outs]
+
+
+def _as_const(outs: list[np.ndarray], specs: list[Any], call: relax.Call) -> relax.Expr:
+    consts = [relax.const(a, o.dtype) for a, o in zip(outs, specs)]
+    return relax.Tuple(consts) if isinstance(call.ty_args[0], relax.TupleType) else consts[0]
+
+
+def _fold_key(call: relax.Call, mod: tvm.IRModule, common: dict[str, Any],
+              func_digests: dict[str, str], tensor_digests: dict[Any, tuple[Any, str]]
+              ) -> str | None:
+    """The cache key of one fold: the kernel's digest, its inputs' digests, the versions;
+    None when the kernel cannot be printed (then it is not cached)."""
+    name = call.args[0].name_hint
+    if name not in func_digests:
+        try:
+            func_digests[name] = _func_digest(mod[name])
+        except Exception:
+            return None
+    ins = []
+    for a in call.args[1].fields:
+        t = a.value
+        h = t.__chandle__()
+        if h not in tensor_digests:
+            tensor_digests[h] = (t, _tensor_digest(t.numpy()))
+        ins.append(tensor_digests[h][1])
+    material = dict(common, func=func_digests[name], inputs=ins)
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 @tvm.transform.module_pass(opt_level=0, name="opsdk.FoldConstantsAtOnce")
