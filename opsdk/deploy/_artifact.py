@@ -332,6 +332,28 @@ def _constants_bytes(mod: Any) -> int:
     return total
 
 
+def _mark_load_kernels(kernels: list[dict[str, Any]], mod: Any) -> list[dict[str, Any]]:
+    """``kernels`` with ``at_load: True`` on those only the weight transform calls (they run
+    once, when the weights are loaded, not per inference)."""
+    import tvm
+    from tvm import relax
+
+    called: dict[bool, set[str]] = {True: set(), False: set()}  # by main / by the rest
+    for gv, f in mod.functions.items():
+        if not isinstance(f, relax.Function):
+            continue
+        into = called[gv.name_hint == "main"]
+
+        def visit(e: Any, into: set[str] = into) -> None:
+            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
+                    and e.op.name == "relax.call_tir" and isinstance(e.args[0], tvm.ir.GlobalVar):
+                into.add(e.args[0].name_hint)
+
+        relax.analysis.post_order_visit(f.body, visit)
+    at_load = called[False] - called[True]
+    return [{**k, "at_load": True} if k["name"] in at_load else k for k in kernels]
+
+
 def _tensor_bytes(t: Any) -> int:
     import tvm
 
@@ -670,7 +692,7 @@ def build_artifact(
             "inputs": [{k: v for k, v in sp.items()} for sp in ins],
             "outputs": outs,
             "memory": _planned_memory(cm.planned, inputs) if cm.planned is not None else None,
-            "kernels": scheduled_kernels(cm.scheduled),
+            "kernels": _mark_load_kernels(scheduled_kernels(cm.scheduled), cm.scheduled),
             "quantization": quant_info,
             "check": {"host_library": host_lib, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",

@@ -167,8 +167,10 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
         return f"{sp['name']}: {sp['dtype']}[{dims}]"
 
     rules: dict[str, int] = {}
-    for k in m["kernels"]:
+    per_call = [k for k in m["kernels"] if not k.get("at_load")]
+    for k in per_call:
         rules[k["rule"]] = rules.get(k["rule"], 0) + 1
+    at_load = len(m["kernels"]) - len(per_call)
     at = ", ".join(f"{k}={v}" for k, v in (mem.get("at") or {}).items())
     bounds = mem.get("planned_for") or {}
     planned_for = ", ".join(f"{k} <= {v}" for k, v in bounds.items())
@@ -189,8 +191,9 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
            + (f" ({len(q['float_layers'])} kept float)" if q["float_layers"] else "")
            + f"; output vs float: relative RMSE {q['vs_float']['rel_rmse'] * 100:.2f}%"]
           if (q := m.get("quantization")) else []),
-        f"kernels:  {len(m['kernels'])} ("
-        + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")",
+        f"kernels:  {len(per_call)} ("
+        + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")"
+        + (f" + {at_load} run once at load (weight transforms)" if at_load else ""),
         f"next:     opsdk run {folder}"
         + (" --emulate   (or --rpc HOST:PORT)" if m["target"]["arch"] == "aarch64" else ""),
     ])

@@ -88,6 +88,10 @@ def test_weights_are_stored_once_and_transformed_at_load(built):
     assert old["library"]["weights_bytes"] >= w["transformed_bytes"]
     assert not (bundled / "weights.params").exists()
     assert "x86.winograd" in {k["rule"] for k in m["kernels"]}
+    # Per inference the same kernels as the bundled build; the rest run once at load.
+    per_call = {k["name"] for k in m["kernels"] if not k.get("at_load")}
+    assert per_call == {k["name"] for k in old["kernels"]}
+    assert any(k.get("at_load") for k in m["kernels"])
 
 
 def test_outputs_are_bit_identical_to_the_in_process_compile(built):
