@@ -179,7 +179,8 @@ class ZooCheck:
     error: str | None = None
     kernels: int = 0
     compile_s: float = 0.0
-    #: ``"<kernel> (<kind>, <rule>)"`` for each kernel on a catch-all rule.
+    #: ``"<kernel> (<kind>, <rule>)"`` for each kernel on a catch-all rule or unscheduled
+    #: (rule ``generic``).
     fallback: list[str] = field(default_factory=list)
     #: ``"<kernel> (<kind>, <rule>)"`` for each heavy kernel without vector instructions.
     unvectorized: list[str] = field(default_factory=list)
@@ -249,7 +250,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     catch_all = catch_all_rules()
     for k in rep.kernels:
         tag = f"{k.name} ({k.kind}, {k.rule})"
-        if k.rule in catch_all:
+        if k.rule in catch_all or not k.scheduled:  # no rule of its kind, or none at all
             out.fallback.append(tag)
         if asm and tgt.kind.name == "llvm" and _heavy_unvectorized(k, M.SERIAL_LIMIT):
             out.unvectorized.append(tag)

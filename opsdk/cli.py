@@ -404,10 +404,10 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--zoo", nargs="?", const="all", metavar="MODELS",
         help="check the model zoo's structure on --target, nothing timed: per model whether "
-        "it compiles (arm: cross-compiled only), kernels on the catch-all rule, heavy "
-        "kernels with no vector instructions and, on the host, its output against torch; "
-        "exit 1 if any. MODELS as bench --zoo: all (default), small, or names separated by "
-        "commas (see --zoo list)",
+        "it compiles (arm: cross-compiled only), kernels on the catch-all rule or "
+        "unscheduled, heavy kernels with no vector instructions and, on the host, its output "
+        "against torch; exit 1 if any. MODELS as bench --zoo: all (default), small, or names "
+        "separated by commas (see --zoo list)",
     )
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
