@@ -184,6 +184,7 @@ def schedule_conv2d(
     if epi is None:
         return None
     lanes_max = vector_lanes(target, 32)
+    in_place = False  # a producer (the padding) inlined: input loads carry bounds tests
     for p in producers:
         # Depthwise channels-last: the padding is read in place (its bounds test is one
         # scalar branch per pixel and tap, the same for every channel of the vector), which
@@ -197,6 +198,7 @@ def schedule_conv2d(
         if (info.channels_last and info.depthwise) or _few_channels(sch, info, loops):
             try:
                 sch.compute_inline(p)
+                in_place = True
                 continue
             except Exception:
                 pass
@@ -206,7 +208,7 @@ def schedule_conv2d(
         by_role.setdefault(r, []).append(lp)
     if info.depthwise and not info.channels_last:
         return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
-    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs)
+    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place)
 
 
 def _few_channels(sch, info: ConvInfo, loops) -> bool:
@@ -262,7 +264,8 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
     return sch
 
 
-def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False):
+def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
+                        pixels_first=False):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
     Depthwise: every output channel in one tile where they fit (at most
@@ -270,17 +273,24 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False):
     own input vector, so a larger tile only adds register pressure): measured on 144 channels
     at 56x56 stride 2, 1 x 9 0.49 and 2 x 9 0.56 of the time of an 8-pixel x 3-vector tile.
 
-    Dense and grouped: like the matmul tile, the channel-vector count (dividing the channel
-    vectors) whose pixel count (dividing the row, at most :data:`_MAX_TILE_PIXELS`) fills the
-    most accumulators, ``MR x NV`` plus the ``NV`` weight vectors within ``regs``; ties go to
-    the wider tile (whole output pixels, each input value broadcast once). With a long
-    reduction (``long_k``: at least 256 products per output) a pixel count with a tail tile
-    competes too, by its accumulators that do useful work (64 -> 64 3x3 at 56x56: 6 x 4 0.95x
-    the time of 4 x 4; at 7x7 a 6-pixel tile wastes 5 of 12 pixels). Measured (NHWC, SiLU,
-    2 threads, interleaved, time relative to every channel in one tile): 80 -> 480 1x1 at
-    14x14: 7 x 3 0.62 (was 1 x 10); 192 -> 1152 at 7x7: 7 x 3 0.51 (was 1 x 12); 1152 -> 192
-    at 7x7: 7 x 3 0.44; 16 -> 96 at 112x112: 8 x 3 0.78 (was 2 x 6);
-    24 -> 144 at 56x56 and 40 -> 240 at 28x28: even.
+    Dense and grouped: the channel-vector count (dividing the channel vectors) and pixel count
+    (dividing the row where one up to :data:`_MAX_TILE_PIXELS` does), ``MR x NV``
+    accumulators plus the ``NV`` weight vectors within ``regs``.
+
+    ``pixels_first`` (the input read from memory or a padded copy): a tile without a tail,
+    then the most pixels, then the most accumulators. A predicated tail tile (6 + 6 + 2
+    pixels of a 14-pixel row) cost more than its extra accumulators gain (1x1 256 -> 1024 at
+    14x14, one core: 6 x 4 with a tail 45 GF/s, 2 x 8 74, 7 x 2 76).
+    The weight panel of a tile (``K x NR`` floats, 128 KiB at K = 1024) streams
+    from L2 once per tile while each pixel's inputs stay in L1, so a tile's weight loads per
+    FMA are ``1 / MR``. Measured (one core, CPU time, ResNet-50's NHWC convs): 1x1 1024 -> 256
+    at 14x14 7 x 2 97 GF/s (was 6 x 4 with a tail, 52); 512 -> 2048 at 7x7 97 (59); 256 -> 128
+    at 56x56 8 x 2 79 (was 2 x 8, 51); MobileNet's 80 -> 480 at 14x14 keeps 7 x 3.
+    Otherwise (a few-channel stem reading its padding in place: each pixel's input load
+    carries a bounds test) the most accumulators, ties to the wider tile (3 -> 64 7x7 stride
+    2 at 112x112: 4 x 4 0.85x the time of 8 x 2), and with a long reduction (``long_k``: at
+    least 256 products per output) a tail tile competes by its accumulators that do useful
+    work.
     """
     lanes, nv = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
     nvec = -(-o_ext // lanes)
@@ -292,13 +302,17 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False):
     for v in cands:
         top = max(1, min(_MAX_TILE_PIXELS, (regs - v) // v))
         mr = tile_m(w_ext, top)
-        if long_k and w_ext is not None and mr < top <= w_ext:
-            mr = top  # a long reduction amortizes the tail tile: every register in use
         exact = w_ext is None or w_ext % mr == 0
-        # Accumulators doing useful work: a tail tile computes a whole tile (7 pixels as
-        # 6 + 1 waste 5 of 12).
-        useful = mr * v * (w_ext / (-(-w_ext // mr) * mr) if w_ext else 1.0)
-        key = (exact or long_k, useful, v)
+        if pixels_first:
+            key = (exact, mr, mr * v)
+        else:
+            if long_k and w_ext is not None and mr < top <= w_ext:
+                mr = top  # a long reduction amortizes the tail tile: every register in use
+                exact = w_ext % mr == 0
+            # Accumulators doing useful work: a tail tile computes a whole tile (7 pixels as
+            # 6 + 1 waste 5 of 12).
+            useful = mr * v * (w_ext / (-(-w_ext // mr) * mr) if w_ext else 1.0)
+            key = (exact or long_k, useful, v)
         if best is None or key > best[0]:
             best = (key, v, mr)
     return lanes, best[1], best[2]
@@ -334,7 +348,7 @@ def _out_positions(sch, info: ConvInfo) -> list[str]:
     return ["O" if o_var in index_vars(rg.min) else "-" for rg in blk.writes[0].region]
 
 
-def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
+def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place=False):
     (o,), (h,), (w,) = by_role["O"], by_role["H"], by_role["W"]
     o_ext, w_ext = extent_of(sch, o), extent_of(sch, w)
     if o_ext is None:
@@ -346,7 +360,8 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs):
         for lp in by_role.get(r, []):
             k_len *= extent_of(sch, lp) or 1
     lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + 4, info.depthwise,
-                                        long_k=k_len >= 256)
+                                        long_k=k_len >= 256,
+                                        pixels_first=not in_place)
     nr = lanes * nv
     _pack_weights(sch, func, info, nr, lanes_max)
     if not info.channels_last:

@@ -30,6 +30,8 @@ SHAPES = [
                                "padding": 1, "activation": "hardswish"}),
     ("pw_7x7", (1, 7, 7, 96), {"layout": "NHWC", "channels": 192, "kernel": 1, "stride": 1,
                                "padding": 0, "activation": "silu"}),
+    ("pw_14x14", (1, 14, 14, 32), {"layout": "NHWC", "channels": 128, "kernel": 1, "stride": 1,
+                                   "padding": 0, "activation": "relu"}),
 ]
 
 
@@ -122,6 +124,22 @@ def test_wide_1x1_at_7x7_tiles_the_whole_row():
     assert 7 * 192 // 48 in par  # the tiles: rows x channel tiles, across the cores
 
 
+def test_1x1_at_14x14_tiles_pixels_first_without_a_tail():
+    # 8 channel vectors on a 14-pixel row: 7 pixels x 2 vectors (whole row halves; the
+    # weight panel streams once per 7 pixels), not 2 pixels x 8 vectors nor 6 + 6 + 2 x 4.
+    _, shape, attrs = SHAPES[6]
+    f = _scheduled(shape, attrs)
+    assert {_extent(lp) for lp in _named(f, "xx_1")} == {7}
+    assert {_extent(lp) for lp in _named(f, "ff_1_0")} == {2}
+
+
+def test_stem_keeps_the_wider_tile():
+    # Few input channels (padding read in place, a bounds test per pixel load): the most
+    # accumulators, ties to the wider tile: 4 pixels x 4 vectors, not 8 x 2.
+    f = _scheduled((1, 20, 16, 3), {**SHAPES[4][2], "channels": 64})
+    assert {_extent(lp) for lp in _named(f, "ff_1_0")} == {4}
+
+
 def _shorten(func, pick):
     """One loop fewer trip: the first loop ``pick`` selects."""
     done: list = []
@@ -140,7 +158,7 @@ def _shorten(func, pick):
 
 # Each new path with a planted bug (a new shape each, so no earlier build is reused): the
 # stem's unrolled channel loop forgets its last channel; the 5x5 depthwise window row its
-# last tap; the 7-pixel tile its last pixel.
+# last tap; the 7-pixel tile its last pixel; the 7 x 2 tile its last channel vector.
 PLANTED = [
     ("stem_short_rc", (1, 22, 16, 3), {**SHAPES[4][2], "channels": 32},
      lambda n: str(n.loop_var.name) == "rc" and n.kind == tirx.ForKind.UNROLLED),
@@ -148,6 +166,8 @@ PLANTED = [
      lambda n: str(n.loop_var.name) == "rx" and n.kind == tirx.ForKind.UNROLLED),
     ("pw7_tile_edge", (1, 7, 7, 80), {**SHAPES[5][2], "channels": 240},
      lambda n: str(n.loop_var.name) == "xx_1" and _extent(n) == 7),
+    ("pw14_short_vecs", (1, 14, 14, 48), {**SHAPES[6][2], "channels": 128},
+     lambda n: str(n.loop_var.name) == "ff_1_0" and n.kind == tirx.ForKind.UNROLLED),
 ]
 
 
