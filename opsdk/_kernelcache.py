@@ -202,9 +202,11 @@ class KernelCache:
             local = workdir / f"{key[:32]}.o"
             mod.write_to_file(str(local))
             self.store.store(key, lambda p, src=local: shutil.copyfile(src, p),
-                             {"kernel": symbol})
+                             {"kernel": symbol}, evict=False)
             objects[key] = local
             rec.misses.append(symbol)
+        if todo:
+            self.store.evict()
         t0 = tick("kernel codegen", t0)
 
         # VMLink wants a compiled TIR module to import (the library's own code then loads

@@ -301,9 +301,11 @@ class ModelCache:
         return Entry(path, key, meta, self.lib_name)
 
     def store(self, key: str, export: Callable[[str], None],
-              meta: Mapping[str, Any]) -> Entry | None:
+              meta: Mapping[str, Any], *, evict: bool = True) -> Entry | None:
         """Write an entry: ``export(path)`` writes the library; None when it could not be
-        written (a full disk, a read-only folder: the compile result is still used)."""
+        written (a full disk, a read-only folder: the compile result is still used).
+        ``evict=False`` leaves :meth:`evict` (a scan of every entry) to the caller, once
+        after a batch of stores."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
@@ -321,7 +323,8 @@ class ModelCache:
                 os.rename(tmp, self.root / key)
             except OSError:  # a concurrent writer was first: keep its entry
                 return self.load(key)
-            self.evict()
+            if evict:
+                self.evict()
             return Entry(self.root / key, key, data, self.lib_name)
         except Exception:  # the cache must never fail a compile that succeeded
             return None

@@ -138,7 +138,7 @@ def _write_value(store: Any, key: str, outs: list[np.ndarray]) -> None:
                 f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view("uint8")))
 
     store.store(key, export, {"outputs": [(str(a.dtype), list(a.shape), int(a.nbytes))
-                                          for a in outs]})
+                                          for a in outs]}, evict=False)
 
 
 def _is_tensor_const(e: Any) -> bool:
@@ -268,6 +268,8 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
             if isinstance(f, relax.Function):
                 rep.builder_.update_func(gv, rep.visit_expr(f))
         mod = rep.builder_.get()
+    if store is not None and stats.computed:
+        store.evict()  # once, not per stored value
     return mod
 
 

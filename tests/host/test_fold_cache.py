@@ -104,3 +104,16 @@ def test_off_with_the_kernel_cache(folds, monkeypatch):
     cm = compile_model(_module(), "x86")
     assert cm.fold_stats.computed >= 2 and cm.fold_stats.reused == 0
     assert not folds.exists()
+
+
+def test_folds_and_kernels_stay_within_their_bounds(folds, monkeypatch):
+    # stores are evicted once per batch (not per entry): the bound still holds after it
+    monkeypatch.setenv("OPSDK_CACHE_MAX_MB", "0.002")  # ~2 KB: a few folds at most
+    monkeypatch.setenv("OPSDK_KERNEL_CACHE_MAX_MB", "0.01")
+    cm = compile_model(_module(), "x86")
+    assert cm.fold_stats.computed >= 2
+    np.testing.assert_array_equal(_run(cm.ex), _run(compile_model(_module(), "x86",
+                                                                  cache=False).ex))
+    for root, bound in ((folds, 0.002), (folds.parent, 0.01)):
+        size = sum(f.stat().st_size for p in _entries(root) for f in p.iterdir())
+        assert size <= bound * 1024**2
