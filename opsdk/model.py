@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import json
+import re
 import shutil
 import time
 import weakref
@@ -165,16 +167,31 @@ class LoadedModel:
 
 
 def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
+    """The model as ONNX bytes for onnxruntime: TorchScript's exporter, else (transformers'
+    BERT and GPT-2 fail it: ``use_cache`` given twice, ``aten::diff``) the torch.export-based
+    one when onnxscript is installed; ``(None, why)`` if neither works."""
     import io
 
     import torch
 
     buf = io.BytesIO()
     try:  # torch's C++ side prints the whole TorchScript graph to fd 2 when export fails
-        with contextlib.redirect_stderr(io.StringIO()), fd_silenced(2), torch.no_grad():
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(
+                io.StringIO()), fd_silenced(1), fd_silenced(2), torch.no_grad():
             torch.onnx.export(model, args, buf, dynamo=False, opset_version=17)
+        return buf.getvalue(), ""
     except Exception as e:  # an exporter gap must not stop the rest of the benchmark
-        return None, f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]
+        why = f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]
+    if importlib.util.find_spec("onnxscript") is None:
+        return None, why + " (the dynamo exporter needs onnxscript: pip install onnxscript)"
+    buf = io.BytesIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(
+                io.StringIO()), fd_silenced(1), fd_silenced(2), torch.no_grad():
+            torch.onnx.export(model, args, dynamo=True, opset_version=18).save(buf)
+    except Exception as e:
+        msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).split("\n")[0]  # it colours its text
+        return None, f"{why}; dynamo export: {type(e).__name__}: {msg}"
     return buf.getvalue(), ""
 
 
