@@ -128,11 +128,12 @@ def run_build_command(args: argparse.Namespace) -> int:
 
 def _timings_dict(t: Any, total: float) -> dict[str, Any]:
     """The phases' seconds, the rest of the build (the host check run, the export, the
-    manifest) as ``other``, and the kernel cache's counts."""
+    manifest) as ``other``, and the kernel and fold caches' counts."""
     phases = {k: round(v, 3) for k, v in t.seconds.items()}
     phases["other"] = round(max(0.0, total - sum(t.seconds.values())), 3)
     return {"seconds": phases, "total_seconds": round(total, 3),
-            "kernels_reused": t.kernels_reused, "kernels_compiled": t.kernels_compiled}
+            "kernels_reused": t.kernels_reused, "kernels_compiled": t.kernels_compiled,
+            "folds_reused": t.folds_reused, "folds_computed": t.folds_computed}
 
 
 def _format_timings(t: Any, total: float) -> str:
@@ -143,6 +144,9 @@ def _format_timings(t: Any, total: float) -> str:
     if t.kernels_reused or t.kernels_compiled:
         lines.append(f"  kernel cache: {t.kernels_reused} kernels reused, "
                      f"{t.kernels_compiled} compiled")
+    if t.folds_reused or t.folds_computed:
+        lines.append(f"  fold cache: {t.folds_reused} folded constants reused, "
+                     f"{t.folds_computed} computed")
     return "\n".join(lines)
 
 

@@ -165,3 +165,4 @@ def test_build_timings_prints_the_phases(kcache, tmp_path, capsys):
     parts = [v for k, v in seconds.items() if k != "total"]
     assert abs(sum(parts) - seconds["total"]) <= 0.005 * (len(parts) + 1) + 1e-9
     assert "kernels reused" in text
+    assert "fold cache:" in text and "folded constants reused" in text  # conv_net folds BN
