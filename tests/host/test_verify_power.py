@@ -2,7 +2,7 @@
 
 - every mutant in ``verify_mutants`` (wrong compute, or a wrong schedule rule) is flagged by
   the default profile;
-- the built-in ops pass under 20 different seeds;
+- the built-in ops pass under 5 different seeds (20 with ``OPSDK_TEST_SEEDS=20``);
 - a failure is shrunk, and its printed reproducer re-runs it and fails the same way;
 - the example database replays a past failure first.
 """
@@ -69,11 +69,16 @@ def test_equivalent_rewrite_passes(registered) -> None:
         c.model for c in report.cells]
 
 
-def test_builtin_ops_pass_under_20_seeds() -> None:
+# The suite sweeps 5 seeds (CI's 30 minutes); `OPSDK_TEST_SEEDS=20 pytest -k seeds` runs the
+# full 20-seed false-alarm sweep.
+_SEEDS = int(os.environ.get("OPSDK_TEST_SEEDS", "5"))
+
+
+def test_builtin_ops_pass_under_many_seeds() -> None:
     # Random examples only (the corner cases are the same for every seed), two per cell.
     profile = Profile("seeds", 2, StrategyKnobs(p_common=75, p_long=15, p_static=3),
                       corners=False, invariance="corners")
-    for seed in range(20):
+    for seed in range(_SEEDS):
         report = verify(_BUILTINS, "host", profile=profile, seed=seed, database=None,
                         lints=False, refusals=False)
         bad = [f.format(tir=False) for f in report.failures]
