@@ -258,7 +258,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     if numerics and tgt.kind.name == "llvm" and target_arch(tgt) == host_arch():
         import torch
 
-        from .bench._model import _torch_out
+        from .bench._model import first_torch_output
 
         try:
             vm = relax.VirtualMachine(cm.ex, tvm.cpu())
@@ -266,7 +266,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
             while not isinstance(got, tvm.runtime.Tensor):
                 got = got[0]
             with torch.no_grad():
-                ref = _torch_out(module(*args))
+                ref = first_torch_output(module(*args))
             out.torch = M.within_tolerance(got.numpy(), ref)
         except Exception as e:
             out.torch = {"ok": False, "error": f"run: {_one_line(e)}"}

@@ -31,6 +31,7 @@ __all__ = [
     "EXAMPLES",
     "MODEL_CANDIDATES",
     "PEER_INSTALL",
+    "first_torch_output",
     "format_gemm_table",
     "format_model_table",
     "ort_session",
@@ -260,7 +261,7 @@ def run_model_bench(
             import torch
 
             with torch.no_grad():
-                ref = _torch_out(m.torch_module(*m.torch_args))
+                ref = first_torch_output(m.torch_module(*m.torch_args))
         if cm is not None:
             try:
                 timers["opsdk"], outs["opsdk"] = _vm_timed(cm.ex, m.inputs, details)
@@ -485,7 +486,7 @@ def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     def run(keep: Any = (buffer, program)) -> Any:  # a method outliving its program crashes
         return method.execute(args)
 
-    return run, _torch_out(run())
+    return run, first_torch_output(run())
 
 
 def _torch_compile_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
@@ -493,7 +494,7 @@ def _torch_compile_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]
     import torch
 
     run = _torch_runner(torch.compile(m.torch_module), m.torch_args)
-    return run, _torch_out(run())
+    return run, first_torch_output(run())
 
 
 def _import_executorch() -> None:
@@ -516,7 +517,7 @@ _PEER_SETUP: dict[str, Callable[[Any, int], tuple[Callable[[], Any], np.ndarray]
 }
 
 
-def _torch_out(out: Any) -> np.ndarray:
+def first_torch_output(out: Any) -> np.ndarray:
     """The first output of a torch model: through tuples, lists, dicts and transformers'
     ``ModelOutput`` (a ``CausalLMOutput``'s logits)."""
     while not hasattr(out, "detach"):

@@ -135,7 +135,7 @@ def test_the_bench_reads_a_transformers_output_as_its_first_tensor():
     # attribute detach": transformers returns a ModelOutput, not a tensor.
     import torch
 
-    from opsdk.bench._model import _torch_out
+    from opsdk.bench._model import first_torch_output
 
     class Output(dict):  # the part of transformers' ModelOutput the bench relies on
         def to_tuple(self):
@@ -143,6 +143,6 @@ def test_the_bench_reads_a_transformers_output_as_its_first_tensor():
 
     logits = torch.arange(6.0).reshape(2, 3)
     for out in (Output(logits=logits, past=None), {"logits": logits}, [(logits,)], logits):
-        assert (_torch_out(out) == logits.numpy()).all()
+        assert (first_torch_output(out) == logits.numpy()).all()
     with pytest.raises(TypeError, match="returned NoneType, not tensors"):
-        _torch_out(None)
+        first_torch_output(None)
