@@ -22,6 +22,8 @@ __all__ = [
     "target_arch",
     "target_features",
     "target_spec",
+    "vector_bits",
+    "vector_registers",
 ]
 
 
@@ -191,3 +193,55 @@ def target_features(t: Target) -> frozenset[str]:
             elif m.startswith("-"):
                 feats.discard(m[1:])
     return frozenset(feats)
+
+
+def vector_bits(t: Target) -> int:
+    """Width in bits of one SIMD register of ``t``, from its CPU features (128 at least).
+
+    TVM 0.27's ``llvm_get_vector_width`` answers 512 for every x86 CPU, AVX2-only ones
+    (Zen 3, Haswell) included, so x86 is read from the features: 512 with ``avx512f``, 256
+    with ``avx``, else 128. Other LLVM targets keep LLVM's answer (aarch64: 128).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.targets import vector_bits
+    >>> vector_bits(opsdk.target({"kind": "llvm", "mcpu": "haswell"}))
+    256
+    >>> vector_bits(opsdk.target("arm"))
+    128
+    """
+    if t.kind.name != "llvm":
+        return 128
+    feats = target_features(t)
+    if "arch:x86_64" in feats:
+        return 512 if "avx512f" in feats else 256 if "avx" in feats else 128
+    try:
+        width = int(codegen.llvm_get_vector_width(t))
+    except Exception:  # an LLVM without the target's backend
+        width = 128
+    return max(width, 128)
+
+
+def vector_registers(t: Target) -> int:
+    """Architectural SIMD registers of ``t``: 32 on AVX-512 and on aarch64 (NEON, SVE),
+    16 on other x86 CPUs (AVX2's ymm0-15) and on unknown targets.
+
+    Register-blocked rules size their accumulator tiles from this: a tile planned for 32
+    registers spills on 16.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.targets import vector_registers
+    >>> vector_registers(opsdk.target({"kind": "llvm", "mcpu": "haswell"}))
+    16
+    >>> vector_registers(opsdk.target("arm"))
+    32
+    """
+    if t.kind.name != "llvm":
+        return 16
+    feats = target_features(t)
+    if "arch:aarch64" in feats or "avx512f" in feats:
+        return 32
+    return 16

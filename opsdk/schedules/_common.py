@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
-from tvm.target.codegen import llvm_get_vector_width
 
-from ..targets import target_arch
+from ..targets import target_arch, vector_bits, vector_registers
 
 __all__ = [
     "MAX_FUSE",
@@ -63,7 +62,8 @@ MAX_FUSE = 2
 
 
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
-    """Lanes of ``dtype_bits`` in one vector register of ``target`` (at least 4).
+    """Lanes of ``dtype_bits`` in one vector register of ``target`` (at least 4), from
+    :func:`opsdk.targets.vector_bits` (TVM's own query says 512 bits on every x86 CPU).
 
     Examples
     --------
@@ -72,13 +72,23 @@ def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     >>> vector_lanes(opsdk.target("arm"))
     4
     """
-    try:
-        width = int(llvm_get_vector_width(target))
-    except Exception:  # non-LLVM target
-        width = 128
-    if width <= 0:
-        width = 128
-    return max(width // dtype_bits, 4)
+    return max(vector_bits(target) // dtype_bits, 4)
+
+
+def accumulator_registers(target: Target) -> int:
+    """Vector registers a register-blocked tile (matmul, conv, Winograd) gives to its
+    accumulators: three quarters of the register file (24 of AVX-512's or aarch64's 32, 12
+    of AVX2's 16), the rest holding the operand vectors and the broadcast. A 24-accumulator
+    tile on AVX2 spills every step.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from opsdk.schedules._common import accumulator_registers
+    >>> accumulator_registers(opsdk.target("arm"))
+    24
+    """
+    return vector_registers(target) * 3 // 4
 
 
 @dataclass

@@ -13,6 +13,7 @@ from tvm_ffi.structural import structural_mutate, structural_walk
 import opsdk
 from opsdk.kernels import tvm_conv2d
 from opsdk.schedules import _conv
+from opsdk.schedules._common import accumulator_registers
 from opsdk.schedules._conv import schedule_conv2d
 from opsdk.verify import Case, run_case
 
@@ -47,8 +48,14 @@ def _case(shape, attrs, target="x86", seed=3):
                 seed, static=True)
 
 
-def _scheduled(shape, attrs) -> tirx.PrimFunc:
-    """The conv rule's schedule of the kernel (x86, 16 lanes)."""
+#: Tile choices are per register file: inspected (never run) for an AVX-512 CPU and an
+#: AVX2-only one, whatever the host is.
+AVX512 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4"}
+AVX2 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3"}
+
+
+def _scheduled(shape, attrs, target=AVX512) -> tirx.PrimFunc:
+    """The conv rule's schedule of the kernel (AVX-512 unless told: 16 lanes, 32 registers)."""
     k, o = attrs["kernel"], attrs["channels"]
     c = shape[3]
     dw = attrs["layout"].endswith("dw")
@@ -56,7 +63,9 @@ def _scheduled(shape, attrs) -> tirx.PrimFunc:
     w = te.placeholder((k, k, 1 if dw else c, c if dw else o), name="w")
     b = te.placeholder((c if dw else o,), name="bias")
     y = tvm_conv2d.compute(x, w, b, None, **attrs)
-    sch = schedule_conv2d(te.create_prim_func([x, w, b, y]), opsdk.target("x86"), acc_regs=24)
+    tgt = opsdk.target(target)
+    sch = schedule_conv2d(te.create_prim_func([x, w, b, y]), tgt,
+                          acc_regs=accumulator_registers(tgt))
     assert sch is not None
     return sch.mod["main"]
 
@@ -131,6 +140,21 @@ def test_1x1_at_14x14_tiles_pixels_first_without_a_tail():
     f = _scheduled(shape, attrs)
     assert {_extent(lp) for lp in _named(f, "xx_1")} == {7}
     assert {_extent(lp) for lp in _named(f, "ff_1_0")} == {2}
+
+
+@pytest.mark.parametrize(("pixels", "cin", "cout", "tile"), [
+    (28, 128, 512, (4, 2)), (56, 64, 64, (4, 2)), (14, 1024, 256, (2, 4)), (7, 512, 2048, (7, 1)),
+])
+def test_avx2_1x1_tiles_fit_16_registers(pixels, cin, cout, tile):
+    # 8 lanes, 16 registers: pixels x channel vectors with the fewest loads per FMA among
+    # the tail-free tiles whose accumulators and weight vectors fit; AVX-512's 7 x 2 spills.
+    attrs = {**SHAPES[6][2], "channels": cout}
+    f = _scheduled((1, pixels, pixels, cin), attrs, AVX2)
+    assert {_extent(lp) for lp in _named(f, "xx_1")} == {tile[0]}
+    vecs = {_extent(lp) for lp in _named(f, "ff_1_0")} or {1}
+    assert vecs == {tile[1]}
+    lanes = {_extent(lp) for lp in _loops(f) if lp.kind == tirx.ForKind.VECTORIZED}
+    assert 8 in lanes and not [n for n in lanes if n > 8], lanes
 
 
 def test_stem_keeps_the_wider_tile():

@@ -7,6 +7,7 @@ from tvm.target import Target
 
 from .. import rule
 from .._common import (
+    accumulator_registers,
     schedule_columns,
     schedule_elementwise,
     schedule_fallback,
@@ -104,7 +105,7 @@ def _winograd(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Winograd F(2x2, 3x3) conv with its fused epilogue, one kernel: chunks of a tile row
     across the cores (input transform, 16 GEMMs in 4-lane register tiles, output transform);
     transformed weights packed and folded at compile time."""
-    return schedule_winograd(func, target, acc_regs=24)
+    return schedule_winograd(func, target, acc_regs=accumulator_registers(target))
 
 
 @rule(
@@ -119,7 +120,7 @@ def _matmul(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Dense / matmul / batch_matmul with its fused epilogue: MR x NR register tiles of
     4-lane NEON vectors (24 of the 32 registers hold accumulators), B packed (constant weights
     at compile time), parallel over tiles."""
-    return schedule_matmul(func, target, acc_regs=24, max_vecs=4)
+    return schedule_matmul(func, target, acc_regs=accumulator_registers(target), max_vecs=4)
 
 
 @rule(
@@ -145,9 +146,9 @@ def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 )
 def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """conv2d NCHW / NHWC (1x1, 3x3, strided, grouped, depthwise) with its fused epilogue:
-    pixels x output-channel vector tiles (24 of the 32 NEON registers hold accumulators),
+    pixels x output-channel vector tiles (24 of the 32 registers hold accumulators),
     weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
-    return schedule_conv2d(func, target, acc_regs=24)
+    return schedule_conv2d(func, target, acc_regs=accumulator_registers(target))
 
 
 @rule(

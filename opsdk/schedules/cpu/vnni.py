@@ -30,9 +30,9 @@ from typing import Any
 
 from tvm import s_tir, te, tirx
 from tvm.target import Target
-from tvm.target.codegen import llvm_get_vector_width
 
 from ...ops.qdense import ATTRS_KEY, BLOCK, KGROUP, qdense_packed
+from ...targets import vector_bits
 from .. import rule
 from .._common import replace_block_body
 
@@ -300,13 +300,6 @@ def _tile(func: tirx.PrimFunc) -> tuple[int, int]:
     return int(rows), int(cols)
 
 
-def _vector_bits(target: Target) -> int:
-    try:
-        return max(int(llvm_get_vector_width(target)), 128)
-    except Exception:  # non-LLVM target: the rules require kind:llvm anyway
-        return 128
-
-
 def _vectorize_contiguous(sch: s_tir.Schedule, loop: Any, width: int) -> None:
     """Vectorize a static inner loop by the largest power of two <= ``width`` dividing it."""
     ext = sch.get(loop).extent
@@ -346,7 +339,7 @@ def schedule_qdense_packed(
     ['xa', 'wp', 'wsum_lanes', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qdense']
     """
     rows, cols = _tile(func)
-    bits = _vector_bits(target)
+    bits = vector_bits(target)
     sch = s_tir.Schedule(func)
     out = sch.get_sblock("qtile")
     i, j = sch.get_loops(out)

@@ -1,5 +1,6 @@
-"""x86-64 rules: vector width from the target (AVX-512 here: 16 float32 lanes), rows split
-across the cores, reductions held in vector registers."""
+"""x86-64 rules: vector width and register count from the CPU's features (AVX-512: 16
+float32 lanes in 32 registers; AVX2: 8 lanes in 16), rows split across the cores, reductions
+held in vector registers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from tvm.target import Target
 
 from .. import rule
 from .._common import (
+    accumulator_registers,
     schedule_channels_last_groups,
     schedule_columns,
     schedule_elementwise,
@@ -131,10 +133,10 @@ def group_norm_schedule(
     claims=("vectorize", "parallel"),
 )
 def _matmul(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Dense / matmul / batch_matmul with its fused epilogue: MR x NR register tiles (24 of
-    the 32 AVX-512 registers hold accumulators), B packed (constant weights at compile time),
-    parallel over tiles."""
-    return schedule_matmul(func, target, acc_regs=24)
+    """Dense / matmul / batch_matmul with its fused epilogue: MR x NR register tiles
+    (three quarters of the vector registers hold accumulators), B packed (constant weights at
+    compile time), parallel over tiles."""
+    return schedule_matmul(func, target, acc_regs=accumulator_registers(target))
 
 
 @rule(
@@ -160,9 +162,10 @@ def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 )
 def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """conv2d NCHW / NHWC (1x1, 3x3, strided, grouped, depthwise) with its fused epilogue:
-    pixels x output-channel vector tiles (24 of the 32 AVX-512 registers hold accumulators),
+    pixels x output-channel vector tiles (three quarters of the
+    vector registers hold accumulators: 24 of AVX-512's 32, 12 of AVX2's 16),
     weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
-    return schedule_conv2d(func, target, acc_regs=24)
+    return schedule_conv2d(func, target, acc_regs=accumulator_registers(target))
 
 
 @rule(
@@ -190,6 +193,7 @@ def _pool(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 def _winograd(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Winograd F(2x2, 3x3) conv (what the pipeline picks for 3x3 stride-1 convs with 16+
     channels) with its fused epilogue, one kernel: chunks of a tile row across the cores,
-    each running its input transform, 16 register-tiled GEMMs (24 accumulators) and output
-    transform in L2; transformed weights packed and folded at compile time."""
-    return schedule_winograd(func, target, acc_regs=24)
+    each running its input transform, 16 register-tiled GEMMs (24 accumulators on AVX-512,
+    12 on AVX2) and output transform in L2; transformed weights packed and folded at compile
+    time."""
+    return schedule_winograd(func, target, acc_regs=accumulator_registers(target))

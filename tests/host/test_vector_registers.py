@@ -1,0 +1,136 @@
+"""SIMD width and register count come from the CPU's features, never from an assumption.
+
+TVM 0.27's ``llvm_get_vector_width`` answers 512 bits for every x86 CPU. Trusted, it gave an
+AVX2-only CPU (Zen 3, Haswell) 16-lane vectors and 24-vector accumulator tiles: each
+"vector" two ymm registers, 48 accumulators for 16 registers, a spill on every step (a
+128x768x768 matmul at 20 GF/s on one Zen 3 core, 72 with 8 lanes and 12 accumulators). The
+rules now size vectors and tiles from :func:`opsdk.targets.vector_bits` and
+:func:`opsdk.targets.vector_registers`. Schedules for other CPUs are only inspected here, so
+the checks hold on any host; the AVX2 one is also compiled (every x86-64 host the suite runs on
+has AVX2) and its hot loop read.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+
+import opsdk
+from opsdk.schedules import apply_schedule, kernel_for
+from opsdk.schedules._common import accumulator_registers, vector_lanes
+from opsdk.targets import target_arch, vector_bits, vector_registers
+
+# (mcpu, vector bits, registers): AVX2-only, AVX-512, and baseline SSE CPUs.
+X86_CPUS = [
+    ("haswell", 256, 16),
+    ("znver3", 256, 16),
+    ("skylake-avx512", 512, 32),
+    ("znver4", 512, 32),
+    ("x86-64", 128, 16),
+]
+
+
+def _x86(mcpu: str, **extra) -> tvm.target.Target:
+    return opsdk.target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu, **extra})
+
+
+@pytest.mark.parametrize(("mcpu", "bits", "regs"), X86_CPUS, ids=[c[0] for c in X86_CPUS])
+def test_x86_width_and_registers_follow_the_cpu_features(mcpu, bits, regs):
+    t = _x86(mcpu)
+    assert (vector_bits(t), vector_registers(t)) == (bits, regs)
+    assert vector_lanes(t, 32) == max(bits // 32, 4)
+    assert accumulator_registers(t) == regs * 3 // 4
+
+
+def test_an_mattr_that_removes_avx512_drops_to_avx2():
+    t = _x86("skylake-avx512", mattr=["-avx512f"])
+    assert (vector_bits(t), vector_registers(t)) == (256, 16)
+
+
+@pytest.mark.parametrize("name", ["arm", "arm-dotprod"])
+def test_aarch64_has_128_bit_vectors_in_32_registers(name):
+    t = opsdk.target(name)
+    assert (vector_bits(t), vector_registers(t), accumulator_registers(t)) == (128, 32, 24)
+
+
+def _matmul(m: int, n: int, k: int) -> tirx.PrimFunc:
+    a = te.placeholder((m, k), name="a")
+    b = te.placeholder((k, n), name="b")
+    r = te.reduce_axis((0, k), "k")
+    y = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="y")
+    return te.create_prim_func([a, b, y])
+
+
+def _scheduled(f: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
+    with tgt:
+        out = apply_schedule(kernel_for("mm", f), f, tgt)
+    assert str(out.attrs["opsdk.rule"]) == "x86.matmul"
+    return out
+
+
+def _tile(func: tirx.PrimFunc) -> tuple[int, int]:
+    """(vector lanes, accumulator vectors) of a scheduled matmul's update block: its
+    vectorized loop, and the unrolled loops inside its reduction loop (rows x column
+    vectors of the register tile)."""
+    found: list[list] = []
+
+    def visit(stmt, loops):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, [*loops, stmt])
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            if str(stmt.block.name_hint).endswith("_update"):
+                found.append(loops)
+            visit(stmt.block.body, loops)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, loops)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, loops)
+
+    visit(func.body, [])
+    assert len(found) == 1, len(found)
+    loops = found[0]
+    assert loops[-1].kind == tirx.ForKind.VECTORIZED
+    k = max(i for i, lp in enumerate(loops) if lp.kind == tirx.ForKind.SERIAL)
+    vecs = 1
+    for lp in loops[k + 1:-1]:
+        assert lp.kind == tirx.ForKind.UNROLLED, lp.kind
+        vecs *= int(lp.extent)
+    return int(loops[-1].extent), vecs
+
+
+@pytest.mark.parametrize(("mcpu", "bits", "regs"), X86_CPUS[:4], ids=[c[0] for c in X86_CPUS[:4]])
+def test_the_matmul_tile_fits_the_register_file(mcpu, bits, regs):
+    lanes, vecs = _tile(_scheduled(_matmul(128, 768, 768), _x86(mcpu)))
+    assert lanes == bits // 32
+    # The accumulator tile holds at most 3/4 of the registers, and uses them: a tile of a
+    # few vectors would leave the FMA units waiting on loads.
+    assert regs // 2 <= vecs <= regs * 3 // 4, (vecs, regs)
+
+
+@pytest.mark.skipif(target_arch(opsdk.target("x86")) != "x86_64", reason="x86-64 host only")
+def test_the_avx2_matmul_keeps_its_accumulators_in_registers():
+    # The hot loop (the basic block with the most FMAs) has a 12-accumulator tile's FMAs
+    # and touches no stack slot: a tile larger than the 16 ymm registers spills there.
+    tgt = _x86("haswell")
+    out = _scheduled(_matmul(128, 768, 768), tgt)
+    ex = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}),
+                     target=tgt)
+    mod = ex.mod.imports[0] if ex.mod.imports else ex.mod
+    asm = mod.inspect_source("asm")
+    blocks: list[list[str]] = [[]]
+    for line in asm.splitlines():
+        line = line.strip()
+        if re.match(r"^\.?\w+:", line) and blocks[-1]:
+            blocks.append([])
+        blocks[-1].append(line)
+        if re.match(r"^j\w*\s", line):
+            blocks.append([])
+    hot = max(blocks, key=lambda b: sum(ln.startswith("vfmadd") for ln in b))
+    fmas = [ln for ln in hot if ln.startswith("vfmadd")]
+    assert len(fmas) >= 12, hot
+    assert all("%ymm" in ln and "%zmm" not in ln for ln in fmas), fmas
+    assert not [ln for ln in hot if "(%rsp)" in ln or "(%rbp)" in ln], hot
