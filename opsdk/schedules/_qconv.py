@@ -28,11 +28,11 @@ from tvm.target import Target
 
 from ..ops.qconv2d import ATTRS_KEY, conv_geometry, qconv2d_depthwise_padded, qconv2d_packed
 from ..ops.qdense import BLOCK, KGROUP
+from ..targets import vector_bits
 from ._common import _fuse, vector_lanes, vectorize_loop
 from ._gemm import is_layout_free
 from .cpu.vnni import (
     Microkernel,
-    _vector_bits,
     _vectorize_contiguous,
     block_attrs,
     op_buffers,
@@ -164,7 +164,7 @@ def schedule_qconv2d_packed(
     ['xa', 'wp', 'wsum_lanes', 'wsum', 'comp', 'oscale', 'acc_o', 'qtile', 'qconv2d']
     """
     rows, cols, stride = (int(v) for v in func.attrs["opsdk.qconv2d_tile"])
-    bits = _vector_bits(target)
+    bits = vector_bits(target)
     sch = s_tir.Schedule(func)
     out = sch.get_sblock("qtile")
     n, y, x, j = sch.get_loops(out)
