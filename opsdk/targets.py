@@ -179,6 +179,19 @@ def target_features(t: Target) -> frozenset[str]:
     >>> "dotprod" in target_features(opsdk.target("arm-dotprod"))
     True
     """
+    key = str(t)
+    feats = _FEATURES.get(key)
+    if feats is None:
+        feats = _FEATURES[key] = _query_features(t)
+    return feats
+
+
+#: target_features by the target's text: the rules ask for every kernel of a model, and
+#: LLVM's feature query takes about 0.3 ms.
+_FEATURES: dict[str, frozenset[str]] = {}
+
+
+def _query_features(t: Target) -> frozenset[str]:
     if t.kind.name == "llvm":  # plain tvm.compile lands here (rule choice) unchecked: an
         # unknown triple made llvm_get_cpu_features segfault (an unknown mcpu TVM only logs)
         _check_llvm(str(t.attrs.get("mtriple", "") or ""), "")
