@@ -53,6 +53,7 @@ BUILTIN_RULE_MODULES: tuple[str, ...] = (
     "opsdk.schedules.cpu.x86",
     "opsdk.schedules.arm_cpu.neon",
     "opsdk.schedules.cpu.vnni",
+    "opsdk.schedules.cpu.avx2",
     "opsdk.schedules.arm_cpu.dotprod",
 )
 

@@ -24,7 +24,7 @@ import opsdk
 from opsdk._explain import asm_of, build_single_op
 from opsdk.ops._quant import QRANGE, round_to_te
 from opsdk.ops.qdense import qdense
-from opsdk.schedules import last_choices, rules_for
+from opsdk.schedules import last_choices, load_builtin_rules, rules_for
 
 KS = (1, 3, 4, 17, 64, 100)
 NS = (1, 5, 16, 33)
@@ -245,6 +245,7 @@ def _wide_case() -> QCase:
 
 
 def test_rules_and_claims_per_target() -> None:
+    load_builtin_rules()  # (a compile loads them; on a host without VNNI none ran yet)
     names = {r.name: r for r in rules_for(qdense)}
     assert {"x86.qdense_vnni", "neon.qdense_dotprod", "neon.qdense"} <= set(names)
     assert names["x86.qdense_vnni"].claims == ("vectorize", "parallel", "insn:vpdpbusd")
@@ -259,9 +260,14 @@ def test_rules_and_claims_per_target() -> None:
     for target, rule in want.items():
         ch = choose(qdense, func, opsdk.target(target))
         assert ch.rule == rule, (target, ch.reasons)
-    ch = choose(qdense, func, tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
-    assert ch.rule == "generic"
+    ch = choose(qdense, func, HASWELL)  # AVX2 without VNNI: the vpmaddwd rule
+    assert ch.rule == "x86.qdense_avx2", ch.reasons
     assert any("lacks avx512vnni" in r for r in ch.reasons), ch.reasons
+    assert names["x86.qdense_avx2"].claims == ("vectorize", "parallel", "insn:vpmaddwd")
+    # A CPU with neither (baseline x86-64, SSE2) keeps the generic lowering.
+    ch = choose(qdense, func, tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"}))
+    assert ch.rule == "generic"
+    assert any("lacks avx2" in r for r in ch.reasons), ch.reasons
 
 
 def test_insn_claim_lint_counts_the_instruction() -> None:
@@ -293,16 +299,71 @@ def _generic_func() -> tirx.PrimFunc:
     return te.create_prim_func([x, w, s, y])
 
 
-def test_generic_fallback_without_vnni_is_bit_exact(cases) -> None:
-    # AVX2 only (no VNNI): the rule is skipped and the unscheduled lowering still matches.
-    subset = [c for c in cases if c.name.endswith(("k17_n33", "k3_n16"))][:4]
+# ----------------------------------------------------------------------------- x86 (AVX2)
+
+#: An AVX2 CPU without VNNI: its code runs on every x86-64 host the suite runs on.
+HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+
+needs_avx2 = pytest.mark.skipif(
+    "avx2" not in opsdk.targets.target_features(opsdk.target("x86")),
+    reason="host CPU lacks AVX2",
+)
+
+
+@pytest.fixture(scope="module")
+def avx2_build(cases) -> tuple[Any, list[str]]:
     before = len(last_choices())
-    haswell = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
-    ex = tvm.compile(case_module(subset), target=haswell)
-    assert {c.rule for c in last_choices()[before:] if c.op == "qdense"} == {"generic"}
+    ex = tvm.compile(case_module(cases), target=HASWELL)
+    return ex, [c.rule for c in last_choices()[before:] if c.op == "qdense"]
+
+
+@needs_avx2
+def test_x86_avx2_is_bit_exact(cases, avx2_build) -> None:
+    # AVX2 without VNNI: the vpmaddwd rule on the whole matrix, symbolic batch at M = 1, 7.
+    ex, rules = avx2_build
+    assert rules == ["x86.qdense_avx2"] * len(cases)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
+    sat = {k: result.pop(k) for k in ("sat_lo", "sat_hi")}
+    assert result == {}, f"mismatching cases: {result}"
+    assert sat["sat_lo"] > 0 and sat["sat_hi"] > 0, sat
+
+
+def test_x86_avx2_keeps_its_accumulators_in_registers() -> None:
+    # A wide layer's 4 x 16 tile: 8 ymm accumulators across the K loop; per step 16 vpmaddwd
+    # and 8 vphaddd, no store and no stack slot in the loop (16 registers: a spill shows here).
+    before = len(last_choices())
+    ex = tvm.compile(case_module([_wide_case()]), target=HASWELL)
+    assert {c.rule for c in last_choices()[before:] if c.op == "qdense"} == {"x86.qdense_avx2"}
+    asm = asm_of(ex)
+    hot = max(_basic_blocks_with(asm, "vpmaddwd"),
+              key=lambda b: sum(ln.startswith("vpmaddwd") for ln in b))
+    assert sum(ln.startswith("vpmaddwd") for ln in hot) >= 16, hot
+    assert sum(ln.startswith("vphaddd") for ln in hot) >= 8, hot
+    assert re.match(_JUMP, hot[-1]), hot[-3:]
+    assert not [ln for ln in hot if re.match(r"vmov\w*\s+%ymm\d+, .*\(", ln)], hot
+    assert not [ln for ln in hot if "(%rsp)" in ln or "zmm" in ln], hot
+
+
+@needs_avx2
+def test_a_bug_planted_in_the_avx2_kernel_is_caught(cases, monkeypatch) -> None:
+    # The micro-kernel adds the first channel half's pair sums twice (a wrong vphaddd
+    # operand): every case with more than 4 output channels must mismatch.
+    from opsdk.schedules.cpu import avx2
+
+    def wrong(acc, a, load_b):
+        a16 = tirx.Cast("int16x16", avx2.splat4(a, "int8x16", 4))
+        x, _ = avx2._halves(load_b(0, 32))
+        px = tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", x, a16)
+        return acc + tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.phadd.d", px, px)
+
+    monkeypatch.setattr(avx2, "AVX2_PMADDWD", avx2.Microkernel("vpmaddwd", 8, wrong))
+    subset = [c for c in cases if c.name.endswith(("k17_n33", "k64_n16"))][:4]
+    ex = tvm.compile(case_module(subset), target=HASWELL)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     result = check_cases(subset, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
-    assert {k: v for k, v in result.items() if not k.startswith("sat_")} == {}
+    bad = {k for k in result if not k.startswith("sat_")}
+    assert {k.split(" ")[0] for k in bad} == {c.name for c in subset}, result
 
 
 # ----------------------------------------------------------------------------- aarch64 asm
