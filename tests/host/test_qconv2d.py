@@ -176,12 +176,26 @@ def test_x86_asm_has_vpdpbusd(x86_build) -> None:
     assert count >= len(GEOMETRIES) * 4 * 4, count  # every dense case, a tile of 4+ groups
 
 
-def test_generic_fallback_without_vnni_is_bit_exact(cases) -> None:
-    # AVX2 only: the VNNI rule is skipped and the unscheduled lowering still matches; the
-    # depthwise rule needs no VNNI.
-    subset = [c for c in cases if c.name.startswith(("c0_1", "c3_0", "dw1"))]
+@pytest.mark.skipif("avx2" not in opsdk.targets.target_features(opsdk.target("x86")),
+                    reason="host CPU lacks AVX2")
+def test_x86_avx2_is_bit_exact(cases) -> None:
+    # AVX2 without VNNI (haswell: runs on any AVX2 host): the dense convs on the vpmaddwd
+    # rule, the depthwise ones on theirs, every case exact.
     haswell = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
-    ex, rules = compile_cases(subset, haswell)
+    ex, rules = compile_cases(cases, haswell)
+    dw = sum(c.attrs["depthwise"] for c in cases)
+    assert rules == Counter({"x86.qconv2d_avx2": len(cases) - dw, "x86.qconv2d_depthwise": dw})
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
+    assert {k: v for k, v in result.items() if not k.startswith("sat_")} == {}
+
+
+def test_generic_fallback_without_avx2_is_bit_exact(cases) -> None:
+    # Baseline x86-64 (SSE2): neither int8 rule applies and the unscheduled lowering still
+    # matches; the depthwise rule needs neither.
+    subset = [c for c in cases if c.name.startswith(("c0_1", "c3_0", "dw1"))]
+    base = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})
+    ex, rules = compile_cases(subset, base)
     assert rules == Counter({"generic": 2, "x86.qconv2d_depthwise": 1})
     vm = relax.VirtualMachine(ex, tvm.cpu())
     result = check_cases(subset, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
