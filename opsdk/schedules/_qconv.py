@@ -48,6 +48,7 @@ from .cpu.vnni import (
 __all__ = [
     "qconv2d_attrs",
     "rebuild_qconv2d",
+    "schedule_qconv2d",
     "schedule_qconv2d_depthwise",
     "schedule_qconv2d_packed",
 ]
@@ -134,6 +135,15 @@ def _conv_tile_kernel(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
         c_buffer=c.source,
     )
     replace_block_body(sch, block, body)
+
+
+def schedule_qconv2d(func: tirx.PrimFunc, target: Target, kernel: Microkernel, *,
+                     act_dtype: str, rows: int, cols: int) -> s_tir.Schedule | None:
+    """A dense qconv2d rule's body: ``func`` rebuilt by :func:`rebuild_qconv2d` (input as
+    ``act_dtype``, ``rows``-pixel x ``cols``-channel tiles) and scheduled around ``kernel``;
+    None when ``func`` is not a dense qconv2d it can take."""
+    packed = rebuild_qconv2d(func, act_dtype=act_dtype, rows=rows, cols=cols)
+    return None if packed is None else schedule_qconv2d_packed(packed, target, kernel)
 
 
 def schedule_qconv2d_packed(

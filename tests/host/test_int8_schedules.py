@@ -1,11 +1,13 @@
 """qdense schedules: bit-exact against the reference through Relax, and the instructions they
-promise (x86 ``vpdpbusd`` here; ``sdot`` / NEON cross-compiled for aarch64).
+promise (x86 ``vpdpbusd``, or ``vpmaddwd`` without VNNI; ``sdot`` / NEON cross-compiled for
+aarch64).
 
 One Relax module holds a function per case (every layout x activation dtype, zero points at both
 ends of the range, saturating output scales, K in {1, 3, 4, 17, 64, 100}, N in {1, 5, 16, 33},
 a symbolic batch run with M = 1 and M = 7), so one compile covers the matrix. The arm tests
 (``tests/arm/test_int8_arm.py``) import :func:`make_cases` / :func:`case_module` /
-:func:`check_cases` from here and run the same matrix under qemu.
+:func:`check_cases` from here and run the same matrix under qemu; :func:`basic_blocks_with`
+finds a kernel's hot loop in assembly for the register checks elsewhere too.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def cases() -> list[QCase]:
     return make_cases()
 
 
-def _compile(mod: tvm.IRModule, target: str) -> tuple[Any, list[str]]:
+def _compile(mod: tvm.IRModule, target: str | tvm.target.Target) -> tuple[Any, list[str]]:
     before = len(last_choices())
     ex = tvm.compile(mod, target=opsdk.target(target))
     rules = [c.rule for c in last_choices()[before:] if c.op == "qdense"]
@@ -203,10 +205,10 @@ def test_x86_vnni_bit_exact_on_two_threads() -> None:
     assert proc.stdout.strip().splitlines()[-1] == "{}", proc.stdout[-2000:]
 
 
-_JUMP = r"^(j\w*|b(\.\w+)?|cbn?z|tbn?z)\s"  # x86 and aarch64 branches
+JUMP = r"^(j\w*|b(\.\w+)?|cbn?z|tbn?z)\s"  # x86 and aarch64 branches
 
 
-def _basic_blocks_with(asm: str, mnemonic: str) -> list[list[str]]:
+def basic_blocks_with(asm: str, mnemonic: str) -> list[list[str]]:
     """Basic blocks of ``asm`` (split at labels and after jumps) containing ``mnemonic``."""
     blocks: list[list[str]] = [[]]
     for line in asm.splitlines():
@@ -214,7 +216,7 @@ def _basic_blocks_with(asm: str, mnemonic: str) -> list[list[str]]:
         if re.match(r"^\.?\w+:", line) and blocks[-1]:
             blocks.append([])
         blocks[-1].append(line)
-        if re.match(_JUMP, line):
+        if re.match(JUMP, line):
             blocks.append([])
     return [b for b in blocks if any(ln.startswith(mnemonic) for ln in b)]
 
@@ -228,11 +230,11 @@ def test_x86_asm_has_vpdpbusd_with_register_accumulators(x86_build) -> None:
     # The 6 x 64 tile of a wide layer: 24 accumulators held in zmm registers across the K loop,
     # no store in the loop (a spilled tile stores after every vpdpbusd: 2.5x slower).
     wide, _ = _compile(case_module([_wide_case()]), "x86")
-    loops = _basic_blocks_with(asm_of(wide), "vpdpbusd")
+    loops = basic_blocks_with(asm_of(wide), "vpdpbusd")
     assert loops, "no vpdpbusd loop"
     hot = max(loops, key=lambda b: sum(ln.startswith("vpdpbusd") for ln in b))
     assert sum(ln.startswith("vpdpbusd") for ln in hot) >= 24
-    assert re.match(_JUMP, hot[-1]), hot[-3:]  # a loop: it ends in its back edge
+    assert re.match(JUMP, hot[-1]), hot[-3:]  # a loop: it ends in its back edge
     stores = [ln for ln in hot if re.match(r"vmov\w*\s+%zmm\d+, .*\(", ln)]
     assert stores == [], stores
 
@@ -310,17 +312,10 @@ needs_avx2 = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def avx2_build(cases) -> tuple[Any, list[str]]:
-    before = len(last_choices())
-    ex = tvm.compile(case_module(cases), target=HASWELL)
-    return ex, [c.rule for c in last_choices()[before:] if c.op == "qdense"]
-
-
 @needs_avx2
-def test_x86_avx2_is_bit_exact(cases, avx2_build) -> None:
+def test_x86_avx2_is_bit_exact(cases) -> None:
     # AVX2 without VNNI: the vpmaddwd rule on the whole matrix, symbolic batch at M = 1, 7.
-    ex, rules = avx2_build
+    ex, rules = _compile(case_module(cases), HASWELL)
     assert rules == ["x86.qdense_avx2"] * len(cases)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
@@ -332,15 +327,14 @@ def test_x86_avx2_is_bit_exact(cases, avx2_build) -> None:
 def test_x86_avx2_keeps_its_accumulators_in_registers() -> None:
     # A wide layer's 4 x 16 tile: 8 ymm accumulators across the K loop; per step 16 vpmaddwd
     # and 8 vphaddd, no store and no stack slot in the loop (16 registers: a spill shows here).
-    before = len(last_choices())
-    ex = tvm.compile(case_module([_wide_case()]), target=HASWELL)
-    assert {c.rule for c in last_choices()[before:] if c.op == "qdense"} == {"x86.qdense_avx2"}
+    ex, rules = _compile(case_module([_wide_case()]), HASWELL)
+    assert rules == ["x86.qdense_avx2"]
     asm = asm_of(ex)
-    hot = max(_basic_blocks_with(asm, "vpmaddwd"),
+    hot = max(basic_blocks_with(asm, "vpmaddwd"),
               key=lambda b: sum(ln.startswith("vpmaddwd") for ln in b))
     assert sum(ln.startswith("vpmaddwd") for ln in hot) >= 16, hot
     assert sum(ln.startswith("vphaddd") for ln in hot) >= 8, hot
-    assert re.match(_JUMP, hot[-1]), hot[-3:]
+    assert re.match(JUMP, hot[-1]), hot[-3:]
     assert not [ln for ln in hot if re.match(r"vmov\w*\s+%ymm\d+, .*\(", ln)], hot
     assert not [ln for ln in hot if "(%rsp)" in ln or "zmm" in ln], hot
 
@@ -386,11 +380,11 @@ def test_aarch64_asm(cases, target, rule, present, absent) -> None:
     assert all(counts[m] == 0 for m in absent), counts
     # 4 x 16 tile: 16 accumulators stay in q registers across the K loop (no store in it)
     hot = max(
-        _basic_blocks_with(asm, present[0]),
+        basic_blocks_with(asm, present[0]),
         key=lambda b: sum(ln.startswith(present[0]) for ln in b),
     )
     assert sum(ln.startswith(present[0]) for ln in hot) >= 16, hot
-    assert re.match(_JUMP, hot[-1]), hot[-3:]
+    assert re.match(JUMP, hot[-1]), hot[-3:]
     assert not [ln for ln in hot if re.match(r"(str|stp|st1)\s", ln)], hot
 
 

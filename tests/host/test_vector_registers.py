@@ -12,13 +12,13 @@ has AVX2) and its hot loop read.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import tvm
+from test_int8_schedules import basic_blocks_with
 from tvm import s_tir, te, tirx
 
 import opsdk
+from opsdk._explain import asm_of
 from opsdk.schedules import apply_schedule, kernel_for
 from opsdk.schedules._common import accumulator_registers, vector_lanes
 from opsdk.targets import target_arch, vector_bits, vector_registers
@@ -119,17 +119,8 @@ def test_the_avx2_matmul_keeps_its_accumulators_in_registers():
     out = _scheduled(_matmul(128, 768, 768), tgt)
     ex = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}),
                      target=tgt)
-    mod = ex.mod.imports[0] if ex.mod.imports else ex.mod
-    asm = mod.inspect_source("asm")
-    blocks: list[list[str]] = [[]]
-    for line in asm.splitlines():
-        line = line.strip()
-        if re.match(r"^\.?\w+:", line) and blocks[-1]:
-            blocks.append([])
-        blocks[-1].append(line)
-        if re.match(r"^j\w*\s", line):
-            blocks.append([])
-    hot = max(blocks, key=lambda b: sum(ln.startswith("vfmadd") for ln in b))
+    hot = max(basic_blocks_with(asm_of(ex), "vfmadd"),
+              key=lambda b: sum(ln.startswith("vfmadd") for ln in b))
     fmas = [ln for ln in hot if ln.startswith("vfmadd")]
     assert len(fmas) >= 12, hot
     assert all("%ymm" in ln and "%zmm" not in ln for ln in fmas), fmas

@@ -894,7 +894,7 @@ def mut_qconv2d_short_k(
 def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """The host's x86 qconv2d rule (VNNI, else AVX2) whose register kernel stops one
     input-channel block early."""
-    from opsdk.schedules._qconv import rebuild_qconv2d, schedule_qconv2d_packed
+    from opsdk.schedules._qconv import schedule_qconv2d
     from opsdk.schedules.cpu.avx2 import AVX2_PMADDWD
     from opsdk.schedules.cpu.vnni import VNNI
     from opsdk.targets import target_features
@@ -903,10 +903,9 @@ def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
         kernel, act, rows, cols = VNNI, "uint8", 6, 64
     else:
         kernel, act, rows, cols = AVX2_PMADDWD, "int8", 4, 16
-    packed = rebuild_qconv2d(func, act_dtype=act, rows=rows, cols=cols)
-    if packed is None:
+    sch = schedule_qconv2d(func, target, kernel, act_dtype=act, rows=rows, cols=cols)
+    if sch is None:
         return None
-    sch = schedule_qconv2d_packed(packed, target, kernel)
     return s_tir.Schedule(_shorten(
         sch.mod["main"], lambda n: n.loop_var.name == "q" and int(n.extent) > 1,
         lambda e: e - 1))

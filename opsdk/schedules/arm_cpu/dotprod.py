@@ -4,7 +4,7 @@ NEON fallback.
 The qdense rules rebuild the op as :func:`~opsdk.ops.qdense.qdense_packed` with int8
 activations (uint8 inputs are moved down by 128, the zero point by the same amount, and the
 compensation ``(x_zero_point - 128) * sum_k w`` restores the exact result), then reuse the x86
-VNNI rule's tiling (:func:`~opsdk.schedules.cpu.vnni.schedule_qdense_packed`) with a 4-channel
+VNNI rule's tiling (:func:`~opsdk.schedules.cpu.vnni.schedule_qdense`) with a 4-channel
 micro-kernel; the qconv2d rules do the same with the direct convolution of
 :mod:`opsdk.schedules._qconv`:
 
@@ -27,7 +27,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from ..cpu.vnni import Microkernel, rebuild_packed, schedule_qdense_packed, splat4
+from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
+from ..cpu.vnni import Microkernel, schedule_qdense, splat4
 
 __all__ = ["NEON_SMULL", "SDOT"]
 
@@ -62,13 +63,6 @@ SDOT = Microkernel("sdot", 4, _sdot)
 NEON_SMULL = Microkernel("smull", 4, _smull)
 
 
-def _schedule(func: tirx.PrimFunc, target: Target, kernel: Microkernel) -> s_tir.Schedule | None:
-    packed = rebuild_packed(func, act_dtype="int8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qdense_packed(packed, target, kernel)
-
-
 @rule(
     "qdense",
     "arm_cpu",
@@ -80,7 +74,7 @@ def _schedule(func: tirx.PrimFunc, target: Target, kernel: Microkernel) -> s_tir
 def _qdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on sdot: int8-shifted activations, packed weights, zero-point compensation,
     4 x 16 register tiles in parallel, fused requantize epilogue."""
-    return _schedule(func, target, SDOT)
+    return schedule_qdense(func, target, SDOT, act_dtype="int8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -94,17 +88,7 @@ def _qdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | Non
 def _qdense_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on NEON without dot product: smull/saddlp/addp into int32 vectors, same
     tiling and epilogue as the sdot rule."""
-    return _schedule(func, target, NEON_SMULL)
-
-
-def _schedule_conv(func: tirx.PrimFunc, target: Target,
-                   kernel: Microkernel) -> s_tir.Schedule | None:
-    from .._qconv import rebuild_qconv2d, schedule_qconv2d_packed  # (it imports the x86 rule)
-
-    packed = rebuild_qconv2d(func, act_dtype="int8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qconv2d_packed(packed, target, kernel)
+    return schedule_qdense(func, target, NEON_SMULL, act_dtype="int8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -119,7 +103,7 @@ def _qconv2d_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
     """int8 direct convolution on sdot: blocked int8-shifted input, packed weights,
     zero-point compensation, 4-pixel x 16-channel register tiles in parallel, fused
     requantize epilogue (dense convs)."""
-    return _schedule_conv(func, target, SDOT)
+    return schedule_qconv2d(func, target, SDOT, act_dtype="int8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -133,7 +117,7 @@ def _qconv2d_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 def _qconv2d_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 direct convolution on NEON without dot product (smull/saddlp/addp), same
     tiling and epilogue as the sdot rule."""
-    return _schedule_conv(func, target, NEON_SMULL)
+    return schedule_qconv2d(func, target, NEON_SMULL, act_dtype="int8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -147,6 +131,4 @@ def _qconv2d_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 def _qconv2d_depthwise_neon(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Depthwise int8 conv in NEON int32 vectors along the contiguous output axis (the x86
     rule's schedule)."""
-    from .._qconv import schedule_qconv2d_depthwise
-
     return schedule_qconv2d_depthwise(func, target)

@@ -3,10 +3,10 @@ to Skylake client): an exact int8 dot product from ``vpmaddwd``.
 
 Without ``vpdpbusd`` these ops had no rule on such a CPU and ran the generic lowering
 (scalar, one core). The rules are the VNNI rules' strategy and tiling
-(:func:`~opsdk.schedules.cpu.vnni.rebuild_packed` /
-:func:`~opsdk.schedules.cpu.vnni.schedule_qdense_packed` and the direct convolution of
-:mod:`opsdk.schedules._qconv`) with int8 activations (as on ARM: uint8 inputs move down by
-128, the compensation restores the exact result) and an 8-channel micro-kernel:
+(:func:`~opsdk.schedules.cpu.vnni.schedule_qdense` and the direct convolution of
+:func:`~opsdk.schedules._qconv.schedule_qconv2d`) with int8 activations (as on ARM: uint8
+inputs move down by 128, the compensation restores the exact result) and an 8-channel
+micro-kernel:
 
 - the 32 weight bytes of 8 channels x 4 bytes of K are split into the byte halves
   (channels 0, 1, 4, 5) and (2, 3, 6, 7) and sign-extended to int16 (``vpmovsxbw``); the
@@ -30,7 +30,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .vnni import Microkernel, rebuild_packed, schedule_qdense_packed, splat4
+from .._qconv import schedule_qconv2d
+from .vnni import Microkernel, schedule_qdense, splat4
 
 __all__ = ["AVX2_PMADDWD"]
 
@@ -72,10 +73,7 @@ AVX2_PMADDWD = Microkernel("vpmaddwd", 8, _pmaddwd)
 def _qdense_avx2(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on vpmaddwd (AVX2 without VNNI): int8-shifted activations, packed weights,
     zero-point compensation, 4 x 16 register tiles in parallel, fused requantize epilogue."""
-    packed = rebuild_packed(func, act_dtype="int8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qdense_packed(packed, target, AVX2_PMADDWD)
+    return schedule_qdense(func, target, AVX2_PMADDWD, act_dtype="int8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -90,9 +88,4 @@ def _qconv2d_avx2(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 direct convolution on vpmaddwd (AVX2 without VNNI): blocked int8-shifted input,
     packed weights, zero-point compensation, 4-pixel x 16-channel register tiles in parallel,
     fused requantize epilogue (dense convs; depthwise goes to the next rule)."""
-    from .._qconv import rebuild_qconv2d, schedule_qconv2d_packed  # (it imports the VNNI rule)
-
-    packed = rebuild_qconv2d(func, act_dtype="int8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qconv2d_packed(packed, target, AVX2_PMADDWD)
+    return schedule_qconv2d(func, target, AVX2_PMADDWD, act_dtype="int8", rows=ROWS, cols=COLS)

@@ -49,6 +49,7 @@ __all__ = [
     "register_tile",
     "replace_block_body",
     "replace_with_tile_kernel",
+    "schedule_qdense",
     "schedule_qdense_packed",
     "schedule_tile_epilogue",
     "schedule_weight_sums",
@@ -401,6 +402,15 @@ def pack_at_compile_time(sch: s_tir.Schedule, func: tirx.PrimFunc, block: Any) -
         sch.annotate(block, "meta_schedule.layout_rewrite_preproc", True)
 
 
+def schedule_qdense(func: tirx.PrimFunc, target: Target, kernel: Microkernel, *,
+                    act_dtype: str, rows: int, cols: int) -> s_tir.Schedule | None:
+    """A qdense rule's body: ``func`` rebuilt by :func:`rebuild_packed` (activations as
+    ``act_dtype``, ``rows x cols`` tiles) and scheduled around ``kernel``; None when ``func``
+    is not a qdense it can take."""
+    packed = rebuild_packed(func, act_dtype=act_dtype, rows=rows, cols=cols)
+    return None if packed is None else schedule_qdense_packed(packed, target, kernel)
+
+
 def schedule_tile_epilogue(sch: s_tir.Schedule, tile: Any, rows_loop: Any, cols_loop: Any,
                            cols: int, bits: int, out_block: str) -> None:
     """The epilogue of a register tile (whole vectors of int32 lanes, unrolled) and the copy
@@ -433,10 +443,7 @@ def _static_k_unpadded(func: tirx.PrimFunc) -> bool:
 def _qdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on vpdpbusd: uint8-shifted activations, packed weights, zero-point
     compensation, 6 x 64 register tiles in parallel, fused requantize epilogue."""
-    packed = rebuild_packed(func, act_dtype="uint8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qdense_packed(packed, target, VNNI)
+    return schedule_qdense(func, target, VNNI, act_dtype="uint8", rows=ROWS, cols=COLS)
 
 
 @rule(
@@ -451,12 +458,9 @@ def _qconv2d_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 direct convolution on vpdpbusd: blocked uint8-shifted input, packed weights,
     zero-point compensation, 6-pixel x 64-channel register tiles in parallel, fused
     requantize epilogue (dense convs; depthwise goes to the next rule)."""
-    from .._qconv import rebuild_qconv2d, schedule_qconv2d_packed  # (it imports this module)
+    from .._qconv import schedule_qconv2d  # (it imports this module)
 
-    packed = rebuild_qconv2d(func, act_dtype="uint8", rows=ROWS, cols=COLS)
-    if packed is None:
-        return None
-    return schedule_qconv2d_packed(packed, target, VNNI)
+    return schedule_qconv2d(func, target, VNNI, act_dtype="uint8", rows=ROWS, cols=COLS)
 
 
 @rule(

@@ -162,9 +162,9 @@ def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 )
 def _conv2d(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """conv2d NCHW / NHWC (1x1, 3x3, strided, grouped, depthwise) with its fused epilogue:
-    pixels x output-channel vector tiles (three quarters of the
-    vector registers hold accumulators: 24 of AVX-512's 32, 12 of AVX2's 16),
-    weights packed at compile time; depthwise NCHW tiles rows x pixel vectors."""
+    pixels x output-channel vector tiles (three quarters of the vector registers hold
+    accumulators: 24 of AVX-512's 32, 12 of AVX2's 16), weights packed at compile time;
+    depthwise NCHW tiles rows x pixel vectors."""
     return schedule_conv2d(func, target, acc_regs=accumulator_registers(target))
 
 
