@@ -12,9 +12,11 @@ has AVX2) and its hot loop read.
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 import tvm
-from test_int8_schedules import basic_blocks_with
 from tvm import s_tir, te, tirx
 
 import opsdk
@@ -22,6 +24,11 @@ from opsdk._explain import asm_of
 from opsdk.schedules import apply_schedule, kernel_for
 from opsdk.schedules._common import accumulator_registers, vector_lanes
 from opsdk.targets import target_arch, vector_bits, vector_registers
+
+# The hot-loop finder lives beside the int8 schedule tests; pytest's importlib mode puts no
+# test folder on sys.path, so this file puts its own there (as test_verify_power does).
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_int8_schedules import basic_blocks_with
 
 # (mcpu, vector bits, registers): AVX2-only, AVX-512, and baseline SSE CPUs.
 X86_CPUS = [
