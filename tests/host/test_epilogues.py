@@ -137,3 +137,46 @@ def test_small_integer_powers_multiply_and_others_stay_with_libm(exponent, libm)
     # n - 1 multiplications (or one correctly rounded sqrt / powf): n float32 roundings
     bound = max(exponent, 1.0) * 2.0**-24 * np.abs(want) + 1e-45
     assert np.all(np.abs(out.numpy() - want) <= bound)
+
+
+class _Chain(torch.nn.Module):
+    """A linear layer whose epilogue nests three transcendentals, and the same chain alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(24, 32)
+
+    def forward(self, x):
+        y = torch.tanh(torch.sigmoid(torch.exp(self.fc(x))))
+        return y, torch.exp(torch.exp(torch.exp(x - 1.0))) * x
+
+
+@pytest.mark.timeout(300, method="thread")  # a hang guard: unstaged, this test ran past 10 minutes
+def test_nested_transcendentals_are_staged_not_nested():
+    # TVM's LLVM code generator simplifies every Let value with the earlier variables
+    # expanded, so nested polynomial math grew with the product of the uses: three nested
+    # exp in one kernel took 136 s of code generation. Each level's argument now goes
+    # through the element the kernel stores (a register), one store per level.
+    from tvm_ffi.structural import structural_walk
+
+    from opsdk._vecmath import has_let
+
+    torch.manual_seed(0)
+    net = _Chain().eval()
+    x = torch.rand(5, 24) * 1.5 - 1.0
+    m = LoadedModel.from_torch("chain", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    assert {k["rule"] for k in cm.kernels} <= {"x86.matmul", "x86.elementwise"}
+    levels = {}
+    for gv, f in cm.scheduled.functions.items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            stores: list = []
+            structural_walk(f, [(tvm.tirx.BufferStore, stores.append)])
+            levels[gv.name_hint] = sum(has_let(st.value) for st in stores)
+    # Three stores per copy of the statement (a vectorized part and its tail each have one).
+    assert len(levels) == 2 and all(n >= 3 and n % 3 == 0 for n in levels.values()), levels
+    outs = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    want = net.double()(x.double())
+    for got, ref in zip(outs, want):
+        check = within_tolerance(got.numpy(), ref.detach().numpy())
+        assert check["ok"], check
