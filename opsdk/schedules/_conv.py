@@ -254,7 +254,7 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
     for lp in _short_inner(sch, red):
         sch.unroll(lp)
     sch.reverse_compute_at(epi, tile)
-    vectorize_writeback(sch, epi, lanes)
+    vectorize_writeback(sch, epi, lanes, tile)
     sch.unroll(rows)
     sch.unroll(vecs)
     sch.vectorize(vec)
