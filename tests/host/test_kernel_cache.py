@@ -166,3 +166,47 @@ def test_build_timings_prints_the_phases(kcache, tmp_path, capsys):
     assert abs(sum(parts) - seconds["total"]) <= 0.005 * (len(parts) + 1) + 1e-9
     assert "kernels reused" in text
     assert "fold cache:" in text and "folded constants reused" in text  # conv_net folds BN
+
+
+def test_kernels_compile_in_forked_workers_with_the_same_objects(tmp_path, monkeypatch):
+    # Several workers take the kernels from one queue; every object is written whole, the
+    # same bytes a one-process compile writes, and the model links and runs from them.
+    from opsdk._kernelcache import compile_objects
+    from opsdk.targets import target as resolve
+
+    tgt = resolve("x86")
+    funcs = [f for f in compile_model(_module(), "x86", cache=False).scheduled.functions.values()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    todo = [(f"{i:032x}" + "0" * 32, f.with_attr("global_symbol", f"k{i}"))
+            for i, f in enumerate(funcs)]
+    objs = {}
+    for jobs in ("1", "3"):
+        monkeypatch.setenv("OPSDK_COMPILE_JOBS", jobs)
+        folder = tmp_path / jobs
+        folder.mkdir()
+        compile_objects(todo, tgt, folder)
+        objs[jobs] = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert len(objs["1"]) == len(todo) >= 3
+    assert objs["3"] == objs["1"]  # no partial file left, nothing missing or different
+
+
+def test_a_kernel_that_fails_in_a_worker_raises_its_own_error(tmp_path, monkeypatch):
+    # A worker that cannot compile a kernel leaves it; the caller compiles it in its own
+    # process, where the kernel's error is raised (not a worker's exit status).
+    from opsdk._kernelcache import _compile_kernel, compile_objects
+    from opsdk.targets import target as resolve
+
+    funcs = [f for f in compile_model(_module(), "x86", cache=False).scheduled.functions.values()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    todo = [(f"{i:032x}" + "0" * 32, f.with_attr("global_symbol", f"k{i}"))
+            for i, f in enumerate(funcs)]
+
+    def build(func, target):
+        if str(func.attrs["global_symbol"]) == "k1":
+            raise RuntimeError("kernel k1 does not compile")
+        return _compile_kernel(func, target)
+
+    monkeypatch.setenv("OPSDK_COMPILE_JOBS", "2")
+    with pytest.raises(RuntimeError, match="kernel k1 does not compile"):
+        compile_objects(todo, resolve("x86"), tmp_path, build)
+    assert not list(tmp_path.glob("*.part.o"))
