@@ -221,7 +221,6 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
     """``opsdk explain --zoo [MODELS] --target T``: each zoo model's structure on a target
     (compiles, kernels on a catch-all rule, heavy kernels without vector instructions; on the
     host its output against torch), nothing timed."""
-    import os
 
     from opsdk.bench._zoo import ZOO, select_zoo
 
@@ -239,12 +238,13 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     import opsdk
     from opsdk._explain import check_zoo_model, format_zoo_check
+    from opsdk.runners.local import pool_defaults
 
     try:
         opsdk.target(args.target)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    pool_defaults()
     _load_ops(args.module)
     rows, skipped = [], {}
     for z in zoo:
@@ -269,11 +269,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.zoo is not None:
         return _cmd_explain_zoo(args)
     if args.model and not args.op:
-        import os
+        from opsdk.runners.local import pool_defaults  # no TVM: before anything imports it
 
-        # TVM sizes its pool to half the logical CPUs on x86 unless told: time the kernels
-        # on every core, as the model bench does (an explicit TVM_NUM_THREADS wins).
-        os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+        # Time the kernels on every core, as the model bench does (an explicit
+        # TVM_NUM_THREADS wins).
+        pool_defaults()
         done = _explain_from_record(args)  # before anything imports TVM (and so torch)
         if done is not None:
             return done

@@ -2,11 +2,12 @@
 settings) against onnxruntime, side by side.
 
 Each setting runs in a fresh process (TVM reads its pool settings once, when the pool
-starts). In it, opsdk and onnxruntime are timed call by call in interleaved rounds, first
-alone, then while one extra process spins on a core; the slowdown is the loaded median over
-the quiet median, for both runtimes, from the same rounds.
+starts). In it, opsdk and onnxruntime are timed call by call in interleaved rounds, each
+round a block alone and a block while one extra process spins on a core; the slowdown is
+the loaded median over the quiet median, for both runtimes, from the same rounds.
 
-Usage: ``python scripts/bench_load.py MODEL.py [--rounds N] [--calls N] [--threads N]``
+Usage: ``python scripts/bench_load.py MODEL.py [--rounds N] [--calls N] [--threads N]
+[--settings pinned,unpinned,...] [--trials N]``
 (a model file with ``build_model()``, as ``opsdk bench --model`` takes). Prints a table.
 """
 
@@ -19,11 +20,16 @@ import subprocess
 import sys
 import time
 
-#: name -> environment for TVM's pool (the thread count is added from --threads).
+_SETTLE_S = 0.3
+_STALL = 5.0
+
+#: name -> environment for TVM's pool (the thread count is added from --threads): TVM's own
+#: default pins its workers; opsdk's runners leave them unpinned (pool_defaults).
 SETTINGS = {
-    "default": {},
-    "spin 0": {"TVM_THREAD_POOL_SPIN_COUNT": "0"},
-    "spin 0, unbound": {"TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"},
+    "pinned": {"TVM_BIND_THREADS": "1"},
+    "unpinned": {"TVM_BIND_THREADS": "0"},
+    "spin 0": {"TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "1"},
+    "spin 0, unpinned": {"TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"},
     "1 thread": {"TVM_NUM_THREADS": "1"},
 }
 
@@ -60,21 +66,28 @@ def _child(model: str, rounds: int, calls: int, threads: int) -> dict:
     for _ in range(3):  # warm both
         timed(lambda: main(*args))
         timed(run_ort)
-    res = {}
-    for phase in ("quiet", "loaded"):
-        busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                if phase == "loaded" else None)
-        time.sleep(0.5 if busy else 0.0)
-        a, b = [], []
-        try:
-            for _ in range(rounds):
-                a += timed(lambda: main(*args))
-                b += timed(run_ort)
-        finally:
-            if busy:
-                busy.kill()
-                busy.wait()
-        res[phase] = {"opsdk_ms": 1e3 * float(np.median(a)), "ort_ms": 1e3 * float(np.median(b))}
+    # Quiet and loaded blocks alternate, so that a slow stretch of the machine lands on
+    # both; the busy process is started for each loaded block and killed after it.
+    samples: dict[str, dict[str, list[float]]] = {
+        p: {"opsdk": [], "ort": []} for p in ("quiet", "loaded")}
+    for _ in range(rounds):
+        for phase in ("quiet", "loaded"):
+            busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    if phase == "loaded" else None)
+            time.sleep(0.5 if busy else 0.0)
+            try:
+                # A pause after each runtime: its idle workers spin for a while after the
+                # last call and would be timed with the other (as opsdk bench does).
+                samples[phase]["opsdk"] += timed(lambda: main(*args))
+                time.sleep(_SETTLE_S)
+                samples[phase]["ort"] += timed(run_ort)
+                time.sleep(_SETTLE_S)
+            finally:
+                if busy:
+                    busy.kill()
+                    busy.wait()
+    res = {phase: {f"{k}_ms": 1e3 * float(np.median(v)) for k, v in d.items()}
+           for phase, d in samples.items()}
     return res
 
 
@@ -84,6 +97,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="the TVM pool settings to run, separated by commas (default: all)")
+    ap.add_argument("--trials", type=int, default=1,
+                    help="fresh processes per setting (the medians are printed after)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -91,19 +108,34 @@ def main() -> int:
         return 0
     print(f"{'setting':18s} {'opsdk ms':>9s} {'loaded':>8s} {'slowdown':>8s}   "
           f"{'ort ms':>7s} {'loaded':>7s} {'slowdown':>8s}")
-    for name, env in SETTINGS.items():
-        e = {**os.environ, "TVM_NUM_THREADS": str(a.threads), **env}
-        r = subprocess.run([sys.executable, __file__, a.model, "--rounds", str(a.rounds),
-                            "--calls", str(a.calls), "--threads", str(a.threads),
-                            "--child", "1"], env=e, capture_output=True, text=True)
-        if r.returncode:
-            print(f"{name:18s} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            continue
-        d = json.loads(r.stdout.strip().splitlines()[-1])
-        q, lo = d["quiet"], d["loaded"]
-        print(f"{name:18s} {q['opsdk_ms']:9.2f} {lo['opsdk_ms']:8.2f} "
-              f"{lo['opsdk_ms'] / q['opsdk_ms']:7.2f}x   {q['ort_ms']:7.2f} {lo['ort_ms']:7.2f} "
-              f"{lo['ort_ms'] / q['ort_ms']:7.2f}x")
+    names = a.settings.split(",")
+    for name in names:
+        if name not in SETTINGS:
+            ap.error(f"--settings: no setting {name!r} (known: {', '.join(SETTINGS)})")
+    slow: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for _ in range(a.trials):
+        for name in names:
+            e = {**os.environ, "TVM_NUM_THREADS": str(a.threads), **SETTINGS[name]}
+            r = subprocess.run([sys.executable, __file__, a.model, "--rounds", str(a.rounds),
+                                "--calls", str(a.calls), "--threads", str(a.threads),
+                                "--child", "1"], env=e, capture_output=True, text=True)
+            if r.returncode:
+                print(f"{name:18s} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                continue
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+            q, lo = d["quiet"], d["loaded"]
+            so, sr = lo["opsdk_ms"] / q["opsdk_ms"], lo["ort_ms"] / q["ort_ms"]
+            slow[name].append((so, sr))
+            print(f"{name:18s} {q['opsdk_ms']:9.2f} {lo['opsdk_ms']:8.2f} {so:7.2f}x   "
+                  f"{q['ort_ms']:7.2f} {lo['ort_ms']:7.2f} {sr:7.2f}x", flush=True)
+    if a.trials > 1:
+        print(f"median of {a.trials} trials (stalled: a loaded median over {_STALL}x the quiet):")
+        for name, rows in slow.items():
+            if rows:
+                o, r = (sorted(x[i] for x in rows)[len(rows) // 2] for i in (0, 1))
+                stalls = sum(x[0] > _STALL for x in rows)
+                print(f"{name:18s} opsdk {o:.2f}x ({stalls} stalled)   onnxruntime {r:.2f}x "
+                      f"({sum(x[1] > _STALL for x in rows)} stalled)")
     return 0
 
 

@@ -120,6 +120,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string art = argv[1], in_dir = argv[2], out_dir = argv[3];
+  // TVM's workers unpinned (before its pool starts at the first run): a worker pinned to a
+  // core that another process shares stalls every kernel (docs/deployment.md). An explicit
+  // TVM_BIND_THREADS in the environment wins.
+  setenv("TVM_BIND_THREADS", "0", /*overwrite=*/0);
   try {
     DLDevice cpu{kDLCPU, 0};
     // The artifact is a Relax VM executable; its kernels and weights are in the same file.

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._quiet import fd_silenced, verbose
+from ..runners.local import pool_defaults
 from ._run import _calls_step, _py_step, _Timer, _vm_step
 
 __all__ = [
@@ -95,7 +96,7 @@ def setup_threads(threads: int | None) -> int:
     (measured: softmax 4096x768 0.90 ms with the default, 3.2 ms with 1000 rounds).
     """
     n = threads or os.cpu_count() or 1
-    os.environ.setdefault("TVM_NUM_THREADS", str(n))
+    pool_defaults(n)
     try:
         import torch
 

@@ -238,10 +238,9 @@ def run_run_command(args: argparse.Namespace) -> int:
 
     if args.tracker and not args.key:
         raise _usage("--tracker needs --key (the device key registered with the tracker)")
-    import os
+    from ..runners.local import pool_defaults
 
-    # TVM sizes its pool to half the logical CPUs on x86 unless told (before it starts).
-    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads or os.cpu_count() or 1))
+    pool_defaults(args.threads)  # before TVM's pool starts
     try:
         res = run_artifact(args.artifact, rpc=args.rpc, tracker=args.tracker, key=args.key,
                            emulate=args.emulate, qemu_cpu=args.qemu_cpu, inputs=args.inputs,

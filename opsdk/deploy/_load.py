@@ -45,7 +45,9 @@ class LoadedArtifact:
 def load_artifact(folder: str | os.PathLike, device: Any = None) -> LoadedArtifact:
     """Load the artifact in ``folder`` for this host (an artifact built for its
     architecture): the library, then its weights file, transformed once by
-    ``main_transform_params``; the original weights are dropped once it ran.
+    ``main_transform_params``; the original weights are dropped once it ran. TVM's pool
+    gets opsdk's defaults (:func:`opsdk.runners.local.pool_defaults`: every core, workers
+    not pinned) when it has not started yet and the environment does not set them.
 
     Raises
     ------
@@ -73,8 +75,9 @@ def load_artifact(folder: str | os.PathLike, device: Any = None) -> LoadedArtifa
     """
     import tvm
 
-    from ..runners.local import host_arch
+    from ..runners.local import host_arch, pool_defaults
 
+    pool_defaults()  # unpinned workers, every core (unless the environment says otherwise)
     root = Path(folder)
     m = read_manifest(root)
     if m["target"]["arch"] != host_arch():

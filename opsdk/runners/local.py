@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,33 @@ from ._base import (
     runtime_module,
 )
 
-__all__ = ["LocalRunner"]
+__all__ = ["LocalRunner", "pool_defaults"]
+
+
+def pool_defaults(threads: int | None = None) -> int:
+    """Set TVM's host thread-pool defaults, before the pool starts (its first parallel
+    call); returns the thread count. An explicit ``TVM_NUM_THREADS`` / ``TVM_BIND_THREADS``
+    in the environment wins.
+
+    - ``TVM_NUM_THREADS``: ``threads``, else every CPU (TVM 0.27 takes half the logical
+      CPUs on x86 unless told, assuming hyper-threads).
+    - ``TVM_BIND_THREADS=0``: workers are not pinned to cores. A pinned worker whose core a
+      background process shares cannot move, and its idle spin (``sched_yield``) hands
+      that core to the other process for a whole time slice at every kernel: MobileNetV2 on
+      2 cores beside one busy process stalled at 186-228 ms a call (40-50x) in 3 of 11
+      runs, never unpinned (0 of 11), and alone both run equally fast
+      (``scripts/bench_load.py``, docs/deployment.md).
+
+    Examples
+    --------
+    >>> from opsdk.runners.local import pool_defaults
+    >>> pool_defaults() >= 1
+    True
+    """
+    n = threads or os.cpu_count() or 1
+    os.environ.setdefault("TVM_NUM_THREADS", str(n))
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    return int(os.environ["TVM_NUM_THREADS"]) if os.environ["TVM_NUM_THREADS"].isdigit() else n
 
 
 def host_arch() -> str:

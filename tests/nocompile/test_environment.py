@@ -4,6 +4,7 @@ a traceback: a damaged aarch64 cache in each way it breaks, and a bad OPSDK_QEMU
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -122,3 +123,18 @@ def test_a_guest_server_that_dies_at_start_up_says_why_in_one_line(
     assert all(n in msg for n in needles), msg
     assert ("OPSDK_QEMU" in msg) == bool(qemu)
     assert "\n" not in msg and "{tail}" not in msg
+
+
+def test_pool_defaults_unpin_the_workers_unless_the_environment_says(monkeypatch):
+    # A pinned worker sharing its core with a busy process stalls every kernel
+    # (docs/deployment.md): opsdk's runners leave TVM's workers unpinned, one per core.
+    from opsdk.runners.local import pool_defaults
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TVM_BIND_THREADS", raising=False)
+    assert pool_defaults(3) == 3
+    assert (os.environ["TVM_NUM_THREADS"], os.environ["TVM_BIND_THREADS"]) == ("3", "0")
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    monkeypatch.setenv("TVM_BIND_THREADS", "1")
+    assert pool_defaults(4) == 1  # the environment wins
+    assert os.environ["TVM_BIND_THREADS"] == "1"
