@@ -725,6 +725,15 @@ class KernelReport:
     math_calls: dict[str, int] = field(default_factory=dict)
     time_ms: float | None = None
     share: float | None = None
+    #: Work of one call (:func:`opsdk._roofline.kernel_work`): TVM's operation count and the
+    #: parameters' bytes; None where a shape is symbolic.
+    flops: float | None = None
+    bytes: int | None = None
+    #: Achieved in the profile (per call), and the share of this machine's roof at the
+    #: kernel's arithmetic intensity (:class:`opsdk._roofline.Roof`), in percent.
+    gflops: float | None = None
+    gbps: float | None = None
+    roof_pct: float | None = None
     problems: list[str] = field(default_factory=list)
     #: Rules that raised on this kernel before another took it (``"<rule>: <error>"``).
     rule_failures: list[str] = field(default_factory=list)
@@ -746,14 +755,27 @@ class ModelReport:
     threads: int | None = None  # TVM's thread pool size when the kernels were timed
     cached: bool = False  # the compiled model came from the compile cache
     cache_key: str | None = None  # its compile-cache entry (load_compiled), if it has one
+    #: This machine's ceilings at ``threads`` (:class:`opsdk._roofline.Roof`), when profiled.
+    roof: Any = None
 
     @property
     def problems(self) -> list[str]:
         return [f"{k.name}: {p}" for k in self.kernels for p in k.problems]
 
+    @property
+    def weak(self) -> list[str]:
+        """Kernels that take a real share of the time (:data:`WEAK_SHARE`) far below their
+        roof (:data:`WEAK_ROOF_PCT`), biggest share first: where a rule leaves speed."""
+        rows = [k for k in self.kernels if k.roof_pct is not None and k.share is not None
+                and k.share >= WEAK_SHARE and k.roof_pct < WEAK_ROOF_PCT]
+        return [f"{k.name} ({k.rule}): {k.roof_pct:.0f} % of its roof, "
+                f"{100 * k.share:.1f} % of the time"
+                for k in sorted(rows, key=lambda k: -(k.share or 0.0))]
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["problems"] = self.problems
+        d["weak"] = self.weak
         return d
 
     def to_json(self) -> str:
@@ -769,7 +791,8 @@ class ModelReport:
             + (f"   kernel time: {self.kernel_ms:.3f} ms on {self.threads} threads"
                if self.kernel_ms else ""),
             f"{'kernel':<{w}}  {'kind':<{wk}}  {'rule':<{wr}}  {'vec':>3}  {'par':>3}  "
-            f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}",
+            f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}  {'GF/s':>6}  "
+            f"{'GB/s':>6}  {'roof':>5}",
         ]
         for k in self.kernels:
             vec = ",".join(f"{a}={b}" for a, b in sorted(k.vector_ops.items()))
@@ -781,11 +804,35 @@ class ModelReport:
                 f"{k.out_elements if k.out_elements is not None else '?':>9}  "
                 + (f"{k.time_ms:>8.4f}  {100 * k.share:>5.1f}%" if k.time_ms is not None
                    else f"{'-':>8}  {'-':>6}")
+                + f"  {_rate(k.gflops):>6}  {_rate(k.gbps):>6}  "
+                + (f"{k.roof_pct:>4.0f}%" if k.roof_pct is not None else f"{'-':>5}")
             )
+        if self.roof is not None:
+            bw = ", ".join(f"{v:.0f} GB/s within {_size(n)}"
+                           for n, v in sorted(self.roof.gbps.items()))
+            lines.append(f"roof on {self.roof.threads} threads (opsdk's own kernels on this "
+                         f"machine): GEMM {self.roof.gflops:.0f} GFLOP/s; {bw}")
         probs = self.problems
         lines.append("problems: " + ("none" if not probs else ""))
         lines += [f"  - {p}" for p in probs]
+        if self.weak:
+            lines.append("far below their roof:")
+            lines += [f"  - {p}" for p in self.weak]
         return "\n".join(lines)
+
+
+#: A kernel is listed as far below its roof (:attr:`ModelReport.weak`) from this share of the
+#: kernel time, under this percent of its roof.
+WEAK_SHARE = 0.02
+WEAK_ROOF_PCT = 25.0
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}" if v < 10 else f"{v:.0f}"
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024**2} MB" if n >= 1024**2 else f"{n // 1024} KB"
 
 
 def kernel_kind_rule(func: tirx.PrimFunc) -> tuple[str, str]:
@@ -801,8 +848,9 @@ def kernel_kind_rule(func: tirx.PrimFunc) -> tuple[str, str]:
 
 def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
     """Every kernel of a scheduled module, sorted by name: ``{"name", "kind", "rule",
-    "out_elements", "vectorized_loops", "parallel_loops"}`` (what :func:`report` states of
-    a kernel before timing it and reading its assembly; kept in the compile cache).
+    "out_elements", "flops", "bytes", "vectorized_loops", "parallel_loops"}`` (what
+    :func:`report` states of a kernel before timing it and reading its assembly; kept in
+    the compile cache).
 
     Examples
     --------
@@ -819,6 +867,7 @@ def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
     >>> [(k["kind"], k["rule"], k["out_elements"]) for k in kernel_facts(cm.scheduled)]
     [('matmul', 'x86.matmul', 3072)]
     """
+    from ._roofline import kernel_work
     from .schedules import rule_failures
     from .verify._lints import loop_kinds
 
@@ -826,8 +875,9 @@ def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
     for name, f in sorted(_kernels(mod).items()):
         loops = loop_kinds(f)
         kind, rule = kernel_kind_rule(f)
+        flops, nbytes = kernel_work(f)
         rows.append({"name": name, "kind": kind, "rule": rule,
-                     "out_elements": _static_elements(f),
+                     "out_elements": _static_elements(f), "flops": flops, "bytes": nbytes,
                      "vectorized_loops": int(loops.get("VECTORIZED", 0)),
                      "parallel_loops": int(loops.get("PARALLEL", 0)),
                      "rule_failures": rule_failures(f)})
@@ -923,7 +973,7 @@ def report(
     from .runners.local import host_arch
 
     if profile and inputs is not None and target_arch(tgt) == host_arch():
-        _profile(cm.ex, list(inputs), rep)
+        _profile(cm.ex, list(inputs), rep, tgt)
     for k in rows:
         _judge(k, asm=asm)
     return rep
@@ -960,7 +1010,8 @@ def _judge(k: KernelReport, *, asm: bool) -> None:
             f"{n} x{c}" for n, c in k.math_calls.items()))
 
 
-def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 20) -> None:
+def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, target: Any = "x86",
+             rounds: int = 20) -> None:
     """Time each kernel call of one VM run on the arguments it was called with."""
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
@@ -994,7 +1045,23 @@ def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, rounds: int = 
     total = sum(times.values())
     rep.kernel_ms = total
     rep.threads = int(tvm.get_global_func("runtime.NumThreads")())
+    roof = None
+    if any(k.bytes for k in rep.kernels):
+        from ._roofline import machine_roof
+
+        try:
+            roof = machine_roof(target, rep.threads)
+        except Exception:  # the ceilings could not be measured: rates without a roof
+            roof = None
+    rep.roof = roof
     for name, t in times.items():
         k = by_name.get(name)
-        if k is not None:
-            k.time_ms, k.share = t, (t / total if total else 0.0)
+        if k is None:
+            continue
+        k.time_ms, k.share = t, (t / total if total else 0.0)
+        per_call = t / 1e3 / max(1, k.calls)
+        if per_call > 0 and k.bytes:
+            k.gbps = k.bytes / per_call / 1e9
+            k.gflops = (k.flops or 0.0) / per_call / 1e9
+            if roof is not None:
+                k.roof_pct = roof.percent(k.flops or 0.0, k.bytes, per_call)

@@ -186,6 +186,17 @@ def test_model_report_profile_and_json(tmp_path):
     for k in rep.kernels:
         assert k.name in text
     assert "problems: none" in text
+    # Every timed kernel's rates and its share of this machine's roof, measured with
+    # opsdk's own kernels (GEMM GFLOP/s, copy GB/s per working-set size).
+    assert rep.roof is not None and rep.roof.gflops > 0 and rep.roof.threads == rep.threads
+    for k in timed:
+        assert k.bytes and k.gbps and k.gbps > 0 and k.roof_pct and k.roof_pct > 0, k
+        per_call_s = k.time_ms / 1e3 / k.calls
+        assert k.gbps == pytest.approx(k.bytes / per_call_s / 1e9)
+    conv = next(k for k in timed if k.kind == "conv2d")
+    assert conv.flops and conv.gflops == pytest.approx(conv.flops / conv.bytes * conv.gbps)
+    assert data["roof"]["gflops"] == pytest.approx(rep.roof.gflops)
+    assert "roof on" in text and "GF/s" in text
 
 
 def test_model_bench_fields():
