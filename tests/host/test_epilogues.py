@@ -180,3 +180,46 @@ def test_nested_transcendentals_are_staged_not_nested():
     for got, ref in zip(outs, want):
         check = within_tolerance(got.numpy(), ref.detach().numpy())
         assert check["ok"], check
+
+
+class _SqueezeExcite(torch.nn.Module):
+    """EfficientNet's squeeze-excite between two convs (so that the feature map stays
+    channels-last): the excite conv (one pixel) has an epilogue that multiplies its sigmoid
+    into the whole feature map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = torch.nn.Conv2d(16, 32, 1)
+        self.squeeze = torch.nn.Conv2d(32, 8, 1)
+        self.excite = torch.nn.Conv2d(8, 32, 1)
+        self.project = torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        f = torch.nn.functional.silu(self.expand(x))
+        s = self.squeeze(f.mean((2, 3), keepdim=True))
+        return self.project(f * torch.sigmoid(self.excite(torch.nn.functional.silu(s))))
+
+
+@pytest.mark.timeout(300, method="thread")  # a hang guard: unrolled, 120x120 took 83 s
+def test_a_writeback_spanning_the_feature_map_is_not_unrolled():
+    # The write-back is unrolled inside a register tile (constant indices keep the tile in
+    # registers); one that spans a whole feature map stays a loop.
+    from tvm_ffi.structural import structural_walk
+
+    torch.manual_seed(0)
+    net = _SqueezeExcite().eval()
+    x = torch.randn(1, 16, 40, 40)
+    m = LoadedModel.from_torch("se", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    convs = {gv.name_hint: f for gv, f in cm.scheduled.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint}
+    assert {k["rule"] for k in cm.kernels if k["name"] in convs} == {"x86.conv2d"}
+    for name, f in convs.items():
+        loops: list = []
+        structural_walk(f, [(tvm.tirx.For, loops.append)])
+        unrolled = [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED]
+        assert max(unrolled, default=1) < 40, (name, unrolled)
+    out = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    got = (out[0] if isinstance(out, tvm.ir.Array) else out).numpy()
+    check = within_tolerance(got, net.double()(x.double()).detach().numpy())
+    assert check["ok"], check
