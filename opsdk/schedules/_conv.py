@@ -268,10 +268,15 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
                         pixels_first=False):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
-    Depthwise: every output channel in one tile where they fit (at most
-    :data:`_MAX_CHANNEL_VECTORS` vectors), then at most 12 accumulators (each FMA needs its
-    own input vector, so a larger tile only adds register pressure): measured on 144 channels
-    at 56x56 stride 2, 1 x 9 0.49 and 2 x 9 0.56 of the time of an 8-pixel x 3-vector tile.
+    Depthwise: one channel vector x :data:`_DEPTHWISE_PIXELS` pixels of the row. Each FMA
+    needs its own input vector, so what a tile can save is the weight loads: one weight
+    vector per tap serves the tile's pixels (9 loads per 8 FMAs), where a tile of every
+    channel vector at one pixel loaded a weight with every input (2 per FMA). One Zen 4
+    core, 3x3 with ReLU6, us (the old all-channels tile -> 1 x 8): 144 ch 56x56 177 -> 90,
+    stride 2 46 -> 37, 192 ch 28x28 60 -> 35, 576 ch 14x14 48 -> 34, 96 ch 112x112 stride 2
+    117 -> 109, 32 ch 112x112 87 -> 79, 960 ch 7x7 20 -> 20; 5x5 240 ch 28x28 107 -> 95.
+    Several vectors per tile did worse (3 x 8: 318 us on 144 ch at 56x56; 2 x 4 to 2 x 6
+    level with 1 x 8 there but 1.1-1.6x slower on 576 ch at 14x14 and 32 ch at 112x112).
 
     Dense and grouped: the channel-vector count (dividing the channel vectors) and pixel count
     (dividing the row where one up to :data:`_MAX_TILE_PIXELS` does), ``MR x NV``
@@ -296,12 +301,11 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
     least 256 products per output) a tail tile competes by its accumulators that do useful
     work.
     """
-    lanes, nv = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
+    lanes, _ = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
     nvec = -(-o_ext // lanes)
     cands = [v for v in range(1, min(nvec, _MAX_CHANNEL_VECTORS) + 1) if nvec % v == 0]
     if depthwise:
-        nv = max(cands)
-        return lanes, nv, tile_m(w_ext, max(1, 12 // nv))
+        return lanes, 1, tile_m(w_ext, _DEPTHWISE_PIXELS)
     best = None
     for v in cands:
         top = max(1, min(_MAX_TILE_PIXELS, (regs - v) // v))
@@ -343,6 +347,9 @@ _UNROLL_REDUCTION = 16
 
 #: Most output pixels in one dense channel-vector tile (the matmul tile's row limit).
 _MAX_TILE_PIXELS = 8
+
+#: Output pixels of a depthwise tile (one channel vector): :func:`_pixel_channel_tile`.
+_DEPTHWISE_PIXELS = 8
 
 #: Most output-channel vectors in one channel-vector tile (12 x 16 = 192 channels).
 _MAX_CHANNEL_VECTORS = 12
