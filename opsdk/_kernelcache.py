@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
+from .targets import LINK_OPTIONS
 
 __all__ = ["MAX_BYTES", "KernelBuild", "KernelCache", "compile_jobs", "compile_objects",
            "default_dir", "open_kernel_cache"]
@@ -217,7 +218,7 @@ class KernelCache:
         lib = workdir / "model.so"
         try:
             ex.export_library(str(lib), addons=[str(p) for p in objects.values()],
-                              options=aliases)
+                              options=[*LINK_OPTIONS, *aliases])
             t0 = tick("link", t0)
             loaded = tvm.runtime.load_module(str(lib))
         except Exception:  # a reused object the linker or loader refused: never again

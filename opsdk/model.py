@@ -50,8 +50,8 @@ from tvm import relax, tirx
 from ._quiet import fd_silenced
 from .errors import UnloweredOpError
 from .schedules import GENERIC
+from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
-from .targets import target_arch
 
 __all__ = [
     "ATOL",
@@ -579,8 +579,8 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
         t1 = time.perf_counter()
         kernels = json.loads(json.dumps(cm.kernels))  # as a cached copy reads them back
         cm._kernels = kernels
-        export = ex.export_library if library is None else (
-            lambda path: shutil.copyfile(library, path))
+        export = (lambda path: ex.export_library(path, options=list(LINK_OPTIONS))) \
+            if library is None else (lambda path: shutil.copyfile(library, path))
         cm._entry = store.store(key, export, {"kernels": kernels, "compile_s": cm.seconds})
         if cm._entry is not None:  # a file to copy that outlives this process's temp dir
             cm.library = cm._entry.library

@@ -408,6 +408,7 @@ def _export(cm: Any, path: Path, arch: str) -> None:
     """Write the compiled model's library to ``path`` (from the compile cache: a copy of
     the cached file; a library loaded back cannot be exported again)."""
     from ..runners._provision import cross_compiler
+    from ..targets import LINK_OPTIONS
 
     if cm.library is not None:
         shutil.copyfile(cm.library, path)
@@ -418,9 +419,9 @@ def _export(cm: Any, path: Path, arch: str) -> None:
     except RuntimeError as e:
         raise ArtifactError(str(e)) from None
     if cc is None:
-        ex.export_library(str(path))
+        ex.export_library(str(path), options=list(LINK_OPTIONS))
     else:
-        ex.export_library(str(path), cc=cc)
+        ex.export_library(str(path), cc=cc, options=list(LINK_OPTIONS))
 
 
 def _flatten(value: Any) -> list[np.ndarray]:

@@ -73,6 +73,33 @@ def test_artifact_files_and_manifest_facts(art):
     for p in art.rglob("*"):  # the modes a copy would have, not mkdtemp's 0700
         want = 0o755 if p.is_dir() else 0o644
         assert stat.S_IMODE(p.stat().st_mode) == want & ~_umask(), p
+    # No DWARF (a third of a library's bytes, read by nothing at run time); the symbol
+    # table stays, so a profiler names the kernels.
+    sections = _elf_sections(art / "model.so")
+    assert ".text" in sections and ".symtab" in sections
+    assert not [s for s in sections if s.startswith(".debug")], sections
+
+
+def _elf_sections(path: pathlib.Path) -> list[str]:
+    """Section names of a 64-bit little-endian ELF file."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+    def header(i: int) -> tuple[int, int, int]:
+        name, = struct.unpack_from("<I", data, shoff + i * shentsize)
+        offset, size = struct.unpack_from("<QQ", data, shoff + i * shentsize + 0x18)
+        return name, offset, size
+
+    _, str_off, _ = header(shstrndx)
+    names = []
+    for i in range(shnum):
+        name = header(i)[0]
+        names.append(data[str_off + name:data.index(b"\0", str_off + name)].decode())
+    return names
 
 
 def _umask() -> int:
