@@ -441,6 +441,36 @@ class CompiledModel:
             counts[k["rule"]] = counts.get(k["rule"], 0) + 1
         return dict(sorted(counts.items()))
 
+    def memo(self, name: str, compute: Any) -> Any:
+        """``compute()``, JSON data about the compiled modules, kept with the compile-cache
+        entry as ``name`` (letters, digits, ``-``): a model loaded back from the cache then
+        answers without recomputing its modules (the schedule passes: 1-3 s a model).
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> from tvm import relax
+        >>> x = relax.Var("x", relax.TensorType((8,), "float32"))
+        >>> bb = relax.BlockBuilder()
+        >>> with bb.function("main", [x]):
+        ...     with bb.dataflow():
+        ...         y = bb.emit_output(relax.op.nn.relu(x))
+        ...     _ = bb.emit_func_output(y)
+        >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
+        >>> cm.memo("kernel-count", lambda: {"n": len(cm.kernels)})
+        {'n': 1}
+        """
+        if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+            raise ValueError(f"memo name {name!r}: letters, digits and '-' only")
+        if self._entry is not None:
+            got = self._entry.read_extra(name)
+            if got is not None:
+                return got
+        value = json.loads(json.dumps(compute()))  # what a cached copy reads back, exactly
+        if self._entry is not None:
+            self._entry.write_extra(name, value)
+        return value
+
     def asm_facts(self) -> dict[str, dict[str, Any]]:
         """``{kernel: {"vector_ops", "vector_moves", "math_calls"}}``: the vector instructions
         and scalar math-library calls in each kernel's own assembly (each kernel compiled

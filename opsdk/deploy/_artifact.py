@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -361,25 +362,48 @@ def _tensor_bytes(t: Any) -> int:
     return int(np.prod([int(d) for d in t.shape])) * max(1, dt.bits * dt.lanes // 8)
 
 
-def _weights_info(folder: Path, weights: Mapping[str, Any], cm: Any) -> dict[str, Any]:
+def _module_facts(cm: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
+    """What the manifest states of the compiled modules (the constants' and the
+    transformed weights' bytes, the planned memory at these inputs, the kernels), kept with
+    the compile-cache entry: a rebuild of an unchanged model does not recompute the
+    scheduled module for them."""
+    from ..model import scheduled_kernels
+
+    def compute() -> dict[str, Any]:
+        import tvm
+
+        main = cm.scheduled["main"]
+        n_in = int(main.attrs["num_input"]) if "num_input" in (main.attrs or {}) else None
+        # What main takes after its inputs: the weights as the kernels read them (static
+        # shapes: they come from constants).
+        transformed = 0
+        for p in main.params[n_in:] if n_in is not None else []:
+            dt = tvm.DataType(str(p.ty.dtype))
+            transformed += int(np.prod([int(d) for d in p.ty.shape.values])) * max(1, dt.bits // 8)
+        return {
+            "bundled_bytes": _constants_bytes(cm.planned or cm.scheduled),
+            "transformed_bytes": transformed,
+            "memory": _planned_memory(cm.planned, inputs) if cm.planned is not None else None,
+            "kernels": _mark_load_kernels(scheduled_kernels(cm.scheduled), cm.scheduled),
+        }
+
+    shapes = json.dumps([[str(a.dtype), list(a.shape)] for a in inputs])
+    return cm.memo("artifact-" + hashlib.sha256(shapes.encode()).hexdigest()[:16], compute)
+
+
+def _weights_info(folder: Path, weights: Mapping[str, Any], facts: Mapping[str, Any]
+                  ) -> dict[str, Any]:
     """Write ``weights`` (none: bundled) to ``folder/WEIGHTS_FILE``; the manifest's
     ``weights``: how they are stored, their bytes on disk and once loaded."""
     import tvm
 
-    bundled = _constants_bytes(cm.planned or cm.scheduled)
+    bundled = facts["bundled_bytes"]
     if not weights:
         return {"storage": "bundled", "file": None, "bundled_bytes": bundled,
                 "loaded_bytes": bundled}
     path = folder / WEIGHTS_FILE
     tvm.runtime.save_param_dict_to_file(dict(weights), str(path))
-    main = cm.scheduled["main"]
-    n_in = int(main.attrs["num_input"])
-    # What main takes after its inputs: the weights as the kernels read them (static
-    # shapes: they come from constants).
-    loaded = 0
-    for p in main.params[n_in:]:
-        dt = tvm.DataType(str(p.ty.dtype))
-        loaded += int(np.prod([int(d) for d in p.ty.shape.values])) * max(1, dt.bits // 8)
+    loaded = facts["transformed_bytes"]
     return {
         "storage": "file", "file": WEIGHTS_FILE, "format": "tvm-params",
         "bytes": path.stat().st_size, "sha256": sha256_file(path),
@@ -565,7 +589,7 @@ def build_artifact(
     import tvm
 
     from .. import __version__
-    from ..model import compile_model, load_model, scheduled_kernels
+    from ..model import compile_model, load_model
     from ..quant import agreement
     from ..runners import LocalRunner
     from ..runners._base import InputMismatch, check_inputs
@@ -673,7 +697,8 @@ def build_artifact(
                                        *map(str, sp["example_shape"])]))
         (tmp / "io.txt").write_text("\n".join(lines) + "\n")
         spec_name = target if isinstance(target, str) else None
-        w_info = _weights_info(tmp, weights, cm)
+        facts = _module_facts(cm, inputs)
+        w_info = _weights_info(tmp, weights, facts)
         manifest = {
             "format": MANIFEST_FORMAT,
             "model": {"source": source, "entry": entry if loaded is not None else None,
@@ -692,8 +717,8 @@ def build_artifact(
             "entry": "main",
             "inputs": [{k: v for k, v in sp.items()} for sp in ins],
             "outputs": outs,
-            "memory": _planned_memory(cm.planned, inputs) if cm.planned is not None else None,
-            "kernels": _mark_load_kernels(scheduled_kernels(cm.scheduled), cm.scheduled),
+            "memory": facts["memory"],
+            "kernels": facts["kernels"],
             "quantization": quant_info,
             "check": {"host_library": host_lib, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",

@@ -328,3 +328,24 @@ def test_onnx_file_builds_and_is_checked_against_onnxruntime(tmp_path):
     assert m["model"]["framework"] == "onnxruntime"
     res = run_artifact(tmp_path / "art", repeats=1, log=None)
     assert res["ok"] and res["outputs"][0]["vs_onnxruntime"]["ok"]
+
+
+def test_a_rebuild_from_the_cache_does_not_reschedule(tmp_path, monkeypatch):
+    # The manifest's facts of the scheduled module (memory plan, kernels, weight bytes) are
+    # kept with the compile-cache entry: an unchanged model's second build reads them back.
+    import opsdk.model
+
+    monkeypatch.setenv("OPSDK_NO_CACHE", "0")
+    monkeypatch.setenv("OPSDK_CACHE_DIR", str(tmp_path / "cache"))
+    first = build_artifact(CONV, tmp_path / "a", target="x86", entry_args=SMALL_CONV, log=None)
+
+    def replanned(*args, **kwargs):
+        raise AssertionError("the scheduled module was recomputed")
+
+    monkeypatch.setattr(opsdk.model, "_replan", replanned)
+    second = build_artifact(CONV, tmp_path / "b", target="x86", entry_args=SMALL_CONV,
+                            log=None)
+    first.pop("build_seconds"), second.pop("build_seconds")
+    assert second == first
+    run = run_artifact(tmp_path / "b", repeats=1, log=None)
+    assert run["ok"], run
