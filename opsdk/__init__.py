@@ -165,11 +165,13 @@ def compile(mod, target="x86", *, params=None, winograd=True, **kwargs):
     from .frontend import bind_params
     from .targets import target as _target
     from .transform import pipeline as _pipeline
+    from .transform import tir_pipeline
 
     _load()
     t = _target(target)
     if params is not None and params is not False:
         mod = bind_params(mod, None if params is True else params)
+    kwargs.setdefault("tir_pipeline", tir_pipeline())
     return tvm.compile(mod, target=t, relax_pipeline=_pipeline(t, winograd=winograd), **kwargs)
 
 

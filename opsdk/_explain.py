@@ -14,6 +14,7 @@ from .registry import get_op
 from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
+from .transform import tir_pipeline
 
 __all__ = ["Explanation", "ZooCheck", "asm_of", "asm_vector_stats", "build_single_op",
            "catch_all_rules", "check_zoo_model", "explain", "format_zoo_check"]
@@ -139,7 +140,7 @@ def explain(
     tir = funcs[0].script() if funcs else "<no PrimFunc>"
     stats: dict[str, int] = {}
     if asm and tgt.kind.name == "llvm":
-        ex = tvm.compile(lowered, target=tgt)
+        ex = tvm.compile(lowered, target=tgt, tir_pipeline=tir_pipeline())
         stats = asm_vector_stats(asm_of(ex), target_arch(tgt))
     return Explanation(
         op=d.name,

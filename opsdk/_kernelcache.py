@@ -18,12 +18,13 @@ under its new name. The key is the SHA-256 of:
   appearance (the hash is only 64 bits; parameter names such as ``lv200`` come from the
   model's variables and shift when a layer before the kernel changes);
 - the target string and the pass context (TIR options such as ``tir.disable_vectorize``);
-- the versions of opsdk, apache-tvm and tvm-ffi (TVM's TIR pipeline and LLVM).
+- the versions of opsdk, apache-tvm and tvm-ffi (TVM's TIR pipeline and LLVM), and the
+  SHA-256 of the source of opsdk's TIR pipeline (:func:`opsdk.transform.tir_pipeline`).
 
-opsdk's own source is not in the key (unlike the whole-model cache, :mod:`opsdk._modelcache`):
-what opsdk decides about a kernel (rule, epilogue math, tiling) is in its scheduled TIR, and
-opsdk registers nothing in TVM's TIR lowering. An edited rule therefore recompiles just the
-kernels whose TIR it changed.
+The rest of opsdk's source is not in the key (unlike the whole-model cache,
+:mod:`opsdk._modelcache`): what opsdk decides about a kernel (rule, epilogue math, tiling) is
+in its scheduled TIR, and its only step in TVM's TIR lowering is keyed above. An edited rule
+therefore recompiles just the kernels whose TIR it changed.
 
 Entries are :class:`opsdk._modelcache.ModelCache` entries (``<root>/<key>/kernel.o`` and a
 sealed ``meta.json`` with the object's SHA-256 and size): written atomically, checked on every
@@ -56,8 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._files import sha256_file
 from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
 from .targets import LINK_OPTIONS
+from .transform import tir_pipeline
 
 __all__ = ["MAX_BYTES", "KernelBuild", "KernelCache", "compile_jobs", "compile_objects",
            "default_dir", "open_kernel_cache"]
@@ -140,7 +143,8 @@ class KernelCache:
         h.update(_alpha_text(canon.script(show_meta=False)).encode())
         if self._common is None:
             self._common = {"format": FORMAT, "pass_context": _pass_context(),
-                            "versions": _versions()}
+                            "versions": _versions(),
+                            "tir_pipeline": sha256_file(Path(tir_pipeline.__code__.co_filename))}
         material = dict(self._common, func=h.hexdigest(), target=str(target))
         key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
         self.store.materials[key] = material
@@ -330,7 +334,7 @@ def _compile_kernel(func: Any, target: Any) -> Any:
     import tvm
 
     name = str(func.attrs["global_symbol"])
-    return tvm.tirx.build(tvm.IRModule({name: func}), target=target)
+    return tvm.tirx.build(tvm.IRModule({name: func}), target=target, pipeline=tir_pipeline())
 
 
 def _stub_func() -> Any:

@@ -192,9 +192,9 @@ def _kernel_seconds(mod: Any, tgt: Any, inputs: list[np.ndarray]) -> float:
     import tvm
     from tvm import relax
 
-    from .transform import pipeline
+    from .transform import pipeline, tir_pipeline
 
-    ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt))
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt), tir_pipeline=tir_pipeline())
     vm = relax.VirtualMachine(ex, tvm.cpu())
     calls: list[tuple[Any, list]] = []
 

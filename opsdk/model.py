@@ -52,6 +52,7 @@ from .errors import UnloweredOpError
 from .schedules import GENERIC
 from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
+from .transform import tir_pipeline
 
 __all__ = [
     "ATOL",
@@ -665,7 +666,7 @@ def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, floa
             return (ex, lib), rec
         shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
-    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None)
+    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None, tir_pipeline=tir_pipeline())
     seconds["codegen"] = seconds.get("codegen", 0.0) + time.perf_counter() - t0
     return (ex, None), None
 
@@ -951,7 +952,7 @@ def _asm_facts(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, Any]:
         return facts
     f = func.with_attr("global_symbol", name)
     try:
-        ex = tvm.compile(tvm.IRModule({name: f}), target=tgt)
+        ex = tvm.compile(tvm.IRModule({name: f}), target=tgt, tir_pipeline=tir_pipeline())
     except Exception:
         return facts
     asm, arch = asm_of(ex), target_arch(tgt)

@@ -18,6 +18,7 @@ from ..schedules._common import vector_lanes
 from ..targets import target as resolve_target
 from ..targets import target_arch
 from ..transform import LowerOps as opsdk_lower
+from ..transform import tir_pipeline as opsdk_tir
 from ._cases import DEFAULT_CASES, SPECS, Case, onnx_model
 
 __all__ = ["CANDIDATES", "expand_cases", "run_bench"]
@@ -152,7 +153,8 @@ def _fuse(mod: tvm.IRModule, tgt) -> tvm.IRModule:
 
 
 def _kernel_timer(
-    lowered: tvm.IRModule, vm: relax.VirtualMachine, args: list, tgt, dev
+    lowered: tvm.IRModule, vm: relax.VirtualMachine, args: list, tgt, dev,
+    tir_pipeline: str = "default",
 ) -> tuple[_Timer, bool]:
     """Time the one kernel ``lowered`` holds on fixed buffers, like the copy roofline.
 
@@ -169,7 +171,7 @@ def _kernel_timer(
         shapes = [tuple(int(v) for v in p.ty.shape) for p in f.params]
         if shapes[:-1] == [tuple(a.shape) for a in args]:
             ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}),
-                             target=tgt)
+                             target=tgt, tir_pipeline=tir_pipeline)
             out = tvm.runtime.empty(shapes[-1], str(f.params[-1].ty.dtype), dev)
             ex["main"](*args, out)
             want = vm["main"](*args).numpy()
@@ -438,7 +440,7 @@ def _run_case(
     if "opsdk" in cands:
         before = len(last_choices())
         mod = _opsdk_module(case)
-        ex = tvm.compile(mod, target=tgt)
+        ex = tvm.compile(mod, target=tgt, tir_pipeline=opsdk_tir())
         chosen = [c.rule for c in last_choices()[before:] if c.op == case.op]
         row["rule"] = chosen[-1] if chosen else "generic"
         vm = relax.VirtualMachine(ex, dev)
@@ -447,7 +449,8 @@ def _run_case(
             row["max_err"] = float(np.max(np.abs(got - d.run_reference(ins, _attrs(case)))))
         with tgt:
             lowered = opsdk_lower(tgt)(mod)
-        timers["opsdk"], direct["opsdk"] = _kernel_timer(lowered, vm, targs, tgt, dev)
+        timers["opsdk"], direct["opsdk"] = _kernel_timer(lowered, vm, targs, tgt, dev,
+                                                         opsdk_tir())
     if "tvm" in cands:
         if case.op in SPECS:
             mod = _tvm_module(case)
@@ -483,10 +486,11 @@ def _run_case(
         for key, c in (("hot", hot), ("hot_one", _rows_of(hot, 1, axis))):
             hot_ins = [tvm.runtime.tensor(a, dev) for a in _inputs(c, rng).values()]
             mod = _opsdk_module(c)
-            vm = relax.VirtualMachine(tvm.compile(mod, target=tgt), dev)
+            vm = relax.VirtualMachine(tvm.compile(mod, target=tgt, tir_pipeline=opsdk_tir()),
+                                      dev)
             with tgt:
                 lowered = opsdk_lower(tgt)(mod)
-            timers[key], _ = _kernel_timer(lowered, vm, hot_ins, tgt, dev)
+            timers[key], _ = _kernel_timer(lowered, vm, hot_ins, tgt, dev, opsdk_tir())
         row["hot_rows"] = hot.shape[axis]
         row["hot_axis"] = axis
     half = _copy_elems(nbytes, itemsize)

@@ -7,6 +7,8 @@
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
   conv2d + batch_norm  ->  fused ops;
+- :func:`tir_pipeline`: the TIR pipeline opsdk's kernels compile with (register tiles kept
+  on the stack, not in a per-tile workspace);
 - :func:`op_counts` and :func:`rewrite_sites` to inspect the result, :func:`script` to print
   it with its constants (TVM 0.27's ``mod.script(show_meta=True)`` segfaults on them).
 
@@ -36,6 +38,7 @@ from ._lower import LowerOps, ScheduleKernels, pipeline, schedule_passes
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 from ._script import script
+from ._tir import tir_pipeline
 
 __all__ = [
     "FUSION_RULES",
@@ -51,4 +54,5 @@ __all__ = [
     "rewrite_sites",
     "schedule_passes",
     "script",
+    "tir_pipeline",
 ]

@@ -293,7 +293,9 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _compile(mod: tvm.IRModule, tgt: Any, warm: bool) -> Any:
-    ex = tvm.compile(mod, target=tgt)
+    from ..transform import tir_pipeline
+
+    ex = tvm.compile(mod, target=tgt, tir_pipeline=tir_pipeline())
     if warm:  # LLVM code is generated lazily, at first load: do it here, in parallel
         relax.VirtualMachine(ex, tvm.cpu())
     return ex
