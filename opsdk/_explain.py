@@ -14,7 +14,6 @@ from .registry import get_op
 from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
-from .transform import tir_pipeline
 
 __all__ = ["Explanation", "ZooCheck", "asm_of", "asm_vector_stats", "build_single_op",
            "catch_all_rules", "check_zoo_model", "explain", "format_zoo_check"]
@@ -140,6 +139,8 @@ def explain(
     tir = funcs[0].script() if funcs else "<no PrimFunc>"
     stats: dict[str, int] = {}
     if asm and tgt.kind.name == "llvm":
+        from .transform import tir_pipeline  # 0.3 s of import: `explain --model` skips it
+
         ex = tvm.compile(lowered, target=tgt, tir_pipeline=tir_pipeline())
         stats = asm_vector_stats(asm_of(ex), target_arch(tgt))
     return Explanation(

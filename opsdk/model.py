@@ -52,7 +52,6 @@ from .errors import UnloweredOpError
 from .schedules import GENERIC
 from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
-from .transform import tir_pipeline
 
 __all__ = [
     "ATOL",
@@ -665,6 +664,8 @@ def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, floa
                 seconds[k] = seconds.get(k, 0.0) + v
             return (ex, lib), rec
         shutil.rmtree(work, ignore_errors=True)
+    from .transform import tir_pipeline  # the package is 0.3 s of import: not at the top
+
     t0 = time.perf_counter()
     ex = tvm.compile(lowered, target=tgt, relax_pipeline=None, tir_pipeline=tir_pipeline())
     seconds["codegen"] = seconds.get("codegen", 0.0) + time.perf_counter() - t0
@@ -950,6 +951,8 @@ def _asm_facts(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {"vector_ops": {}, "vector_moves": 0, "math_calls": {}}
     if tgt.kind.name != "llvm":
         return facts
+    from .transform import tir_pipeline  # the package is 0.3 s of import: not at the top
+
     f = func.with_attr("global_symbol", name)
     try:
         ex = tvm.compile(tvm.IRModule({name: f}), target=tgt, tir_pipeline=tir_pipeline())
