@@ -21,16 +21,19 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__ as __version__
+
 if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and editors
     from . import deploy, drift, frontend, model, relax, transform
     from ._domains import Bounded, LogUniform, bounded, log_uniform
     from ._dtypes import FLOAT_DTYPES
     from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
+    from ._pipeline import pipeline
     from ._plugins import import_beside
     from .registry import get_op, is_registered, register, registered_ops, unregister
     from .schedules import rule
     from .targets import target
-    from .transform import LowerOps, pipeline
+    from .transform import LowerOps
 
 #: Public name -> (module, attribute; None for the module itself), bound on first use.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
@@ -45,13 +48,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "rule": (".schedules", "rule"),
     "target": (".targets", "target"),
     "LowerOps": (".transform", "LowerOps"),
-    "pipeline": (".transform", "pipeline"),
+    "pipeline": ("._pipeline", "pipeline"),
 }
-_LOADED = False
 
 
 def _bind(name: str) -> Any:
     module, attr = _EXPORTS[name]
+    if module == "._opdef":  # an op's .rule and its call hand over to the rules and registry
+        importlib.import_module(".registry", __name__)
     m = importlib.import_module(module, __name__)
     value = m if attr is None else getattr(m, attr)
     globals()[name] = value
@@ -61,11 +65,9 @@ def _bind(name: str) -> Any:
 def _load() -> None:
     """Register the built-in ops (once): on the first op lookup (``opsdk.registry``), or
     from the functions below."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True  # first: registering looks ops up
-    register_builtin_ops()
+    from .registry import load_builtin_ops
+
+    load_builtin_ops()
 
 
 def __getattr__(name: str) -> Any:
@@ -115,17 +117,11 @@ __all__ = [
     "unregister",
 ]
 
-__version__ = "0.1.0"
-
-
 def register_builtin_ops() -> list[OpDef]:
     """Register the built-in ops and their schedule rules (idempotent)."""
-    from .ops import BUILTIN_OPS
-    from .registry import register
-    from .schedules import load_builtin_rules
+    from .registry import register_builtin_ops as _register
 
-    load_builtin_rules()
-    return [register(d) for d in BUILTIN_OPS]
+    return _register()
 
 
 def list_ops() -> list[OpDef]:
@@ -160,19 +156,9 @@ def compile(mod, target="x86", *, params=None, winograd=True, **kwargs):
     computes every conv directly (by default eligible 3x3 convs run Winograd F(2x2, 3x3):
     :mod:`opsdk.kernels.winograd`). Other keyword arguments go to ``tvm.compile``.
     """
-    import tvm
+    from ._pipeline import compile_module
 
-    from .frontend import bind_params
-    from .targets import target as _target
-    from .transform import pipeline as _pipeline
-    from .transform import tir_pipeline
-
-    _load()
-    t = _target(target)
-    if params is not None and params is not False:
-        mod = bind_params(mod, None if params is True else params)
-    kwargs.setdefault("tir_pipeline", tir_pipeline())
-    return tvm.compile(mod, target=t, relax_pipeline=_pipeline(t, winograd=winograd), **kwargs)
+    return compile_module(mod, target, params=params, winograd=winograd, **kwargs)
 
 
 def explain(op_name: str, target="x86", **kwargs):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -10,12 +9,14 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
+from ._asm import asm_of, asm_vector_stats
+from ._tir import tir_pipeline
 from .registry import get_op
 from .schedules import Choice, last_choices
 from .targets import target as resolve_target
 from .targets import target_arch
 
-__all__ = ["Explanation", "ZooCheck", "asm_of", "asm_vector_stats", "build_single_op",
+__all__ = ["Explanation", "ZooCheck", "build_single_op",
            "catch_all_rules", "check_zoo_model", "explain", "format_zoo_check"]
 
 
@@ -74,25 +75,6 @@ def _call(d, tensors: Mapping[str, relax.Var], attrs: Mapping[str, Any]) -> rela
     return builder(d)(**tensors, **attrs)
 
 
-def asm_vector_stats(asm: str, arch: str) -> dict[str, int]:
-    """Count vector instructions by register class in assembly text.
-
-    x86: instructions touching ``zmm`` (AVX-512) / ``ymm`` (AVX2) / ``xmm`` registers;
-    aarch64: NEON (``v<n>.4s``-style operands) and SVE (``z<n>.s``) instructions.
-    """
-    if arch == "x86_64":
-        return {
-            "zmm": len(re.findall(r"%zmm\d+", asm)),
-            "ymm": len(re.findall(r"%ymm\d+", asm)),
-        }
-    if arch == "aarch64":
-        return {
-            "neon": len(re.findall(r"\bv\d+\.(?:2d|4s|8h|16b|2s|4h|8b)\b", asm)),
-            "sve": len(re.findall(r"\bz\d+\.[bhsd]\b", asm)),
-        }
-    return {}
-
-
 def explain(
     op_name: str,
     target: Any = "x86",
@@ -139,7 +121,6 @@ def explain(
     tir = funcs[0].script() if funcs else "<no PrimFunc>"
     stats: dict[str, int] = {}
     if asm and tgt.kind.name == "llvm":
-        from .transform import tir_pipeline  # 0.3 s of import: `explain --model` skips it
 
         ex = tvm.compile(lowered, target=tgt, tir_pipeline=tir_pipeline())
         stats = asm_vector_stats(asm_of(ex), target_arch(tgt))
@@ -152,18 +133,6 @@ def explain(
         claims=tuple(choice.claims) if choice else (),
         asm_stats=stats,
     )
-
-
-def asm_of(ex: Any) -> str:
-    """The assembly of a compiled executable's LLVM module ('' for other backends)."""
-    for m in [ex.mod, *getattr(ex.mod, "imports", [])]:
-        try:
-            src = m.inspect_source("asm")
-        except Exception:  # modules without an LLVM backend (the VM bytecode module)
-            continue
-        if src:
-            return src
-    return ""
 
 
 # ------------------------------------------------------------------------ explain --zoo
@@ -260,7 +229,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     if numerics and tgt.kind.name == "llvm" and target_arch(tgt) == host_arch():
         import torch
 
-        from .bench._model import first_torch_output
+        from .bench import first_torch_output
 
         try:
             vm = relax.VirtualMachine(cm.ex, tvm.cpu())

@@ -1,4 +1,5 @@
-"""Writing files the user keeps: whole or not at all, with the mode an editor would give."""
+"""Files: writing what the user keeps whole or not at all, with the mode an editor would
+give; where opsdk's own caches live."""
 
 from __future__ import annotations
 
@@ -7,8 +8,20 @@ import os
 import pathlib
 import tempfile
 
-__all__ = ["OutputError", "check_can_create", "new_file_mode", "sha256_file",
+__all__ = ["OutputError", "cache_dir", "check_can_create", "new_file_mode", "sha256_file",
            "write_bytes_atomic", "write_text_atomic"]
+
+
+def cache_dir() -> pathlib.Path:
+    """Return the user cache directory of opsdk.
+
+    ``$OPSDK_CACHE`` if set, else ``$XDG_CACHE_HOME/opsdk``, else ``~/.cache/opsdk``.
+    """
+    if os.environ.get("OPSDK_CACHE"):
+        return pathlib.Path(os.environ["OPSDK_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache"
+    return base / "opsdk"
 
 
 class OutputError(OSError):

@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._files import sha256_file
+from ._files import cache_dir, sha256_file
 from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
+from ._tir import tir_pipeline
 from .targets import LINK_OPTIONS
-from .transform import tir_pipeline
 
 __all__ = ["MAX_BYTES", "KernelBuild", "KernelCache", "compile_jobs", "compile_objects",
            "default_dir", "open_kernel_cache"]
@@ -81,7 +81,6 @@ def default_dir() -> Path:
         return Path(os.environ["OPSDK_KERNEL_CACHE_DIR"]).expanduser()
     if os.environ.get("OPSDK_CACHE_DIR"):
         return Path(os.environ["OPSDK_CACHE_DIR"]).expanduser() / ".kernels"
-    from .runners._provision import cache_dir
 
     return cache_dir() / "kernels"
 

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._files import sha256_file
+from ._files import cache_dir, sha256_file
+from ._version import __version__
 
 __all__ = ["MAX_BYTES", "Entry", "ModelCache", "open_cache"]
 
@@ -66,7 +67,6 @@ def default_dir() -> Path:
     """``$OPSDK_CACHE_DIR``, else ``models/`` in opsdk's cache folder."""
     if os.environ.get("OPSDK_CACHE_DIR"):
         return Path(os.environ["OPSDK_CACHE_DIR"]).expanduser()
-    from .runners._provision import cache_dir
 
     return cache_dir() / "models"
 
@@ -120,7 +120,7 @@ def code_fingerprint() -> str:
     files = {f for f in pkg.rglob("*.py")
              if (rel := f.relative_to(pkg).as_posix()) in _COMPILE_AFTER_ALL
              or not rel.startswith(_NOT_COMPILE)}
-    fns: list[Any] = [r.fn for r in schedules._RULES]
+    fns: list[Any] = [r.fn for r in schedules.registered_rules()]
     for op in registered_ops():
         fns += [getattr(op, "compute", None), getattr(op, "legalize", None)]
     for fn in fns:
@@ -168,8 +168,6 @@ def module_digest(mod: Any) -> str:
 
 def _versions() -> dict[str, str]:
     from importlib import metadata
-
-    from . import __version__
 
     out = {"opsdk": __version__}
     for d in ("apache-tvm", "apache-tvm-ffi"):

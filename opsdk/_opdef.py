@@ -174,12 +174,21 @@ class OpDef:
     # ONNX op types -> converter (None: the default one), used by opsdk.frontend.from_onnx
     onnx_maps: dict[str, Callable | None] = field(default_factory=dict)
     fusions: list[tuple[str, Callable[[], tuple[Any, Callable]]]] = field(default_factory=list)
+    # aten ops kept whole through torch's decomposition for the torch mappings, and the
+    # converters of mapped overloads for when the mapping is not applied (see :meth:`torch`)
+    torch_keep: list[str] = field(default_factory=list)
+    torch_unmapped: dict[str, Callable] = field(default_factory=dict)
+    # TVM ops this op replaces: (TVM op, factory returning (pattern, build), (ONNX operator,
+    # first opset) or None), see :meth:`replaces`
+    replacements: list[tuple[str, Callable[[], tuple[Any, Callable]], tuple[str, int] | None]] = \
+        field(default_factory=list)
 
     def __post_init__(self) -> None:
         _DEFINED_NAMES.add(self.name)  # a rule for an op name no op has is a typo
 
     # ------------------------------------------------------------------ models
-    def torch(self, *aten: str, convert: Callable | None = None) -> OpDef:
+    def torch(self, *aten: str, convert: Callable | None = None,
+              keep: Sequence[str] | None = None, unmapped: Callable | None = None) -> OpDef:
         """Map torch ATen overloads (``"hardswish.default"``, as ``node.target.__name__``
         names them) to this op in :func:`opsdk.frontend.from_torch`.
 
@@ -189,6 +198,12 @@ class OpDef:
         are kept out of torch's decomposition, so they reach the converter whole; each
         import records how many nodes every mapping converted (:func:`opsdk.frontend.
         mapping_counts`). Returns the op, so it chains.
+
+        ``keep`` names the aten ops kept out of the decomposition instead (``"layer_norm"``
+        for both ``layer_norm.default`` and the ``native_layer_norm.default`` it becomes
+        otherwise; ``()`` for none); ``unmapped(node, importer)`` converts the overloads when
+        this mapping is not applied (``from_torch(ops=...)`` without the op), for an aten op
+        TVM's importer has no converter of its own for.
 
         Examples
         --------
@@ -206,6 +221,11 @@ class OpDef:
                     f"op {self.name!r}: torch mapping {name!r} is not an aten overload name; "
                     "pass e.g. 'hardswish.default' (node.target.__name__ in an exported graph)")
             self.torch_maps[name] = convert
+            if unmapped is not None:
+                self.torch_unmapped[name] = unmapped
+        for name in aten if keep is None else keep:
+            if name not in self.torch_keep:
+                self.torch_keep.append(name)
         return self
 
     def onnx(self, *op_types: str, convert: Callable | None = None) -> OpDef:
@@ -269,6 +289,49 @@ class OpDef:
         def deco(fn: Callable[[], tuple[Any, Callable]]) -> Callable:
             rule = name or f"fuse.{self.name}"
             self.fusions[:] = [(n, f) for n, f in self.fusions if n != rule] + [(rule, fn)]
+            return fn
+
+        return deco
+
+    def replaces(self, tvm_op: str, *, onnx: str | None = None,
+                 since: int | None = None) -> Callable:
+        """Decorator: a rule that swaps TVM's own op ``tvm_op`` (``"relax.nn.softmax"``, as
+        TVM's importers emit it) for this op where it computes the same thing, run by
+        :func:`opsdk.transform.ReplaceTVMOps` (and so by :func:`opsdk.frontend.from_onnx`).
+
+        The decorated function takes no argument and returns ``(pattern, build)`` as for
+        :meth:`fusion`; ``build`` returns None for a call this op cannot express (it then
+        stays TVM's). The rule is named ``replace.<tvm_op>`` without ``relax.nn.``. ``onnx``
+        and ``since`` name the ONNX operator TVM's importer turns into ``tvm_op`` and the
+        first opset it does so at (listed in :data:`opsdk.frontend.ONNX_OPS`).
+
+        Examples
+        --------
+        >>> import opsdk
+        >>> from tvm import te
+        >>> from tvm.relax.dpl import is_op, wildcard
+        >>> @opsdk.op(reference=lambda x: x * (x > 0))
+        ... def my_relu(x: opsdk.Tensor) -> te.Tensor:
+        ...     return te.compute(x.shape, lambda *i: te.max(x(*i), 0), name="my_relu")
+        >>> @my_relu.replaces("relax.nn.relu", onnx="Relu", since=14)
+        ... def _tvm_relu():
+        ...     x = wildcard()
+        ...     return is_op("relax.nn.relu")(x), lambda call, m: opsdk.relax.my_relu(m[x])
+        >>> [t for t, _, _ in my_relu.replacements]
+        ['relax.nn.relu']
+        """
+        if not isinstance(tvm_op, str) or not tvm_op.startswith("relax."):
+            raise OpDefinitionError(
+                f"op {self.name!r}: replaces({tvm_op!r}) takes a TVM Relax op name such as "
+                "'relax.nn.softmax'")
+        if (onnx is None) != (since is None):
+            raise OpDefinitionError(
+                f"op {self.name!r}: replaces({tvm_op!r}) takes onnx= and since= together")
+        info = None if onnx is None else (onnx, int(since))
+
+        def deco(fn: Callable[[], tuple[Any, Callable]]) -> Callable:
+            self.replacements[:] = [r for r in self.replacements if r[0] != tvm_op]
+            self.replacements.append((tvm_op, fn, info))
             return fn
 
         return deco
@@ -653,18 +716,37 @@ class OpDef:
 
     def rule(self, target_key: str, **kwargs: Any) -> Callable:
         """Decorator: register a schedule rule for this op (see :func:`opsdk.schedules.rule`)."""
-        from .schedules import rule as _rule
-
-        return _rule(self, target_key, **kwargs)
+        return _handler(self, "rule", "a schedule rule")(self, target_key, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any):
         """Build a Relax call of this op (the op must be registered)."""
-        from .registry import builder
-
-        return builder(self)(*args, **kwargs)
+        return _handler(self, "builder", "a Relax call")(self)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<opsdk op {self.name} ({self.source})>"
+
+
+#: What :meth:`OpDef.rule` and calling an op hand over to: the schedule-rule decorator and the
+#: Relax builder. The layers that own them (``opsdk.schedules``, ``opsdk.registry``) sit
+#: above this module and install them when they load; ``opsdk.op`` loads both first.
+_HANDLERS: dict[str, Callable] = {}
+
+
+def install_handler(name: str, fn: Callable) -> None:
+    """Install ``fn`` as the ``"rule"`` (``f(op, target_key, **kw)``) or ``"builder"``
+    (``f(op) -> relax builder``) an op hands over to (done by opsdk.schedules and
+    opsdk.registry on import)."""
+    _HANDLERS[name] = fn
+
+
+def _handler(d: OpDef, name: str, what: str) -> Callable:
+    fn = _HANDLERS.get(name)
+    if fn is None:
+        raise RuntimeError(
+            f"{d.op_name}: {what} needs opsdk's {'registry' if name == 'builder' else 'rules'}"
+            ", which are not loaded; define ops with opsdk.op (import opsdk), not "
+            "opsdk._opdef.op")
+    return fn
 
 
 def _check_dtype_rule(opname: str, rule: Any, attr_names: set[str]) -> None:

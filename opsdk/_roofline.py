@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BANDWIDTH_SIZES", "Roof", "kernel_work", "machine_roof"]
+from ._files import cache_dir
+
+__all__ = ["BANDWIDTH_SIZES", "Roof", "machine_roof"]
 
 #: Working-set sizes (bytes read + written) of the bandwidth measurements, from an L2 to
 #: beyond the last-level caches of the machines opsdk runs on (a kernel is measured
@@ -75,50 +77,6 @@ class Roof:
         return 100.0 * got / top if top > 0 else None
 
 
-def kernel_work(func: Any) -> tuple[float | None, int | None]:
-    """(flops, bytes) of a scheduled kernel: TVM's operation count (None when the function
-    has symbolic extents) and its parameters' bytes (None when a shape is symbolic)."""
-    import tvm
-    from tvm import tirx
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    nbytes = 0
-    for p in func.params:
-        shape = getattr(p, "shape", None)
-        if shape is None:
-            return None, None
-        n = 1
-        for d in shape:
-            if not isinstance(d, tirx.IntImm):
-                return None, None
-            n *= int(d.value)
-        nbytes += n * max(1, p.dtype.bits * p.dtype.lanes // 8)
-    try:
-        flops = float(estimate_tir_flops(tvm.IRModule({"main": _without_lets(func)})))
-    except Exception:  # TVM's estimate refuses some loops (symbolic, opaque): no count
-        flops = None
-    return flops, nbytes
-
-
-def _without_lets(func: Any) -> Any:
-    """``func`` with every ``Let`` expression (opsdk's polynomial math binds its
-    intermediates with them; TVM's estimate refuses ``Let``) replaced by its value and body
-    added together (the bound variable left free in the body): the same operations, plus
-    one add per ``Let``. Only for counting."""
-    from tvm import tirx
-    from tvm_ffi.structural import structural_mutate
-
-    def flat(node: Any, mut: Any) -> Any:
-        node = mut.default_mutate(node)
-        body, value = node.body, node.value
-        if str(value.ty) != str(body.ty):
-            value = tirx.Cast(str(body.ty), value)
-        return tirx.Add(value, body)
-
-    body = structural_mutate(func.body, [(tirx.Let, flat)])
-    return func if body.same_as(func.body) else func.with_body(body)
-
-
 def machine_roof(target: Any, threads: int) -> Roof:
     """The ceilings of this host for ``target`` at ``threads``, measured once per machine
     (kept in opsdk's cache folder; ``OPSDK_NO_CACHE=1`` measures them in each process).
@@ -132,7 +90,6 @@ def machine_roof(target: Any, threads: int) -> Roof:
     True
     """
     from ._modelcache import _truthy
-    from .runners._provision import cache_dir
     from .targets import target as resolve
 
     tgt = resolve(target)
@@ -211,7 +168,8 @@ def _kernel_seconds(mod: Any, tgt: Any, inputs: list[np.ndarray]) -> float:
     import tvm
     from tvm import relax
 
-    from .transform import pipeline, tir_pipeline
+    from ._pipeline import pipeline
+    from ._tir import tir_pipeline  # TVM: this module is read without it (cached roofs)
 
     ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt), tir_pipeline=tir_pipeline())
     vm = relax.VirtualMachine(ex, tvm.cpu())

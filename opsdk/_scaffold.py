@@ -145,11 +145,11 @@ def _from_source(from_op: str, name: str) -> str:
         raise ScaffoldError(f"--from {from_op}: only built-in ops can be copied (it is {d.source})")
     # The built-in's fusion rule (decomposed subgraph -> the built-in) stays the built-in's:
     # a copy that also claimed it would compete with it.
-    src = _drop_fusion_rules(src, from_op)
+    src = _drop_builtin_hooks(src, from_op)
     src = re.sub(r"from \.\._dtypes import", "from opsdk import", src)
     src = re.sub(r"from \.\._opdef import", "from opsdk import", src)
     src = re.sub(r"from \.\._domains import", "from opsdk import", src)
-    src = re.sub(r"from \.\.te_utils import", "from opsdk.te_utils import", src)
+    src = re.sub(r"from \.\.(\w+) import", r"from opsdk.\1 import", src)
     src = re.sub(r"from \.(\w+) import", r"from opsdk.ops.\1 import", src)
     src = re.sub(rf"\bdef {from_op}\(", f"def {name}(", src)
     if f"def {name}(" not in src:
@@ -157,24 +157,23 @@ def _from_source(from_op: str, name: str) -> str:
     return src
 
 
-def _drop_fusion_rules(src: str, op: str) -> str:
+def _drop_builtin_hooks(src: str, op: str) -> str:
+    """The built-in's own facts that name it (its torch / ONNX mappings, replace and fusion
+    rules, and the converters they call) stay the built-in's: a copy that also claimed them
+    would compete with it. Every top-level statement that uses the op's name, but its
+    definition, goes."""
+    import ast
+
     lines = src.split("\n")
-    out: list[str] = []
-    skipping = False
-    for line in lines:
-        if line.startswith(f"@{op}.fusion("):
-            skipping = True
-            while out and not out[-1].strip():
-                out.pop()
+    drop: set[int] = set()
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == op:
             continue
-        if skipping:
-            top = line and not line[0].isspace() and not line.startswith(("def ", ")"))
-            if not top:
-                continue
-            skipping = False
-            out += ["", ""]
-        out.append(line)
-    return "\n".join(out).rstrip("\n") + "\n"
+        if any(isinstance(n, ast.Name) and n.id == op for n in ast.walk(node)):
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            drop.update(range(first - 1, node.end_lineno))
+    out = [line for i, line in enumerate(lines) if i not in drop]
+    return re.sub(r"\n{4,}", "\n\n\n", "\n".join(out)).rstrip("\n") + "\n"
 
 
 def _render(

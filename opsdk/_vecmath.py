@@ -126,6 +126,44 @@ def has_let(e: tirx.PrimExpr) -> bool:
     return bool(found)
 
 
+def narrow(value: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
+    """``value`` (a float32 result) cast to the output ``dtype``, read once.
+
+    TVM lowers a float32 -> bfloat16 cast to integer rounding that reads its operand twice,
+    copying the whole expression; one built from ``Let`` bindings (:func:`bind`,
+    ``exp_f32``, ``erf_f32``) then binds one variable twice, which the vectorizer refuses.
+    Here the rounding (to nearest, ties to even: TVM's own) reads the bits of a bound
+    variable instead. Use it for the last cast of a compute built from those helpers.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.te_utils import exp_f32, narrow
+    >>> x = te.placeholder((8,), "bfloat16", name="x")
+    >>> y = te.compute((8,), lambda i: narrow(exp_f32(x[i].astype("float32")), "bfloat16"))
+    >>> str(y.dtype)
+    'bfloat16'
+    """
+    if dtype_of(value) == dtype:
+        return value
+    if dtype != "bfloat16" or dtype_of(value) != "float32":
+        return value.astype(dtype)
+
+    def rne(bits: tirx.PrimExpr) -> tirx.PrimExpr:
+        u16 = tirx.const(16, "uint32")
+        half = (bits >> u16 & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
+        return tirx.reinterpret("bfloat16", ((bits + half) >> u16).astype("uint16"))
+
+    return bind(tirx.reinterpret("uint32", value), "out_bits", rne)
+
+
+def dtype_of(value: tirx.PrimExpr) -> str:
+    """Dtype string of a TIR expression (0.27 exposes it as ``.ty``)."""
+    if hasattr(value, "asobject"):  # a te.Tensor element written x[i]
+        value = value.asobject()
+    return str(value.ty)
+
+
 def widen_bf16(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """A bfloat16 expression as float32, by its bits (exact). TVM's bfloat16 storage pass
     leaves a plain cast inside a ``Let`` value alone, so it would convert the raw integer."""
@@ -405,8 +443,6 @@ def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if str(node.ty) != "bfloat16" or str(node.value.ty) != "float32" \
                 or not has_let(node.value):
             return node
-        from .te_utils import narrow
-
         return narrow(node.value, "bfloat16")
 
     def store(node: tirx.BufferStore, mut) -> tirx.Stmt:

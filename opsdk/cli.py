@@ -63,7 +63,6 @@ def _load_ops(modules: Sequence[str] | None) -> None:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     import opsdk
-    from opsdk.frontend import TORCH_OPS
     from opsdk.schedules import load_builtin_rules, rules_for
 
     _load_ops(args.module)
@@ -71,7 +70,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     rows = []
     for d in opsdk.list_ops():
         rules = [r.name for r in rules_for(d)]
-        builtin = d.source == "builtin"
         rows.append(
             {
                 "name": d.name,
@@ -80,7 +78,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 "dtypes": list(d.dtypes),
                 "layouts": list(d.layouts),
                 "rules": rules,
-                "torch": [*(TORCH_OPS.get(d.name, ()) if builtin else ()), *d.torch_maps],
+                "torch": list(d.torch_maps),
                 "onnx": list(d.onnx_maps),
                 "fusions": [n for n, _ in d.fusions],
             }
@@ -222,7 +220,7 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
     (compiles, kernels on a catch-all rule, heavy kernels without vector instructions; on the
     host its output against torch), nothing timed."""
 
-    from opsdk.bench._zoo import ZOO, select_zoo
+    from opsdk.bench import ZOO, select_zoo
 
     if args.op or args.model:
         raise UsageError("--zoo runs on its own (drop the op name and --model)")
@@ -465,7 +463,7 @@ def _args_setup(s: argparse.ArgumentParser) -> None:
 #: the command is chosen: name -> (module, add-arguments function, command function).
 _LAZY_COMMANDS = {
     "bench": ("opsdk.bench", "add_bench_arguments", "run_bench_command"),
-    "drift": ("opsdk.frontend._cli", "add_drift_arguments", "run_drift_command"),
+    "drift": ("opsdk.drift", "add_drift_arguments", "run_drift_command"),
     "verify": ("opsdk.verify._cli", "add_verify_arguments", "run_verify_command"),
     "build": ("opsdk.deploy._cli", "add_build_arguments", "run_build_command"),
     "run": ("opsdk.deploy._cli", "add_run_arguments", "run_run_command"),

@@ -5,8 +5,9 @@
 - :func:`load_model` imports a model file (a Python file whose entry function returns
   ``(torch module, example args)`` or an ``ExportedProgram``, or an ``.onnx`` file) both the
   opsdk way (opsdk converters + :class:`~opsdk.transform.FuseIntoOps`) and TVM's plain way;
-- :func:`compile_model` runs :func:`opsdk.pipeline` and keeps the scheduled module, so every
-  kernel's rule can be read back;
+- :func:`compile_model` (:mod:`opsdk._pipeline`, re-exported here) runs
+  :func:`opsdk.pipeline` and keeps the scheduled module, so every kernel's rule can be read
+  back;
 - :func:`report` lists every kernel of the compiled model: its kind, the rule that scheduled
   it, structural facts of its loops (vectorized / parallel), the vector instructions in its
   own assembly (compiled alone, so a parallel helper is counted with its kernel), and on the
@@ -32,26 +33,36 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib.util
 import json
 import re
-import shutil
 import time
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 
+from ._pipeline import (
+    CompiledModel,
+    CompileTimings,
+    _record,
+    compile_default,
+    compile_model,
+    kernel_facts,
+    kernel_kind_rule,
+    load_compiled,
+    record_timings,
+    scheduled_kernels,
+)
 from ._quiet import fd_silenced
+from ._userfile import load_onnx_file, read_user_file
 from .errors import UnloweredOpError
 from .schedules import GENERIC
-from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
+from .targets import target_arch
 
 __all__ = [
     "ATOL",
@@ -147,11 +158,10 @@ class LoadedModel:
         from tvm.relax.frontend.torch import from_exported_program
 
         from . import frontend
-        from .frontend._cli import export_user_model
         from .transform import FuseIntoOps
 
         t0 = time.perf_counter()
-        ep = exported if exported is not None else export_user_model(
+        ep = exported if exported is not None else frontend.export_user_model(
             lambda m, a: export_torch(m, a, dynamic_batch), model, args, name)
         t1 = time.perf_counter()
         onnx_bytes, err = _torch_to_onnx(model, args) if baselines else (None, "not exported")
@@ -251,30 +261,21 @@ def load_model(
         with); False imports opsdk's way only.
     """
     from . import frontend
-    from .frontend._compat import prepare_model_imports
 
-    prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
-    from ._userfile import load_onnx_file, read_user_file
-    from .frontend._cli import (
-        _call_entry,
-        _import_python,
-        _random_inputs,
-        check_shape_names,
-        example_args,
-    )
+    frontend.prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
 
     rng = np.random.default_rng(seed)
     shp = {k: list(v) for k, v in (shapes or {}).items()}
     if str(spec).endswith(".onnx"):
         proto = load_onnx_file(spec)
-        check_shape_names(proto, shp, str(spec))
+        frontend.check_shape_names(proto, shp, str(spec))
         t0 = time.perf_counter()
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
         _record({"from_onnx": time.perf_counter() - t0})
         tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
                    else opsdk_mod)
         return LoadedModel(str(spec), opsdk_mod, tvm_mod,
-                           _random_inputs(tvm_mod["main"], shp, rng),
+                           frontend.random_inputs(tvm_mod["main"], shp, rng),
                            onnx=proto.SerializeToString())
     import torch
 
@@ -288,18 +289,18 @@ def load_model(
         return LoadedModel.from_torch(str(spec), ep.module(), args, exported=ep,
                                       baselines=baselines)
 
-    module = _import_python(str(spec))
+    module = frontend.import_model_module(str(spec))
     if entry_args is None:
         entry_args = getattr(module, "DEFAULT_ARGS", None) or {}
     if dynamic_batch is None:
         dynamic_batch = bool(getattr(module, "DYNAMIC_BATCH", False))
-    built = _call_entry(module, str(spec), entry, **dict(entry_args))
+    built = frontend.call_entry(module, str(spec), entry, **dict(entry_args))
     if isinstance(built, torch.export.ExportedProgram):
         return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
                                       exported=built, baselines=baselines)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         return LoadedModel.from_torch(str(spec), built[0].eval(),
-                                      example_args(built, str(spec), entry),
+                                      frontend.example_args(built, str(spec), entry),
                                       dynamic_batch=dynamic_batch, baselines=baselines)
     raise TypeError(
         f"{spec}:{entry}() returned {type(built).__name__}; expected (torch module, args) "
@@ -323,422 +324,7 @@ def export_torch(model: Any, args: tuple, dynamic_batch: bool = False) -> Any:
 
 
 # -------------------------------------------------------------------------------- compiling
-@dataclass
-class CompileTimings:
-    """Seconds per phase of the model imports and compiles inside :func:`record_timings`
-    (summed by phase, in the order first seen), and the kernels the kernel cache reused
-    and compiled."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-    kernels_reused: int = 0
-    kernels_compiled: int = 0
-    #: Folded constants read from the kernel cache's folder and computed.
-    folds_reused: int = 0
-    folds_computed: int = 0
-
-    def add(self, seconds: Mapping[str, float]) -> None:
-        for k, v in seconds.items():
-            self.seconds[k] = self.seconds.get(k, 0.0) + v
-
-
-_RECORDER: contextvars.ContextVar[CompileTimings | None] = contextvars.ContextVar(
-    "opsdk_model_timings", default=None)
-
-
-@contextlib.contextmanager
-def record_timings() -> Iterator[CompileTimings]:
-    """Record the phases of every model import (:func:`load_model`) and compile
-    (:func:`compile_model`) in the block (``opsdk build --timings`` prints them).
-
-    Examples
-    --------
-    >>> import opsdk
-    >>> from tvm import relax
-    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
-    >>> bb = relax.BlockBuilder()
-    >>> with bb.function("main", [x]):
-    ...     with bb.dataflow():
-    ...         y = bb.emit_output(relax.op.nn.relu(x))
-    ...     _ = bb.emit_func_output(y)
-    >>> with opsdk.model.record_timings() as t:
-    ...     _ = opsdk.model.compile_model(bb.get(), "x86", cache=False)
-    >>> "schedule" in t.seconds and all(v >= 0 for v in t.seconds.values())
-    True
-    """
-    rec = CompileTimings()
-    token = _RECORDER.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDER.reset(token)
-
-
-def _record(seconds: Mapping[str, float], kernel_build: Any = None,
-            folds: Any = None) -> None:
-    rec = _RECORDER.get()
-    if rec is not None:
-        rec.add(seconds)
-        if folds is not None:
-            rec.folds_reused += folds.reused
-            rec.folds_computed += folds.computed
-        if kernel_build is not None:
-            rec.kernels_reused += len(kernel_build.hits)
-            rec.kernels_compiled += len(kernel_build.misses)
-
-
-class CompiledModel:
-    """An executable and the scheduled IRModule it was built from (before VM lowering).
-
-    ``kernels`` lists every kernel's facts (:func:`kernel_facts`). A model from the compile
-    cache (``cached``) has ``ex`` loaded back from the cached library (``library``, the file
-    to copy where an exported library is wanted: a loaded one cannot be exported again);
-    TVM 0.27 cannot serialize IRModules (``save_json`` segfaults), so its ``scheduled`` and
-    ``planned`` modules are recomputed on first use: the schedule passes, no code generation.
-    """
-
-    def __init__(self, ex: Any, scheduled: tvm.IRModule | None, target: Any, seconds: float,
-                 planned: tvm.IRModule | None = None, *,
-                 kernels: list[dict[str, Any]] | None = None, library: Any = None,
-                 cached: bool = False, rebuild: Any = None, entry: Any = None,
-                 timings: dict[str, float] | None = None, kernel_build: Any = None) -> None:
-        self.ex, self.target, self.seconds = ex, target, seconds
-        self._scheduled, self._planned, self._rebuild = scheduled, planned, rebuild
-        self._kernels, self.library, self.cached, self._entry = kernels, library, cached, entry
-        #: Seconds per compile phase, in the order the phases ran.
-        self.timings: dict[str, float] = dict(timings or {})
-        #: The kernel cache's record (:class:`opsdk._kernelcache.KernelBuild`: kernels
-        #: reused and compiled), None when the kernel cache was not used.
-        self.kernel_build = kernel_build
-        #: Folded constants read back and computed (:class:`opsdk.transform._fold.FoldStats`),
-        #: None for a model from the compile cache.
-        self.fold_stats: Any = None
-
-    def _ensure_modules(self) -> None:
-        if self._scheduled is None and self._rebuild is not None:
-            self._scheduled, self._planned = self._rebuild()
-            self._rebuild = None
-
-    @property
-    def scheduled(self) -> tvm.IRModule:
-        self._ensure_modules()
-        return self._scheduled
-
-    @property
-    def planned(self) -> tvm.IRModule | None:  # after memory planning (StaticPlanBlockMemory)
-        self._ensure_modules()
-        return self._planned
-
-    @property
-    def kernels(self) -> list[dict[str, Any]]:
-        if self._kernels is None:
-            self._kernels = kernel_facts(self.scheduled)
-        return self._kernels
-
-    def rule_counts(self) -> dict[str, int]:
-        """How many kernels each rule scheduled, by rule name."""
-        counts: dict[str, int] = {}
-        for k in self.kernels:
-            counts[k["rule"]] = counts.get(k["rule"], 0) + 1
-        return dict(sorted(counts.items()))
-
-    def memo(self, name: str, compute: Any) -> Any:
-        """``compute()``, JSON data about the compiled modules, kept with the compile-cache
-        entry as ``name`` (letters, digits, ``-``): a model loaded back from the cache then
-        answers without recomputing its modules (the schedule passes: 1-3 s a model).
-
-        Examples
-        --------
-        >>> import opsdk
-        >>> from tvm import relax
-        >>> x = relax.Var("x", relax.TensorType((8,), "float32"))
-        >>> bb = relax.BlockBuilder()
-        >>> with bb.function("main", [x]):
-        ...     with bb.dataflow():
-        ...         y = bb.emit_output(relax.op.nn.relu(x))
-        ...     _ = bb.emit_func_output(y)
-        >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
-        >>> cm.memo("kernel-count", lambda: {"n": len(cm.kernels)})
-        {'n': 1}
-        """
-        if not re.fullmatch(r"[A-Za-z0-9-]+", name):
-            raise ValueError(f"memo name {name!r}: letters, digits and '-' only")
-        if self._entry is not None:
-            got = self._entry.read_extra(name)
-            if got is not None:
-                return got
-        value = json.loads(json.dumps(compute()))  # what a cached copy reads back, exactly
-        if self._entry is not None:
-            self._entry.write_extra(name, value)
-        return value
-
-    def asm_facts(self) -> dict[str, dict[str, Any]]:
-        """``{kernel: {"vector_ops", "vector_moves", "math_calls"}}``: the vector instructions
-        and scalar math-library calls in each kernel's own assembly (each kernel compiled
-        alone), kept with the cache entry."""
-        if self._entry is not None:
-            got = self._entry.read_extra("asm")
-            if got is not None and set(got) == {k["name"] for k in self.kernels}:
-                return got
-        funcs = _kernels(self.scheduled)
-        out = {k["name"]: _asm_facts(k["name"], funcs[k["name"]], self.target)
-               for k in self.kernels}
-        out = json.loads(json.dumps(out))  # what a cached copy reads back, exactly
-        if self._entry is not None:
-            self._entry.write_extra("asm", out)
-        return out
-
-
 #: Compile phases by pass name (the rest of the Relax lowering is "lower").
-_PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
-             "LegalizeOps": "legalize", "FoldConstant": "fold constants",
-             "opsdk.FoldConstantsAtOnce": "fold constants",
-             "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
-             "DeadCodeElimination": "fuse", "AttachAttrLayoutFreeBuffers": "schedule",
-             "opsdk.ScheduleKernels": "schedule", "SplitLayoutRewritePreproc": "pack weights"}
-
-
-def _run_timed(passes: Sequence[Any], mod: tvm.IRModule,
-               seconds: dict[str, float] | None) -> tvm.IRModule:
-    """``Sequential(passes)(mod)``, one pass at a time so each phase's seconds add up in
-    ``seconds`` (each in a Sequential of its own: the pass context's opt level and disabled
-    passes still apply)."""
-    if seconds is None:
-        return tvm.transform.Sequential(list(passes))(mod)
-    for p in passes:
-        t0 = time.perf_counter()
-        mod = tvm.transform.Sequential([p])(mod)
-        phase = _PHASE_OF.get(p.info.name, "lower")
-        seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - t0
-    return mod
-
-
-def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
-                       seconds: dict[str, float] | None = None) -> tuple[Any, Any, Any]:
-    from .transform._lift import lift_passes, lifts_weights
-    from .transform._lower import lowering_passes, schedule_passes
-
-    passes = lowering_passes(tgt)
-    # Keep the module right after memory planning: what the VM will allocate is read there.
-    cut = next((i + 1 for i, p in enumerate(passes)
-                if p.info.name == "StaticPlanBlockMemory"), len(passes))
-    with tgt:
-        front = schedule_passes(tgt, winograd=winograd)
-        if lifts_weights(mod):  # weight transforms run once at load (opsdk.transform._lift)
-            front = lift_passes(front)
-        scheduled = _run_timed(front, mod, seconds)
-        planned = _run_timed(passes[:cut], scheduled, seconds)
-    return scheduled, planned, passes[cut:]
-
-
-def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any) -> tuple[Any, Any]:
-    """The scheduled and planned modules of a model read from the compile cache, folding
-    through ``folds`` (the kernel cache's folded constants, or None)."""
-    from .transform._fold import fold_cache
-
-    with fold_cache(folds):
-        return _schedule_and_plan(mod, tgt, winograd)[:2]
-
-
-def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = True,
-                  cache: Any = None) -> CompiledModel:
-    """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
-    (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``).
-
-    The result is kept in the on-disk compile cache (:mod:`opsdk._modelcache`), keyed by the
-    module's content, the target, the options and the code versions; a second compile of an
-    unchanged module loads the library back instead. ``cache``: None follows the
-    environment (``OPSDK_NO_CACHE=1`` turns it off, ``OPSDK_CACHE_DIR`` moves it), False
-    compiles afresh, True uses the default folder, a path that folder.
-
-    Examples
-    --------
-    >>> import numpy as np, opsdk
-    >>> from tvm import relax
-    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
-    >>> bb = relax.BlockBuilder()
-    >>> with bb.function("main", [x]):
-    ...     with bb.dataflow():
-    ...         y = bb.emit_output(relax.op.nn.relu(x))
-    ...     _ = bb.emit_func_output(y)
-    >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
-    >>> cm.rule_counts()
-    {'x86.elementwise': 1}
-    """
-    from ._kernelcache import open_kernel_cache
-    from ._modelcache import open_cache
-    from .transform._fold import fold_cache
-
-    tgt = resolve_target(target)
-    t0 = time.perf_counter()
-    seconds: dict[str, float] = {}
-    store = open_cache(cache, tgt)
-    kcache = open_kernel_cache(cache, tgt)
-    folds = kcache.folds if kcache is not None else None
-    key = None
-    if store is not None:
-        with contextlib.suppress(Exception):  # a module the printer refuses: not cached
-            key = store.key(mod, tgt, {"pipeline": "opsdk", "winograd": bool(winograd)})
-    entry = store.load(key) if key else None
-    if entry is not None:
-        try:
-            ex = entry.load_module()
-        except Exception:  # never trust an entry that does not load: rebuild it
-            store.discard(key)
-        else:
-            seconds["model cache"] = time.perf_counter() - t0
-            _record(seconds)
-            return CompiledModel(
-                ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
-                library=entry.library, cached=True, entry=entry, timings=seconds,
-                rebuild=lambda: _replan(mod, tgt, winograd, folds))
-    if key:
-        seconds["model cache"] = time.perf_counter() - t0
-    with fold_cache(folds) as fold_stats:
-        scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
-    with tgt:
-        lowered = _run_timed(rest, planned, seconds)
-    _refuse_unlowered(lowered, tgt)
-    built, kernel_build = _build(lowered, tgt, kcache, seconds)
-    ex, library = built
-    cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned,
-                       library=library, timings=seconds, kernel_build=kernel_build)
-    if library is not None:  # its folder goes with the compiled model (the library is
-        # mapped once loaded; the file is what an artifact copies)
-        weakref.finalize(cm, shutil.rmtree, str(library.parent), True)
-    if key:
-        t1 = time.perf_counter()
-        kernels = json.loads(json.dumps(cm.kernels))  # as a cached copy reads them back
-        cm._kernels = kernels
-        export = (lambda path: ex.export_library(path, options=list(LINK_OPTIONS))) \
-            if library is None else (lambda path: shutil.copyfile(library, path))
-        cm._entry = store.store(key, export, {"kernels": kernels, "compile_s": cm.seconds})
-        if cm._entry is not None:  # a file to copy that outlives this process's temp dir
-            cm.library = cm._entry.library
-        seconds["model cache"] += time.perf_counter() - t1
-        cm.seconds = time.perf_counter() - t0
-    cm.fold_stats = fold_stats
-    _record(seconds, kernel_build, fold_stats)
-    return cm
-
-
-def _refuse_unlowered(lowered: tvm.IRModule, tgt: Any) -> None:
-    """Raise :class:`UnloweredOpError` naming every high-level Relax op (one with a
-    legalization registered) left in ``lowered``: TVM leaves a call whose form its
-    legalization does not take (an NHWC transposed conv, say) in place."""
-    left: dict[str, str] = {}
-
-    def visit(e: Any) -> None:
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
-                and e.op.get_attr("FLegalize") is not None and e.op.name not in left:
-            attrs = " ".join(str(e.attrs).split()) if e.attrs is not None else ""
-            left[e.op.name] = attrs if len(attrs) <= 160 else attrs[:157] + "..."
-
-    for _, f in lowered.functions.items():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f.body, visit)
-    if left:
-        what = "; ".join(f"{op}({a})" if a else op for op, a in left.items())
-        raise UnloweredOpError(
-            f"the model uses {what}, which no lowering handles for target {tgt.kind.name} "
-            f"({', '.join(map(str, tgt.keys))}) in this form; opsdk cannot compile it. "
-            "Rewrite that layer with supported ops, or register the op with opsdk.op and a "
-            "torch/ONNX mapping (docs/authoring.md)")
-
-
-def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]
-           ) -> tuple[tuple[Any, Any], Any]:
-    """((executable, library file or None), the kernel cache's record or None): through the
-    kernel cache when there is one, else ``tvm.compile`` (kept in memory)."""
-    if kcache is not None:
-        import tempfile
-        from pathlib import Path
-
-        work = Path(tempfile.mkdtemp(prefix="opsdk-model-"))
-        try:
-            got = kcache.build(lowered, tgt, work)
-        except Exception:  # the cache must never fail a compile: the ordinary way
-            got = None
-        if got is not None:
-            ex, lib, rec = got
-            for k, v in rec.seconds.items():
-                seconds[k] = seconds.get(k, 0.0) + v
-            return (ex, lib), rec
-        shutil.rmtree(work, ignore_errors=True)
-    from .transform import tir_pipeline  # the package is 0.3 s of import: not at the top
-
-    t0 = time.perf_counter()
-    ex = tvm.compile(lowered, target=tgt, relax_pipeline=None, tir_pipeline=tir_pipeline())
-    seconds["codegen"] = seconds.get("codegen", 0.0) + time.perf_counter() - t0
-    return (ex, None), None
-
-
-def load_compiled(key: str, target: Any = "x86") -> CompiledModel | None:
-    """The compiled model stored in the compile cache under ``key`` (``ModelReport.cache_key``
-    of an earlier report), or None when it is absent or fails a check. Its kernel facts and
-    library are the entry's; its IRModules are not there (``scheduled`` is None).
-
-    Examples
-    --------
-    >>> from opsdk.model import load_compiled
-    >>> load_compiled("0" * 64, "x86") is None
-    True
-    """
-    from ._modelcache import open_cache
-
-    tgt = resolve_target(target)
-    store = open_cache(None, tgt)
-    entry = store.load(key) if store is not None else None
-    if entry is None:
-        return None
-    try:
-        ex = entry.load_module()
-    except Exception:  # never trust an entry that does not load
-        store.discard(key)
-        return None
-    return CompiledModel(ex, None, tgt, 0.0, kernels=entry.meta["kernels"],
-                         library=entry.library, cached=True, entry=entry)
-
-
-def compile_default(mod: tvm.IRModule, target: Any = "x86", *, cache: Any = None) -> Any:
-    """``tvm.compile(mod, target=target)`` (TVM's default pipeline, the benchmarks'
-    baseline) through the compile cache of :func:`compile_model`: the executable, or the
-    library loaded back from the cache.
-
-    Examples
-    --------
-    >>> import numpy as np, opsdk, tvm
-    >>> from tvm import relax
-    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
-    >>> bb = relax.BlockBuilder()
-    >>> with bb.function("main", [x]):
-    ...     with bb.dataflow():
-    ...         y = bb.emit_output(relax.op.nn.relu(x))
-    ...     _ = bb.emit_func_output(y)
-    >>> ex = opsdk.model.compile_default(bb.get(), "x86", cache=False)
-    >>> vm = relax.VirtualMachine(ex, tvm.cpu())
-    >>> float(vm["main"](tvm.runtime.tensor(-np.ones((8, 16), "f4"))).numpy().max())
-    0.0
-    """
-    from ._modelcache import open_cache
-
-    tgt = resolve_target(target)
-    store = open_cache(cache, tgt)
-    key = None
-    if store is not None:
-        with contextlib.suppress(Exception):
-            key = store.key(mod, tgt, {"pipeline": "tvm-default"})
-    entry = store.load(key) if key else None
-    if entry is not None:
-        try:
-            return entry.load_module()
-        except Exception:
-            store.discard(key)
-    ex = tvm.compile(mod, target=tgt)
-    if key:
-        store.store(key, ex.export_library, {"kernels": []})
-    return ex
-
-
 # -------------------------------------------------------------------------------- reporting
 @dataclass
 class KernelReport:
@@ -757,7 +343,7 @@ class KernelReport:
     math_calls: dict[str, int] = field(default_factory=dict)
     time_ms: float | None = None
     share: float | None = None
-    #: Work of one call (:func:`opsdk._roofline.kernel_work`): TVM's operation count and the
+    #: Work of one call (:func:`opsdk._asm.kernel_work`): TVM's operation count and the
     #: parameters' bytes; None where a shape is symbolic.
     flops: float | None = None
     bytes: int | None = None
@@ -865,103 +451,6 @@ def _rate(v: float | None) -> str:
 
 def _size(n: int) -> str:
     return f"{n // 1024**2} MB" if n >= 1024**2 else f"{n // 1024} KB"
-
-
-def kernel_kind_rule(func: tirx.PrimFunc) -> tuple[str, str]:
-    """(kind, rule) of a scheduled kernel: ``opsdk.<op>`` for an opsdk op, else the kind
-    the driver classified (matmul, conv2d, ...); the rule that scheduled it, or ``generic``."""
-    from .schedules._kernels import classify
-
-    attrs = func.attrs or {}
-    op = attrs.get("opsdk.op")
-    kind = f"opsdk.{op}" if op is not None else str(attrs.get("opsdk.kind", classify(func)))
-    return kind, str(attrs.get("opsdk.rule", GENERIC))
-
-
-def kernel_facts(mod: tvm.IRModule) -> list[dict[str, Any]]:
-    """Every kernel of a scheduled module, sorted by name: ``{"name", "kind", "rule",
-    "out_elements", "flops", "bytes", "vectorized_loops", "parallel_loops"}`` (what
-    :func:`report` states of a kernel before timing it and reading its assembly; kept in
-    the compile cache).
-
-    Examples
-    --------
-    >>> import numpy as np, opsdk
-    >>> from tvm import relax
-    >>> x = relax.Var("x", relax.TensorType((64, 32), "float32"))
-    >>> w = relax.const(np.ones((32, 48), "float32"))
-    >>> bb = relax.BlockBuilder()
-    >>> with bb.function("main", [x]):
-    ...     with bb.dataflow():
-    ...         y = bb.emit_output(relax.op.matmul(x, w))
-    ...     _ = bb.emit_func_output(y)
-    >>> cm = opsdk.model.compile_model(bb.get(), "x86", cache=False)
-    >>> [(k["kind"], k["rule"], k["out_elements"]) for k in kernel_facts(cm.scheduled)]
-    [('matmul', 'x86.matmul', 3072)]
-    """
-    from ._roofline import kernel_work
-    from .schedules import rule_failures
-    from .verify._lints import loop_kinds
-
-    rows = []
-    for name, f in sorted(_kernels(mod).items()):
-        loops = loop_kinds(f)
-        kind, rule = kernel_kind_rule(f)
-        flops, nbytes = kernel_work(f)
-        rows.append({"name": name, "kind": kind, "rule": rule,
-                     "out_elements": _static_elements(f), "flops": flops, "bytes": nbytes,
-                     "vectorized_loops": int(loops.get("VECTORIZED", 0)),
-                     "parallel_loops": int(loops.get("PARALLEL", 0)),
-                     "rule_failures": rule_failures(f)})
-    return rows
-
-
-def scheduled_kernels(mod: tvm.IRModule) -> list[dict[str, str]]:
-    """Every kernel of a scheduled module: ``{"name", "kind", "rule"}``, sorted by name."""
-    rows = []
-    for name, f in sorted(_kernels(mod).items()):
-        kind, rule = kernel_kind_rule(f)
-        rows.append({"name": name, "kind": kind, "rule": rule})
-    return rows
-
-
-def _kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
-    return {
-        gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)
-    }
-
-
-def _static_elements(func: tirx.PrimFunc) -> int | None:
-    out = func.params[-1]
-    n = 1
-    for d in out.shape:
-        if not isinstance(d, tirx.IntImm):
-            return None
-        n *= int(d.value)
-    return n
-
-
-def _asm_facts(name: str, func: tirx.PrimFunc, tgt: Any) -> dict[str, Any]:
-    """Vector arithmetic (by register class), full-width vector loads/stores and scalar
-    math-library calls in the kernel's assembly, compiled alone (its parallel lambdas are
-    then its own)."""
-    from ._explain import asm_of
-    from .verify._lints import kernel_math_calls, kernel_vector_moves, kernel_vector_ops
-
-    facts: dict[str, Any] = {"vector_ops": {}, "vector_moves": 0, "math_calls": {}}
-    if tgt.kind.name != "llvm":
-        return facts
-    from .transform import tir_pipeline  # the package is 0.3 s of import: not at the top
-
-    f = func.with_attr("global_symbol", name)
-    try:
-        ex = tvm.compile(tvm.IRModule({name: f}), target=tgt, tir_pipeline=tir_pipeline())
-    except Exception:
-        return facts
-    asm, arch = asm_of(ex), target_arch(tgt)
-    return {"vector_ops": kernel_vector_ops(asm, arch, name),
-            "vector_moves": kernel_vector_moves(asm, arch, name),
-            "math_calls": kernel_math_calls(asm, name)}
 
 
 def report(

@@ -171,7 +171,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 
 def _profile(config: pytest.Config) -> str:
-    from opsdk.verify._engine import PROFILES
+    from opsdk.verify import PROFILES
 
     value = _option(config, "profile")
     if value:
@@ -188,11 +188,11 @@ class OpsdkFile(pytest.File):
         self.specs = specs
 
     def collect(self) -> Iterator[pytest.Item]:
+        from opsdk.targets import target_spec
         from opsdk.verify import capabilities
-        from opsdk.verify._engine import _target_name
 
         config = self.config
-        target = _target_name(_option(config, "target") or "host")
+        target = target_spec(_option(config, "target") or "host").name
         for d in _load(self.specs):
             for cell in capabilities(d, [target]):
                 if cell["claimed"]:

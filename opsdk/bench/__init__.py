@@ -13,8 +13,10 @@ Examples
 from __future__ import annotations
 
 from ._cases import DEFAULT_CASES, SPECS, Case, OpSpec
+from ._int8 import run_int8_bench
 from ._model import (
     MODEL_CANDIDATES,
+    first_torch_output,
     format_gemm_table,
     format_model_table,
     run_gemm_bench,
@@ -22,16 +24,20 @@ from ._model import (
 )
 from ._report import add_bench_arguments, format_table, plot, run_bench_command, summary
 from ._run import CANDIDATES, expand_cases, run_bench
+from ._timing import setup_threads
+from ._zoo import ZOO, select_zoo
 
 __all__ = [
     "CANDIDATES",
     "DEFAULT_CASES",
     "MODEL_CANDIDATES",
     "SPECS",
+    "ZOO",
     "Case",
     "OpSpec",
     "add_bench_arguments",
     "expand_cases",
+    "first_torch_output",
     "format_gemm_table",
     "format_model_table",
     "format_table",
@@ -39,6 +45,9 @@ __all__ = [
     "run_bench",
     "run_bench_command",
     "run_gemm_bench",
+    "run_int8_bench",
     "run_model_bench",
+    "select_zoo",
+    "setup_threads",
     "summary",
 ]

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..quant import agreement
-from ._model import _interleave, _ratio, _vm_timed, ort_session, setup_threads
-from ._run import _py_step, _Timer
+from ._model import _interleave, _ratio, _vm_timed
+from ._timing import Timer, ort_session, py_step, setup_threads
 
 __all__ = ["run_int8_bench"]
 
@@ -80,7 +80,7 @@ def run_int8_bench(
 
     n = setup_threads(threads)
     inputs = list(loaded.inputs)
-    timers: dict[str, _Timer] = {}
+    timers: dict[str, Timer] = {}
     outs: dict[str, np.ndarray] = {}
     timers["opsdk_int8"], outs["opsdk_int8"] = _vm_timed(
         compile_model(quantized.mod, target).ex, inputs)
@@ -97,13 +97,13 @@ def run_int8_bench(
             return o.detach().numpy()
 
         with torch.no_grad():
-            timers["torch_float"] = _Timer(_py_step(lambda: model(*targs)))
+            timers["torch_float"] = Timer(py_step(lambda: model(*targs)))
             with warnings.catch_warnings():  # its own deprecation notice, every call
                 warnings.simplefilter("ignore")
                 dyn = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
                                                              dtype=torch.qint8)
             outs["torch_dynamic_int8"] = first(dyn(*targs))
-            timers["torch_dynamic_int8"] = _Timer(_py_step(lambda: dyn(*targs)))
+            timers["torch_dynamic_int8"] = Timer(py_step(lambda: dyn(*targs)))
     if loaded.onnx is not None:
         try:
             sess_names = [i.name for i in ort_session(loaded.onnx, n).get_inputs()]
@@ -111,7 +111,7 @@ def run_int8_bench(
             sess = ort_session(q, n)
             feed = dict(zip(sess_names, inputs))
             outs["onnxruntime_static_int8"] = sess.run(None, feed)[0]
-            timers["onnxruntime_static_int8"] = _Timer(_py_step(lambda: sess.run(None, feed)))
+            timers["onnxruntime_static_int8"] = Timer(py_step(lambda: sess.run(None, feed)))
         except Exception as e:  # an op quantize_static cannot handle: say so in the report
             notes["onnxruntime_static_int8"] = f"{type(e).__name__}: {str(e)[:200]}"
     else:

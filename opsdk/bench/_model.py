@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._quiet import fd_silenced, verbose
-from ..runners.local import pool_defaults
-from ._run import _calls_step, _py_step, _Timer, _vm_step
+from ._timing import Timer, calls_step, ort_session, py_step, setup_threads, vm_step
 
 __all__ = [
     "ALL_CANDIDATES",
@@ -86,28 +85,8 @@ def peer_missing(candidate: str) -> str | None:
     return f"{mod} is not installed ({PEER_INSTALL[candidate]})"
 
 
-def setup_threads(threads: int | None) -> int:
-    """Give TVM, torch and onnxruntime the same thread count; returns it.
-
-    TVM 0.27 sizes its pool to half the logical CPUs on x86 unless ``TVM_NUM_THREADS`` is set
-    before the pool starts. TVM's idle workers keep their default spin (``sched_yield``
-    rounds, which give way to another runtime's threads): cutting it makes every parallel
-    call wake sleeping workers, which on a virtual machine costs more than the kernel
-    (measured: softmax 4096x768 0.90 ms with the default, 3.2 ms with 1000 rounds).
-    """
-    n = threads or os.cpu_count() or 1
-    pool_defaults(n)
-    try:
-        import torch
-
-        torch.set_num_threads(n)
-    except ImportError:
-        pass
-    return n
-
-
 def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
-              per_call: bool = False) -> tuple[_Timer, np.ndarray]:
+              per_call: bool = False) -> tuple[Timer, np.ndarray]:
     """A timer of ``ex``'s ``main`` on ``inputs`` (TVM's C++ timer loop; ``per_call``: each
     call timed from Python, as the peers are) and its first output."""
     import tvm
@@ -119,8 +98,8 @@ def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
     main = vm["main"]
     out = _first(main(*args))
     if per_call:
-        return _Timer(_calls_step(lambda: main(*args))), out
-    return _Timer(_vm_step(vm, args, dev)), out
+        return Timer(calls_step(lambda: main(*args))), out
+    return Timer(vm_step(vm, args, dev)), out
 
 
 def _first(out: Any) -> np.ndarray:
@@ -131,19 +110,7 @@ def _first(out: Any) -> np.ndarray:
     return out.numpy()
 
 
-def ort_session(onnx_bytes: bytes, threads: int) -> Any:
-    """An onnxruntime CPU session with ``threads`` intra-op threads (all graph
-    optimizations, its default), quiet."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
-
-
-def _interleave(timers: Mapping[str, _Timer], repeats: int, budget_s: float) -> None:
+def _interleave(timers: Mapping[str, Timer], repeats: int, budget_s: float) -> None:
     for t in timers.values():
         t.calibrate(budget_s)
     for _ in range(max(1, repeats)):
@@ -156,7 +123,7 @@ def _interleave(timers: Mapping[str, _Timer], repeats: int, budget_s: float) -> 
             time.sleep(_SETTLE_S)
 
 
-def _ratio(timers: Mapping[str, _Timer], c: str, base: str = "opsdk") -> float | None:
+def _ratio(timers: Mapping[str, Timer], c: str, base: str = "opsdk") -> float | None:
     t, b = timers.get(c), timers.get(base)
     if t is None or b is None:
         return None
@@ -255,7 +222,7 @@ def run_model_bench(
         row["inputs"] = [list(a.shape) for a in m.inputs]
         if progress and details and cm is not None:
             progress(f"{Path(name).name}: opsdk compiled in {cm.seconds:.1f} s")
-        timers: dict[str, _Timer] = {}
+        timers: dict[str, Timer] = {}
         outs: dict[str, np.ndarray] = {}
         ref = None
         if m.torch_module is not None:
@@ -279,7 +246,7 @@ def run_model_bench(
                 timers["tvm_default"], outs["tvm_default"] = _vm_timed(ex, m.inputs, details)
             except Exception as e:
                 row["errors"]["tvm_default"] = _line(e)
-        step = _calls_step if details else _py_step
+        step = calls_step if details else py_step
         for c in _PEERS:
             if c not in candidates:
                 continue
@@ -287,7 +254,7 @@ def run_model_bench(
                 continue  # an ONNX model: no torch program to run
             if c == "torch":
                 outs["torch"] = ref
-                timers["torch"] = _Timer(step(_torch_runner(m.torch_module, m.torch_args)))
+                timers["torch"] = Timer(step(_torch_runner(m.torch_module, m.torch_args)))
                 continue
             missing = peer_missing(c)
             if missing:
@@ -304,7 +271,7 @@ def run_model_bench(
                     t0 = time.perf_counter()
                     fn, outs[c] = _PEER_SETUP[c](m, n)
                     row[f"{c}_ready_s"] = time.perf_counter() - t0
-                timers[c] = _Timer(step(fn))
+                timers[c] = Timer(step(fn))
                 if progress and details:
                     progress(f"{Path(name).name}: {c} ready in {row[f'{c}_ready_s']:.1f} s")
             except Exception as e:
@@ -619,10 +586,10 @@ def run_gemm_bench(
         x = rng.standard_normal((m, k)).astype("float32")
         w = rng.standard_normal((k, n)).astype("float32")
         cm = compile_model(_gemm_module(m, n, k, w), target)
-        timers: dict[str, _Timer] = {}
+        timers: dict[str, Timer] = {}
         timers["opsdk"], got = _vm_timed(cm.ex, [x])
         tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        timers["torch"] = _Timer(_py_step(lambda tx=tx, tw=tw: torch.matmul(tx, tw)))
+        timers["torch"] = Timer(py_step(lambda tx=tx, tw=tw: torch.matmul(tx, tw)))
         ref = (x.astype(np.float64) @ w.astype(np.float64))
         # float32 dot products of length K: |err| <= K u sum|x||w| (recursive summation).
         bound = k * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64))

@@ -76,10 +76,10 @@ def _build(k: int, n: int, target: Any, attrs: dict[str, Any]) -> tuple[Any, str
     import tvm
     from tvm import relax, tirx
 
-    import opsdk
-    from opsdk.ops.qdense import qdense
-    from opsdk.registry import builder
-    from opsdk.schedules import last_choices
+    from ..ops.qdense import qdense
+    from ..registry import builder
+    from ..schedules import last_choices
+    from ..targets import target as resolve_target
 
     m = tirx.Var("m", "int64")
     shapes = {"x": (m, k), "w": (n, k), "w_scale": (n,), "bias": (n,)}
@@ -91,7 +91,7 @@ def _build(k: int, n: int, target: Any, attrs: dict[str, Any]) -> tuple[Any, str
             out = bb.emit_output(bb.emit(builder(qdense)(*params, **attrs)))
         bb.emit_func_output(out)
     before = len(last_choices())
-    ex = tvm.compile(bb.get(), target=opsdk.target(target))
+    ex = tvm.compile(bb.get(), target=resolve_target(target))
     chosen = [c.rule for c in last_choices()[before:] if c.op == "qdense"]
     return ex, (chosen[-1] if chosen else "generic")
 
@@ -150,9 +150,9 @@ def bench_qdense(
     import tvm
     from tvm import relax
 
-    import opsdk
-    from opsdk._explain import asm_of
-    from opsdk.ops.qdense import qdense
+    from .._asm import asm_of
+    from ..ops.qdense import qdense
+    from ..registry import is_registered, register, unregister
 
     threads = threads or os.cpu_count() or 1
     rng = np.random.default_rng(seed)
@@ -169,14 +169,14 @@ def bench_qdense(
         "per_channel": True,
     }
 
-    registered_here = not opsdk.is_registered("qdense")
+    registered_here = not is_registered("qdense")
     if registered_here:
-        opsdk.register(qdense)
+        register(qdense)
     try:
         ex, rule = _build(k, n, target, attrs)
     finally:
         if registered_here:
-            opsdk.unregister("qdense")
+            unregister("qdense")
     asm = asm_of(ex)
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)

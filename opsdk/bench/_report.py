@@ -306,14 +306,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(f"opsdk bench: error: {e}", file=sys.stderr)
         return 2
     if getattr(args, "module", None):
-        import opsdk
+        from .._plugins import load_plugins
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         from .._userfile import UserCodeError
 
         try:
-            opsdk.load_plugins(list(args.module))
+            load_plugins(list(args.module))
         except (ImportError, TypeError, ValueError, UserCodeError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2

@@ -12,14 +12,14 @@ import tvm
 from tvm import relax, s_tir, te
 
 from .._dtypes import np_dtype
+from .._tir import tir_pipeline as opsdk_tir
 from ..registry import get_op
-from ..schedules import last_choices
-from ..schedules._common import vector_lanes
+from ..schedules import last_choices, vector_lanes
 from ..targets import target as resolve_target
 from ..targets import target_arch
 from ..transform import LowerOps as opsdk_lower
-from ..transform import tir_pipeline as opsdk_tir
 from ._cases import DEFAULT_CASES, SPECS, Case, onnx_model
+from ._timing import Timer, ort_session, py_step, setup_threads, vm_step
 
 __all__ = ["CANDIDATES", "expand_cases", "run_bench"]
 
@@ -145,7 +145,7 @@ def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
 
 def _fuse(mod: tvm.IRModule, tgt) -> tvm.IRModule:
     """TVM's default legalization and fusion (what ``tvm.compile`` runs before codegen)."""
-    from ..transform._lower import fusion_passes
+    from .._pipeline import fusion_passes
 
     seq = tvm.transform.Sequential(fusion_passes())
     with tgt:
@@ -155,7 +155,7 @@ def _fuse(mod: tvm.IRModule, tgt) -> tvm.IRModule:
 def _kernel_timer(
     lowered: tvm.IRModule, vm: relax.VirtualMachine, args: list, tgt, dev,
     tir_pipeline: str = "default",
-) -> tuple[_Timer, bool]:
+) -> tuple[Timer, bool]:
     """Time the one kernel ``lowered`` holds on fixed buffers, like the copy roofline.
 
     Through the VM every call gets a fresh output and the previous result is still alive, so
@@ -176,8 +176,8 @@ def _kernel_timer(
             ex["main"](*args, out)
             want = vm["main"](*args).numpy()
             if want.shape == out.shape and np.array_equal(out.numpy(), want, equal_nan=True):
-                return _Timer(_mod_step(ex, [*args, out], dev)), True
-    return _Timer(_vm_step(vm, args, dev)), False
+                return Timer(_mod_step(ex, [*args, out], dev)), True
+    return Timer(vm_step(vm, args, dev)), False
 
 
 def _copy_kernel(n: int, dtype: str, tgt) -> tvm.runtime.Module:
@@ -200,60 +200,6 @@ def _copy_elems(nbytes: int, itemsize: int) -> int:
     n = max(nbytes // 2 // itemsize, 1)
     chunk = 4096
     return -(-n // chunk) * chunk
-
-
-# --------------------------------------------------------------------------------- timing
-class _Timer:
-    """One candidate: ``step(k)`` runs it ``k`` times and returns seconds per call."""
-
-    def __init__(self, step: Callable[[int], float]) -> None:
-        self.step = step
-        self.number = 1
-        self.samples: list[float] = []
-        self.calls: list[float] = []  # per-call seconds, when ``step`` records them (.last)
-
-    def calibrate(self, budget_s: float) -> None:
-        self.step(1)  # warm-up (first-touch pages, thread pool start)
-        per = max(self.step(1), 1e-7)
-        self.number = max(1, min(10_000, int(budget_s / per)))
-
-
-def _py_step(fn: Callable[[], Any]) -> Callable[[int], float]:
-    def step(k: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(k):
-            fn()
-        return (time.perf_counter() - t0) / k
-
-    return step
-
-
-def _calls_step(fn: Callable[[], Any]) -> Callable[[int], float]:
-    """Like :func:`_py_step`, timing each call too: ``step.last`` holds the last batch's."""
-
-    def step(k: int) -> float:
-        ts = []
-        t0 = time.perf_counter()
-        for _ in range(k):
-            a = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - a)
-        step.last = ts  # type: ignore[attr-defined]
-        return (time.perf_counter() - t0) / k
-
-    step.last = []  # type: ignore[attr-defined]
-    return step
-
-
-def _vm_step(vm: relax.VirtualMachine, args: list, dev) -> Callable[[int], float]:
-    cache: dict[int, Any] = {}
-
-    def step(k: int) -> float:
-        if k not in cache:  # the C++ timer loop: no Python overhead per call
-            cache[k] = vm.time_evaluator("main", dev, number=k, repeat=1)
-        return float(cache[k](*args).mean)
-
-    return step
 
 
 def _mod_step(ex, args: list, dev) -> Callable[[int], float]:
@@ -334,7 +280,6 @@ def _ort_callable(case: Case, ins: dict[str, np.ndarray], row: dict,
     model = onnx_model(case.op, arrays, _attrs(case))
     if model is None:
         return None
-    from ._model import ort_session
 
     try:
         sess = ort_session(model, threads)
@@ -394,7 +339,6 @@ def run_bench(
     if tgt.kind.name != "llvm" or target_arch(tgt) != target_arch(resolve_target("x86")):
         raise ValueError(f"target {target!r} does not run on this host; use x86 (the host CPU)")
     cands = [c for c in CANDIDATES if c in set(candidates)]
-    from ._model import setup_threads
 
     # The same threads for TVM, torch and onnxruntime; TVM keeps its default worker spin and
     # each timed batch follows an untimed warm-up batch (see setup_threads and the rounds).
@@ -427,7 +371,7 @@ def _run_case(
     itemsize = np.dtype(np_dtype(case.dtype)).itemsize
     nbytes = sum(a.nbytes for a in ins.values()) + int(np.prod(out_shape)) * itemsize
     targs = [tvm.runtime.tensor(a, dev) for a in ins.values()]
-    timers: dict[str, _Timer] = {}
+    timers: dict[str, Timer] = {}
     row: dict[str, Any] = {
         "op": case.op,
         "layout": case.layout,
@@ -473,11 +417,11 @@ def _run_case(
     if "torch" in cands and (case.op in SPECS or get_op(case.op).torch_maps):
         fn = _torch_callable(case, ins)
         if fn is not None:
-            timers["torch"] = _Timer(_py_step(fn))
+            timers["torch"] = Timer(py_step(fn))
     if "onnxruntime" in cands and case.op in SPECS:
         made = _ort_callable(case, ins, row, threads)
         if made is not None:
-            timers["onnxruntime"] = _Timer(_py_step(made))
+            timers["onnxruntime"] = Timer(py_step(made))
     hot = _hot_case(case, nbytes) if "hot" in cands and "opsdk" in cands else None
     if hot is not None:
         # The slice and a single row: their difference removes the fixed cost of a call
@@ -498,11 +442,11 @@ def _run_case(
         ex = _copy_kernel(half, case.dtype, tgt)
         src = tvm.runtime.tensor(np.zeros(half, np_dtype(case.dtype)), dev)
         dst = tvm.runtime.tensor(np.zeros(half, np_dtype(case.dtype)), dev)
-        timers["copy_tvm"] = _Timer(_mod_step(ex, [src, dst], dev))
+        timers["copy_tvm"] = Timer(_mod_step(ex, [src, dst], dev))
     if "copy_numpy" in cands:
         a = np.ones(half, np_dtype(case.dtype))
         b = np.empty_like(a)
-        timers["copy_numpy"] = _Timer(_py_step(lambda: np.copyto(b, a)))
+        timers["copy_numpy"] = Timer(py_step(lambda: np.copyto(b, a)))
     for t in timers.values():
         t.calibrate(budget_s)
     order = [c for c in _RUN_ORDER if c in timers]

@@ -40,7 +40,7 @@ class ZooModel:
         if gone:
             raise ImportError(f"needs {', '.join(gone)} (pip install 'opsdk[zoo]' "
                               "-c <(echo torch==2.13.0))")
-        from ..frontend._compat import prepare_model_imports
+        from ..frontend import prepare_model_imports
 
         prepare_model_imports()  # as load_model does: timm / transformers beside a CPU torch
         return self.build_fn()

@@ -431,7 +431,7 @@ def needed_features(tgt: Any) -> list[str]:
 def _export(cm: Any, path: Path, arch: str) -> None:
     """Write the compiled model's library to ``path`` (from the compile cache: a copy of
     the cached file; a library loaded back cannot be exported again)."""
-    from ..runners._provision import cross_compiler
+    from ..runners import cross_compiler
     from ..targets import LINK_OPTIONS
 
     if cm.library is not None:
@@ -588,11 +588,10 @@ def build_artifact(
     """
     import tvm
 
-    from .. import __version__
+    from .._version import __version__
     from ..model import compile_model, load_model
     from ..quant import agreement
-    from ..runners import LocalRunner
-    from ..runners._base import InputMismatch, check_inputs
+    from ..runners import InputMismatch, LocalRunner, check_inputs
     from ..runners.local import host_arch
     from ..targets import target as resolve_target
     from ..targets import target_arch
@@ -638,7 +637,7 @@ def build_artifact(
         + (f", {mcpu}" if mcpu else "") + ")")
     weights: dict[str, Any] = {}
     if lift_weights:
-        from ..transform._lift import weights_as_params
+        from ..transform import weights_as_params
 
         lifted, weights = weights_as_params(mod)
         if weights:  # else nothing to store apart: the module as it is

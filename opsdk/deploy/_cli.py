@@ -232,7 +232,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
 def run_run_command(args: argparse.Namespace) -> int:
     """``opsdk run``: exit 0 when every output matches, 1 when one does not."""
     from .._files import write_text_atomic
-    from ..runners._base import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
+    from ..runners import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
     from ._artifact import ArtifactError
     from ._run import format_run, run_artifact
 

@@ -31,7 +31,7 @@ class LoadedArtifact:
         self.load_seconds, self.transform_runs = load_seconds, transform_runs
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        from ..runners._base import to_numpy, to_tensor
+        from ..runners import to_numpy, to_tensor
 
         if len(inputs) != len(self.manifest["inputs"]):
             raise ArtifactError(f"{len(inputs)} inputs given, the model takes "

@@ -54,7 +54,7 @@ def runtime_paths(arch: str = "host") -> dict[str, list[Path]]:
     if arch in ("host", host_arch()):
         roots = [_dist("tvm") / "lib", ffi / "lib"]
     elif arch == "aarch64":
-        from ..runners._provision import arm_env, site_packages
+        from ..runners import arm_env, site_packages
 
         try:
             env = arm_env()

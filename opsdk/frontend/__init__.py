@@ -16,24 +16,40 @@ Examples
 
 from __future__ import annotations
 
+from ._compat import prepare_model_imports
+from ._modelfile import (
+                         call_entry,
+                         check_shape_names,
+                         example_args,
+                         export_user_model,
+                         import_model_module,
+                         random_inputs,
+)
 from ._onnx import ONNX_OPS, from_onnx, onnx_mapping_counts
 from ._params import bind_params
 from ._torch import (
-    TORCH_OPS,
-    decomposition_table,
-    from_torch,
-    mapping_counts,
-    torch_convert_map,
+                         TORCH_OPS,
+                         decomposition_table,
+                         from_torch,
+                         mapping_counts,
+                         torch_convert_map,
 )
 
 __all__ = [
-    "ONNX_OPS",
-    "TORCH_OPS",
-    "bind_params",
-    "decomposition_table",
-    "from_onnx",
-    "from_torch",
-    "mapping_counts",
-    "onnx_mapping_counts",
-    "torch_convert_map",
+                         "ONNX_OPS",
+                         "TORCH_OPS",
+                         "bind_params",
+                         "call_entry",
+                         "check_shape_names",
+                         "decomposition_table",
+                         "example_args",
+                         "export_user_model",
+                         "from_onnx",
+                         "from_torch",
+                         "import_model_module",
+                         "mapping_counts",
+                         "onnx_mapping_counts",
+                         "prepare_model_imports",
+                         "random_inputs",
+                         "torch_convert_map",
 ]

@@ -18,14 +18,32 @@ if TYPE_CHECKING:
 __all__ = ["ONNX_OPS", "from_onnx", "onnx_mapping_counts"]
 
 #: ONNX operator -> the TVM op its importer emits -> the opsdk op it becomes. The opset is the
-#: first one whose version TVM 0.27's importer implements.
-ONNX_OPS: dict[str, dict[str, Any]] = {
-    "LayerNormalization": {"since": 17, "tvm": "layer_norm", "opsdk": "layer_norm"},
-    "RMSNormalization": {"since": 23, "tvm": "rms_norm", "opsdk": "rms_norm"},
-    "Gelu": {"since": 20, "tvm": "gelu / gelu_tanh", "opsdk": "gelu"},
-    "Softmax": {"since": 13, "tvm": "softmax", "opsdk": "softmax"},
-    "GroupNormalization": {"since": 18, "tvm": "group_norm", "opsdk": "group_norm"},
-}
+#: first one whose version TVM 0.27's importer implements. Read, when first asked for (module
+#: ``__getattr__``), from the built-in ops' ``OpDef.replaces`` declarations.
+ONNX_OPS: dict[str, dict[str, Any]]
+
+
+def _onnx_ops() -> dict[str, dict[str, Any]]:
+    from ..ops import BUILTIN_OPS
+
+    out: dict[str, dict[str, Any]] = {}
+    for d in BUILTIN_OPS:
+        for tvm_op, _, info in d.replacements:
+            if info is None:
+                continue
+            onnx_type, since = info
+            short = tvm_op.removeprefix("relax.nn.")
+            if onnx_type in out:  # one ONNX operator, several TVM ops (Gelu: gelu, gelu_tanh)
+                out[onnx_type]["tvm"] += f" / {short}"
+            else:
+                out[onnx_type] = {"since": since, "tvm": short, "opsdk": d.name}
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ONNX_OPS":
+        return _onnx_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_onnx(

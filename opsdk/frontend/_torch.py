@@ -8,9 +8,6 @@ from typing import TYPE_CHECKING, Any
 import tvm
 from tvm import relax
 
-from .. import relax as _ops
-from .._dtypes import FLOAT_DTYPES
-
 if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
     import torch
     from torch import fx
@@ -19,30 +16,33 @@ __all__ = ["TORCH_OPS", "from_torch", "mapping_counts", "torch_convert_map"]
 
 Converter = Callable[["fx.Node", Any], relax.Expr]
 
-#: opsdk op -> the aten overloads (``node.target.__name__``) converted to it.
-TORCH_OPS: dict[str, tuple[str, ...]] = {
-    "layer_norm": ("layer_norm.default", "native_layer_norm.default"),
-    "rms_norm": ("rms_norm.default",),
-    "gelu": ("gelu.default",),
-    "softmax": ("softmax.int", "_softmax.default"),
-    "group_norm": ("group_norm.default", "native_group_norm.default"),
-}
-
-# Composite aten ops that torch's default decomposition table would break apart before TVM
-# sees them: keeping them lets the converters above (and linear's bias add, for bias_gelu)
-# see the op instead of its pieces.
-_PRESERVE = {
-    "layer_norm": ("layer_norm",),
-    "rms_norm": ("rms_norm",),
-    "softmax": ("softmax.int",),
-    "group_norm": ("group_norm",),
-}
+#: Built-in op -> the aten overloads (``node.target.__name__``) converted to it: the op files'
+#: ``OpDef.torch`` mappings, read when first asked for (module ``__getattr__``).
+TORCH_OPS: dict[str, tuple[str, ...]]
 
 
-def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
+def _builtins() -> list[Any]:
+    """The built-in ops that map torch ops (``OpDef.torch``), in the op list's order."""
+    from ..ops import BUILTIN_OPS
+
+    return [d for d in BUILTIN_OPS if d.torch_maps]
+
+
+def _is_builtin(d: Any) -> bool:
+    from ..ops import BUILTIN_OPS
+
+    return any(d is b for b in BUILTIN_OPS)
+
+
+def _torch_ops() -> dict[str, tuple[str, ...]]:
+    return {d.name: tuple(d.torch_maps) for d in _builtins()}
+
+
+def __getattr__(name: str) -> Any:
+    # TORCH_OPS is derived from the op files' own mappings, when first asked for.
+    if name == "TORCH_OPS":
+        return _torch_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tensor(imp: Any, v: Any) -> relax.Expr | None:
@@ -52,143 +52,16 @@ def _tensor(imp: Any, v: Any) -> relax.Expr | None:
     return imp.env[v]
 
 
-def _opsdk_dtype(x: relax.Expr) -> bool:
-    ty = x.ty
-    return isinstance(ty, relax.TensorType) and str(ty.dtype) in FLOAT_DTYPES
-
-
-def _ones(shape: list[Any], dtype: str, value: float) -> relax.Expr:
-    return relax.op.full(relax.ShapeExpr(shape), relax.const(value, dtype), dtype)
-
-
-def _fallback(imp: Any, node: fx.Node) -> relax.Expr:
-    """TVM's own ops, for inputs the opsdk op does not cover (float64, group norm that is not
-    4-D). Emitted here rather than through TVM's converters: in 0.27 those fail on absent
-    weights (``elementwise_affine=False``) and there is no rms_norm converter at all."""
-    name = node.target.__name__
-    x = imp.env[node.args[0]]
-    dtype = str(x.ty.dtype)
-    emit = imp.block_builder.emit
-    if name in ("layer_norm.default", "native_layer_norm.default", "rms_norm.default"):
-        shape = [int(d) for d in _arg(node, 1, "normalized_shape")]
-        axes = list(range(-len(shape), 0))
-        gamma = _tensor(imp, _arg(node, 2, "weight"))
-        gamma = _ones(shape, dtype, 1.0) if gamma is None else gamma
-        if name == "rms_norm.default":
-            eps = _arg(node, 3, "eps")
-            eps = _default_eps(dtype) if eps is None else eps
-            return emit(relax.op.nn.rms_norm(x, gamma, axes, float(eps)))
-        beta = _tensor(imp, _arg(node, 3, "bias"))
-        beta = _ones(shape, dtype, 0.0) if beta is None else beta
-        eps = _arg(node, 4, "eps", 1e-5)
-        return emit(relax.op.nn.layer_norm(x, gamma, beta, axes, float(eps)))
-    if name == "gelu.default":
-        approximate = _arg(node, 1, "approximate", "none")
-        return emit(relax.op.nn.gelu_tanh(x) if approximate == "tanh" else relax.op.nn.gelu(x))
-    gamma, beta, groups, eps = _group_norm_args(imp, node)
-    c = x.ty.shape[1]
-    gamma = _ones([c], dtype, 1.0) if gamma is None else gamma
-    beta = _ones([c], dtype, 0.0) if beta is None else beta
-    axes = list(range(2, x.ty.ndim))
-    return emit(relax.op.nn.group_norm(x, gamma, beta, int(groups), 1, axes, float(eps)))
-
-
-def _default_eps(dtype: str) -> float:
-    """torch's rms_norm default: the machine epsilon of the input dtype."""
-    import torch
-
-    return float(torch.finfo(getattr(torch, dtype)).eps)
-
-
-def _layer_norm(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
-    if not _opsdk_dtype(x):
-        return _fallback(imp, node)
-    shape = _arg(node, 1, "normalized_shape")
-    gamma = _tensor(imp, _arg(node, 2, "weight"))
-    beta = _tensor(imp, _arg(node, 3, "bias"))
-    eps = _arg(node, 4, "eps", 1e-5)
-    call = _ops.layer_norm(x, gamma, beta, begin_axis=-len(shape), epsilon=float(eps))
-    # native_layer_norm returns (out, mean, rstd); inference graphs read only [0], and TVM's
-    # getitem passes a tensor through for an integer index, as TVM's own converter relies on.
-    return imp.block_builder.emit(call)
-
-
-def _rms_norm(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
-    if not _opsdk_dtype(x):
-        return _fallback(imp, node)
-    shape = _arg(node, 1, "normalized_shape")
-    gamma = _tensor(imp, _arg(node, 2, "weight"))
-    eps = _arg(node, 3, "eps")
-    eps = _default_eps(str(x.ty.dtype)) if eps is None else eps
-    call = _ops.rms_norm(x, gamma, begin_axis=-len(shape), epsilon=float(eps))
-    return imp.block_builder.emit(call)
-
-
-def _gelu(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
-    approximate = _arg(node, 1, "approximate", "none")
-    if not _opsdk_dtype(x) or approximate not in ("none", "tanh"):
-        return _fallback(imp, node)
-    return imp.block_builder.emit(_ops.gelu(x, approximate=approximate))
-
-
-def _softmax(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
-    dim = _arg(node, 1, "dim", -1)
-    if node.target.__name__ == "_softmax.default":
-        to_float = bool(_arg(node, 2, "half_to_float", False))
-        dtype = "float32" if to_float else None
-    else:
-        dtype = _arg(node, 2, "dtype")
-        dtype = None if dtype is None else imp._convert_data_type(dtype)
-    if dtype is not None and dtype != str(x.ty.dtype):
-        x = imp.block_builder.emit(relax.op.astype(x, dtype))  # torch casts the input first
-    if not _opsdk_dtype(x):
-        return imp.block_builder.emit(relax.op.nn.softmax(x, dim))
-    return imp.block_builder.emit(_ops.softmax(x, axis=int(dim)))
-
-
-def _group_norm_args(imp: Any, node: fx.Node) -> tuple[Any, Any, Any, Any]:
-    """(gamma, beta, groups, eps) of either torch group-norm op; gamma/beta may be None."""
-    if node.target.__name__ == "native_group_norm.default":
-        # (input, weight, bias, N, C, HxW, group, eps)
-        return (_tensor(imp, node.args[1]), _tensor(imp, node.args[2]), node.args[6],
-                node.args[7])
-    # (input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True)
-    return (_tensor(imp, _arg(node, 2, "weight")), _tensor(imp, _arg(node, 3, "bias")),
-            _arg(node, 1, "num_groups"), _arg(node, 4, "eps", 1e-5))
-
-
-def _group_norm(node: fx.Node, imp: Any) -> relax.Expr:
-    x = imp.env[node.args[0]]
-    gamma, beta, groups, eps = _group_norm_args(imp, node)
-    ty = x.ty
-    static_c = ty.ndim == 4 and isinstance(ty.shape[1], tvm.tirx.IntImm)
-    if not _opsdk_dtype(x) or not static_c:  # opsdk.group_norm: 4-D, static channels
-        return _fallback(imp, node)
-    call = _ops.group_norm(x, gamma, beta, num_groups=int(groups), epsilon=float(eps))
-    return imp.block_builder.emit(call)
-
-
-_CONVERTERS: dict[str, Converter] = {
-    "layer_norm": _layer_norm,
-    "rms_norm": _rms_norm,
-    "gelu": _gelu,
-    "softmax": _softmax,
-    "group_norm": _group_norm,
-}
-
-
-def _select(ops: Iterable[str] | None) -> list[str]:
-    names = list(TORCH_OPS) if ops is None else list(ops)
-    unknown = [n for n in names if n not in TORCH_OPS]
+def _select(ops: Iterable[str] | None) -> list[Any]:
+    known = _torch_ops()
+    names = list(known) if ops is None else list(ops)
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
-            f"unknown opsdk ops {unknown} for the torch importer; use {list(TORCH_OPS)}"
+            f"unknown opsdk ops {unknown} for the torch importer; use {list(known)}"
         )
-    return names
+    by_name = {d.name: d for d in _builtins()}
+    return [by_name[n] for n in names]
 
 
 def torch_convert_map(ops: Iterable[str] | None = None) -> dict[str, Converter]:
@@ -215,7 +88,7 @@ def torch_convert_map(ops: Iterable[str] | None = None) -> dict[str, Converter]:
     >>> sorted(torch_convert_map(["gelu", "softmax"]))
     ['_softmax.default', 'gelu.default', 'softmax.int']
     """
-    return {aten: _CONVERTERS[op] for op in _select(ops) for aten in TORCH_OPS[op]}
+    return {aten: fn or _op_converter(d) for d in _select(ops) for aten, fn in d.torch_maps.items()}
 
 
 def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = True,
@@ -240,7 +113,7 @@ def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = Tr
     import torch
 
     table = torch.export.default_decompositions()
-    names = [name for op in _select(ops) for name in _PRESERVE.get(op, ())]
+    names = [name for d in _select(ops) for name in d.torch_keep]
     if keep_linear:
         names.append("linear")
     for name in [*names, *keep]:
@@ -274,15 +147,27 @@ def _op_converter(d: Any) -> Converter:
 
 
 def _op_mappings(skip: Iterable[str]) -> dict[str, tuple[str, Converter]]:
-    """aten name -> (op, converter) from the registered ops' ``OpDef.torch`` mappings."""
+    """aten name -> (op, converter) from the registered ops' ``OpDef.torch`` mappings (the
+    built-in ops' are selected by ``from_torch(ops=...)`` instead)."""
     from ..registry import registered_ops
 
     out: dict[str, tuple[str, Converter]] = {}
     for d in registered_ops():
+        if _is_builtin(d):
+            continue
         for aten, fn in d.torch_maps.items():
             if aten not in skip:
                 out[aten] = (d.name, fn or _op_converter(d))
     return out
+
+
+def _user_keep(mapped: Mapping[str, tuple[str, Converter]]) -> list[str]:
+    """The aten ops the applied user mappings keep out of the decomposition (``OpDef.torch``'s
+    ``keep``, by default the mapped overloads themselves)."""
+    from ..registry import get_op
+
+    ops = dict.fromkeys(op for op, _ in mapped.values())
+    return [k for op in ops for k in get_op(op).torch_keep]
 
 
 def mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
@@ -374,17 +259,22 @@ def from_torch(
 
     from tvm.relax.frontend.torch import from_exported_program
 
-    names = _select(ops)
+    from ..registry import registered_ops
+
+    names = [d.name for d in _select(ops)]
     custom = dict(custom_convert_map or {})
     if op_mappings is None:
         op_mappings = ops is None
     mapped = _op_mappings(skip=custom) if op_mappings else {}
     if decompose:
-        table = decomposition_table(names, keep=[*custom, *mapped])
+        table = decomposition_table(names, keep=[*custom, *_user_keep(mapped)])
         exported_program = exported_program.run_decompositions(table)
     cmap: dict[str, Converter] = torch_convert_map(names)
-    # TVM has no rms_norm converter: one left whole (decompose=False, or not mapped) still imports.
-    cmap.setdefault("rms_norm.default", lambda node, imp: _fallback(imp, node))
+    # A mapped aten op TVM's importer cannot convert (rms_norm) still imports when its op's
+    # mapping is not applied (decompose=False, or not selected).
+    for d in registered_ops():
+        for aten, fn in d.torch_unmapped.items():
+            cmap.setdefault(aten, fn)
     hits = dict.fromkeys([*mapped, *custom], 0)
     cmap.update({k: _counted(k, fn, hits) for k, (_, fn) in mapped.items()})
     cmap.update({k: _counted(k, fn, hits) for k, fn in custom.items()})

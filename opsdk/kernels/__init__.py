@@ -12,7 +12,7 @@ float64 reference, schedule invariance against the unscheduled kernel, hypothesi
 shapes with tails, symbolic batch, x86 and emulated aarch64, vector / parallel lints.
 
 They are not registered by ``import opsdk`` (they are not ops to put in a model);
-:func:`register_kernels` does, and verify does it for the run.
+:func:`opsdk.registry.register_kernels` does, and verify does it for the run.
 
 Examples
 --------
@@ -31,7 +31,6 @@ from .winograd import tvm_conv2d_winograd
 
 __all__ = [
     "KERNEL_OPS",
-    "register_kernels",
     "tvm_conv2d",
     "tvm_conv2d_winograd",
     "tvm_matmul",
@@ -43,10 +42,3 @@ __all__ = [
 #: The kernel families, in verification order. Adding one means adding it here.
 KERNEL_OPS = (tvm_matmul, tvm_conv2d, tvm_conv2d_winograd, tvm_pool2d, tvm_mean,
               tvm_reduce)
-
-
-def register_kernels() -> list:
-    """Register the kernel families as Relax ops ``opsdk.tvm_*`` (idempotent)."""
-    from ..registry import register
-
-    return [register(d) for d in KERNEL_OPS]

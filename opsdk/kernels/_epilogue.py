@@ -15,6 +15,8 @@ from typing import Literal
 import numpy as np
 from tvm import te, tirx
 
+from .._errmodel import MATH_ULPS
+
 Activation = Literal["none", "relu", "relu6", "silu", "hardswish", "sigmoid", "tanh"]
 
 #: Every activation kind, for the kernel families' attribute domains.
@@ -95,8 +97,6 @@ def activation_error(pre: np.ndarray, e: np.ndarray | float, activation: str,
     ``e`` on its computed value's error: the activation's slope times ``e``, plus the
     roundings of evaluating it at the computed value (``|y^| <= |pre| + e``), with the math
     library's accuracy from :data:`opsdk.verify.MATH_ULPS`. ReLU / ReLU6 add no rounding."""
-    from ..verify._tolerance import MATH_ULPS
-
     e = np.asarray(e, dtype=np.float64)
     grown = _SLOPE[activation] * e
     y = np.abs(pre) + e

@@ -20,8 +20,8 @@ from typing import Literal
 import numpy as np
 from tvm import te
 
+from .._errmodel import error_model
 from .._opdef import Tensor, op
-from ..verify._tolerance import error_model
 from ._epilogue import (
     ACTIVATIONS,
     Activation,

@@ -34,9 +34,8 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
+from .._errmodel import error_model
 from .._opdef import Tensor, op
-from ..schedules._kernels import WINOGRAD_TAG
-from ..verify._tolerance import error_model
 from ._epilogue import (
     ACTIVATIONS,
     Activation,
@@ -52,6 +51,7 @@ from .conv2d import _conv_np
 __all__ = [
     "MIN_CHANNELS",
     "TAG",
+    "WINOGRAD_TAG",
     "legalize_conv2d",
     "tvm_conv2d_winograd",
     "winograd_abs",
@@ -59,8 +59,9 @@ __all__ = [
     "winograd_eligible",
 ]
 
-#: The block annotation naming each stage (``weight``, ``input``, ``gemm``, ``output``).
-TAG = WINOGRAD_TAG
+#: The block annotation naming each stage (``weight``, ``input``, ``gemm``, ``output``): how
+#: the schedule rules (:func:`opsdk.schedules.classify`) recognize a Winograd conv.
+WINOGRAD_TAG = TAG = "opsdk.winograd"
 
 #: Output tile size ``m`` of F(m x m, 3 x 3) and the input tile ``alpha = m + 2``.
 M, ALPHA = 2, 4

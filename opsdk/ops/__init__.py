@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._quant import QRANGE
 from .bias_gelu import bias_gelu
 from .dequantize import dequantize
 from .gelu import gelu
@@ -14,7 +15,7 @@ from .requantize import requantize
 from .rms_norm import rms_norm
 from .softmax import softmax
 
-__all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS"]
+__all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS", "QRANGE"]
 
 #: The float ops (float32 / float16 / bfloat16, verified against error models).
 FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)

@@ -10,8 +10,9 @@ import numpy as np
 from tvm import te
 
 from .._domains import log_uniform
+from .._errmodel import error_model
 from .._opdef import Axis, Tensor, op
-from ._quant import param_shape, param_view, per_channel_index
+from ._quant import exact_model, param_shape, param_view, per_channel_index
 
 
 def _reference(q, scale, zero_point, *, axis=-1, per_channel=False):
@@ -46,3 +47,7 @@ def dequantize(
         return (q(*i).astype("int32") - zero_point(c)).astype("float32") * scale(c)
 
     return te.compute(q.shape, body, name="dequantize")
+
+
+# Keyed by the reference: variants (same math) share it.
+error_model(_reference)(exact_model)

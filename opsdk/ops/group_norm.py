@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from .._dtypes import FLOAT_DTYPES
+from .._errmodel import ModelInput, error_model, norm_rows
 from .._opdef import Tensor, op
+from .._patterns import (
+    ONES,
+    ZEROS,
+    affine_params,
+    call_attr,
+    const_value,
+    either,
+    float_tensor,
+    reduced_axes,
+    same_dims,
+    scalar_value,
+    shape_of,
+    static_shape,
+)
 from ..te_utils import acc, rsqrt_finite
+from ._convert import arg, covered_dtype, filled, tensor
 
 
 def _channel_axis(layout: str) -> int:
@@ -166,9 +183,172 @@ def group_norm(
     return te.compute(x.shape, out, name="group_norm")
 
 
-@group_norm.fusion()
-def _decomposed():
-    # ONNX's InstanceNormalization form of GroupNorm (torch.onnx below opset 18)
-    from ..transform._fuse import group_norm_patterns
+# ---------------------------------------------------------------------------------------------
+# Error model
 
-    return group_norm_patterns()
+
+@error_model(_reference)  # keyed by the reference: variants (same math) share it
+def _error(m: ModelInput) -> np.ndarray:
+    x = m.inputs["x"]
+    nhwc = m.attrs["layout"] == "NHWC"
+    if nhwc:
+        x = x.transpose(0, 3, 1, 2)
+    N, C, H, W = x.shape
+    groups = m.attrs["num_groups"]
+    rows, n = N * groups, (C // groups) * H * W
+
+    def chan(t: np.ndarray | None) -> np.ndarray | None:
+        if t is None:
+            return None
+        return np.broadcast_to(t.reshape(1, C, 1, 1), x.shape).reshape(rows, n)
+
+    E = norm_rows(x.reshape(rows, n), chan(m.inputs.get("gamma")), chan(m.inputs.get("beta")),
+                  m.attrs["epsilon"], True, m.u).reshape(x.shape)
+    return E.transpose(0, 2, 3, 1) if nhwc else E
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: group_norm / native_group_norm (``keep``: native_group_norm is what torch's
+# decomposition makes of group_norm)
+
+
+def _torch_args(imp: Any, node: Any) -> tuple[Any, Any, Any, Any]:
+    """(gamma, beta, groups, eps) of either torch group-norm op; gamma/beta may be None."""
+    if node.target.__name__ == "native_group_norm.default":
+        # (input, weight, bias, N, C, HxW, group, eps)
+        return (tensor(imp, node.args[1]), tensor(imp, node.args[2]), node.args[6],
+                node.args[7])
+    # (input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True)
+    return (tensor(imp, arg(node, 2, "weight")), tensor(imp, arg(node, 3, "bias")),
+            arg(node, 1, "num_groups"), arg(node, 4, "eps", 1e-5))
+
+
+def _tvm_from_torch(node: Any, imp: Any) -> relax.Expr:
+    """TVM's own ``group_norm`` for a node opsdk's op does not cover (float64, not 4-D).
+    Emitted here rather than through TVM's converter: in 0.27 it fails on absent weights."""
+    x = imp.env[node.args[0]]
+    dtype = str(x.ty.dtype)
+    gamma, beta, groups, eps = _torch_args(imp, node)
+    c = x.ty.shape[1]
+    gamma = filled([c], dtype, 1.0) if gamma is None else gamma
+    beta = filled([c], dtype, 0.0) if beta is None else beta
+    axes = list(range(2, x.ty.ndim))
+    return imp.block_builder.emit(
+        relax.op.nn.group_norm(x, gamma, beta, int(groups), 1, axes, float(eps)))
+
+
+def _from_torch(node: Any, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    gamma, beta, groups, eps = _torch_args(imp, node)
+    ty = x.ty
+    static_c = ty.ndim == 4 and isinstance(ty.shape[1], tirx.IntImm)
+    if not covered_dtype(x) or not static_c:  # opsdk.group_norm: 4-D, static channels
+        return _tvm_from_torch(node, imp)
+    call = group_norm(x, gamma, beta, num_groups=int(groups), epsilon=float(eps))
+    return imp.block_builder.emit(call)
+
+
+group_norm.torch("group_norm.default", "native_group_norm.default", convert=_from_torch,
+                 keep=("group_norm",))
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM's R.nn.group_norm (ONNX GroupNormalization): 4-D NCHW / NHWC, static channels, floats
+
+
+@group_norm.replaces("relax.nn.group_norm", onnx="GroupNormalization", since=18)
+def _tvm_group_norm() -> tuple[DFPattern, Any]:
+    pattern = is_op("relax.nn.group_norm")(wildcard(), ONES | wildcard(), ZEROS | wildcard())
+
+    def build(call: relax.Call, m: Any) -> relax.Expr | None:
+        x = call.args[0]
+        ty = float_tensor(x)
+        if ty is None or ty.ndim != 4:
+            return None
+        caxis = call_attr(call, "channel_axis") % 4
+        axes = sorted(a % 4 for a in call_attr(call, "axes"))
+        layout = {(1, (2, 3)): "NCHW", (3, (1, 2)): "NHWC"}.get((caxis, tuple(axes)))
+        shape = static_shape(x)
+        params = affine_params(call, m)
+        if layout is None or shape is None or params is None:  # opsdk: static channel count
+            return None
+        return group_norm(
+            x,
+            *params,
+            num_groups=int(call_attr(call, "num_groups")),
+            epsilon=float(call_attr(call, "epsilon")),
+            layout=layout,
+        )
+
+    return pattern, build
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion: GroupNorm as exporters decompose it
+
+
+def _decomposed_rule(affine: bool) -> tuple[DFPattern, Any]:
+    """``reshape(x, [N, G, -1])`` normalized over the last axis (mean, ``variance`` + eps,
+    sqrt, divide), optionally scaled / shifted by per-group ones / zeros (ONNX
+    InstanceNormalization's own parameters), reshaped back to ``x``'s NCHW shape, then ``*
+    gamma`` and ``+ beta`` per channel: what torch.onnx emits for GroupNorm at opset < 18."""
+    x, shp, back = wildcard(), wildcard(), wildcard()
+    r = is_op("relax.reshape")(x, shp)
+    mean = is_op("relax.mean")(r)
+    var = is_op("relax.variance")(r)
+    eps = is_const()
+    norm = is_op("relax.divide")(is_op("relax.subtract")(r, mean),
+                                 is_op("relax.sqrt")(either("relax.add", var, eps)))
+    ones = is_const() | is_op("relax.reshape")(is_const(), wildcard())
+    zeros = is_const() | is_op("relax.reshape")(is_const(), wildcard())
+    inorm = either("relax.add", either("relax.multiply", norm, ones), zeros) | norm
+    restored = is_op("relax.reshape")(inorm, back)
+    gamma, beta = wildcard(), wildcard()
+    root = either("relax.add", either("relax.multiply", restored, gamma), beta) if affine \
+        else restored
+
+    def fused(orig: relax.Call, m: Any) -> relax.Expr | None:
+        xv = m[x]
+        ty = float_tensor(xv)
+        rs = shape_of(m[r])
+        if ty is None or ty.ndim != 4 or rs is None or len(rs) != 3:
+            return None
+        xs = shape_of(xv)
+        if not same_dims(shape_of(m[restored]), xs) or not same_dims(rs[:1], xs[:1]):
+            return None
+        for ax in (mean, var):
+            if reduced_axes(m[ax], 3) != [2]:
+                return None
+        if call_attr(m[var], "unbiased", False):
+            return None  # a sample variance is not GroupNorm's
+        if not isinstance(rs[1], tirx.IntImm) or not isinstance(xs[1], tirx.IntImm):
+            return None
+        groups, channels = int(rs[1].value), int(xs[1].value)
+        if channels % groups:
+            return None
+        e = scalar_value(m[eps])
+        if e is None or e < 0:
+            return None
+        if ones in m and not np.all(const_value(m[ones]) == 1):
+            return None  # an InstanceNorm scale that is not 1: more than a GroupNorm
+        if zeros in m and not np.all(const_value(m[zeros]) == 0):
+            return None
+        params: list[relax.Expr] = []
+        for p in (gamma, beta) if affine else ():
+            ps = shape_of(m[p])
+            if ps is None or float_tensor(m[p]) is None or str(m[p].ty.dtype) != str(ty.dtype):
+                return None
+            dims = [int(d.value) if isinstance(d, tirx.IntImm) else -1 for d in ps]
+            if dims[-3:] != [channels, 1, 1] or any(d != 1 for d in dims[:-3]):
+                return None  # per channel (C, 1, 1) only
+            params.append(relax.op.reshape(m[p], [channels]))
+        return group_norm(xv, *params, num_groups=groups, epsilon=e, layout="NCHW")
+
+    return root, fused
+
+
+@group_norm.fusion()
+def _decomposed() -> list[tuple[DFPattern, Any]]:
+    # ONNX's InstanceNormalization form of GroupNorm (torch.onnx below opset 18), with and
+    # without the per-channel gamma / beta
+    return [_decomposed_rule(affine=True), _decomposed_rule(affine=False)]

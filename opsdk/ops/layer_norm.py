@@ -6,12 +6,19 @@ for inputs with a large mean, where the one-pass ``E[x^2] - E[x]^2`` cancels cat
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from tvm import te
+from tvm import relax, te
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .._dtypes import FLOAT_DTYPES
+from .._errmodel import error_model
 from .._opdef import Axis, Tensor, op
+from .._patterns import ONES, ZEROS, affine_params, call_attr, float_tensor, trailing_begin
 from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
+from ._convert import arg, covered_dtype, filled, tensor
+from ._norm import NormChain, norm_error
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -95,10 +102,78 @@ def layer_norm(
     return te.compute(x.shape, out, name="layer_norm")
 
 
+# Error model, keyed by the reference: variants of the op (same math) share it.
+error_model(_reference)(norm_error)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: layer_norm / native_layer_norm (``keep``: native_layer_norm is what torch's
+# decomposition makes of layer_norm)
+
+
+def _tvm_from_torch(node: Any, imp: Any) -> relax.Expr:
+    """TVM's own ``layer_norm`` for a node opsdk's op does not cover (float64). Emitted here
+    rather than through TVM's converter: in 0.27 it fails on absent weights
+    (``elementwise_affine=False``)."""
+    x = imp.env[node.args[0]]
+    dtype = str(x.ty.dtype)
+    shape = [int(d) for d in arg(node, 1, "normalized_shape")]
+    gamma = tensor(imp, arg(node, 2, "weight"))
+    gamma = filled(shape, dtype, 1.0) if gamma is None else gamma
+    beta = tensor(imp, arg(node, 3, "bias"))
+    beta = filled(shape, dtype, 0.0) if beta is None else beta
+    eps = arg(node, 4, "eps", 1e-5)
+    axes = list(range(-len(shape), 0))
+    return imp.block_builder.emit(relax.op.nn.layer_norm(x, gamma, beta, axes, float(eps)))
+
+
+def _from_torch(node: Any, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    if not covered_dtype(x):
+        return _tvm_from_torch(node, imp)
+    shape = arg(node, 1, "normalized_shape")
+    gamma = tensor(imp, arg(node, 2, "weight"))
+    beta = tensor(imp, arg(node, 3, "bias"))
+    eps = arg(node, 4, "eps", 1e-5)
+    call = layer_norm(x, gamma, beta, begin_axis=-len(shape), epsilon=float(eps))
+    # native_layer_norm returns (out, mean, rstd); inference graphs read only [0], and TVM's
+    # getitem passes a tensor through for an integer index, as TVM's own converter relies on.
+    return imp.block_builder.emit(call)
+
+
+layer_norm.torch("layer_norm.default", "native_layer_norm.default", convert=_from_torch,
+                 keep=("layer_norm",))
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM's R.nn.layer_norm (ONNX LayerNormalization): over trailing axes, float dtypes
+
+
+@layer_norm.replaces("relax.nn.layer_norm", onnx="LayerNormalization", since=17)
+def _tvm_layer_norm() -> tuple[DFPattern, Any]:
+    pattern = is_op("relax.nn.layer_norm")(wildcard(), ONES | wildcard(), ZEROS | wildcard())
+
+    def build(call: relax.Call, m: Any) -> relax.Expr | None:
+        x = call.args[0]
+        ty = float_tensor(x)
+        if ty is None:
+            return None
+        begin = trailing_begin(call_attr(call, "axes"), ty.ndim)
+        params = affine_params(call, m)
+        if begin is None or params is None:
+            return None
+        return layer_norm(x, *params, begin_axis=begin,
+                          epsilon=float(call_attr(call, "epsilon")))
+
+    return pattern, build
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion: the decomposed chain as exporters spell it
+
+
 @layer_norm.fusion()
-def _decomposed():
+def _decomposed() -> list[tuple[DFPattern, Any]]:
     # the decomposed LayerNorm as exporters spell it (x - mean, its mean square, + eps,
     # sqrt and divide or rsqrt and multiply, optional gamma / beta)
-    from ..transform._fuse import layer_norm_patterns
-
-    return layer_norm_patterns()
+    return NormChain(center=True, op=layer_norm).patterns()

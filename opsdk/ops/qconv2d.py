@@ -26,8 +26,9 @@ import numpy as np
 from tvm import te, tirx
 
 from .._domains import log_uniform
+from .._errmodel import error_model
 from .._opdef import Tensor, op
-from ._quant import QRANGE, rint_f32, round_to_te
+from ._quant import QRANGE, exact_model, rint_f32, round_to_te
 from .qdense import BLOCK, KGROUP, packed_channel_terms, packed_epilogue
 
 __all__ = [
@@ -493,3 +494,7 @@ def qconv2d_depthwise_padded(
                          per_channel)
 
     return te.compute(oshape, body, name="qconv2d")
+
+
+# Keyed by the reference: variants (same math) share it.
+error_model(_reference)(exact_model)

@@ -26,8 +26,9 @@ import numpy as np
 from tvm import te, tirx
 
 from .._domains import log_uniform
+from .._errmodel import error_model
 from .._opdef import Tensor, op
-from ._quant import QRANGE, rint_f32, round_to_te
+from ._quant import QRANGE, exact_model, rint_f32, round_to_te
 
 __all__ = [
     "ATTRS_KEY",
@@ -359,3 +360,7 @@ def qdense_packed(
     # (a predicate on the channel lanes would scalarize it); only the copy out is cut to (M, N).
     tile = te.compute((mp, dim(np_)), body, name="qtile")
     return te.compute((m, dim(n)), lambda i, j: tile[i, j], name="qdense")
+
+
+# Keyed by the reference: variants (same math) share it.
+error_model(_reference)(exact_model)

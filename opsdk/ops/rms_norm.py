@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from tvm import te
+from tvm import relax, te
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .._dtypes import FLOAT_DTYPES
+from .._errmodel import ModelInput, error_model
 from .._opdef import Axis, Tensor, op
+from .._patterns import call_attr, float_tensor, trailing_begin
 from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
+from ._convert import arg, covered_dtype, filled, tensor
+from ._norm import NormChain, norm_error
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -67,9 +74,74 @@ def rms_norm(
     return te.compute(x.shape, out, name="rms_norm")
 
 
-@rms_norm.fusion()
-def _decomposed():
-    # the decomposed RMSNorm (x * rsqrt(mean(x^2) + eps), optional gamma)
-    from ..transform._fuse import rms_norm_patterns
+@error_model(_reference)  # keyed by the reference: variants (same math) share it
+def _error(m: ModelInput) -> np.ndarray:
+    return norm_error(m, centered=False)  # layer_norm's bound without the centring
 
-    return rms_norm_patterns()
+
+# ---------------------------------------------------------------------------------------------
+# torch: rms_norm
+
+
+def _default_eps(dtype: str) -> float:
+    """torch's rms_norm default: the machine epsilon of the input dtype."""
+    import torch  # optional: only converters of torch programs get here
+
+    return float(torch.finfo(getattr(torch, dtype)).eps)
+
+
+def _tvm_from_torch(node: Any, imp: Any) -> relax.Expr:
+    """TVM's own ``rms_norm`` for a node opsdk's op does not cover (float64), or when the op
+    is not mapped: TVM 0.27's importer has no rms_norm converter at all."""
+    x = imp.env[node.args[0]]
+    dtype = str(x.ty.dtype)
+    shape = [int(d) for d in arg(node, 1, "normalized_shape")]
+    gamma = tensor(imp, arg(node, 2, "weight"))
+    gamma = filled(shape, dtype, 1.0) if gamma is None else gamma
+    eps = arg(node, 3, "eps")
+    eps = _default_eps(dtype) if eps is None else eps
+    axes = list(range(-len(shape), 0))
+    return imp.block_builder.emit(relax.op.nn.rms_norm(x, gamma, axes, float(eps)))
+
+
+def _from_torch(node: Any, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    if not covered_dtype(x):
+        return _tvm_from_torch(node, imp)
+    shape = arg(node, 1, "normalized_shape")
+    gamma = tensor(imp, arg(node, 2, "weight"))
+    eps = arg(node, 3, "eps")
+    eps = _default_eps(str(x.ty.dtype)) if eps is None else eps
+    call = rms_norm(x, gamma, begin_axis=-len(shape), epsilon=float(eps))
+    return imp.block_builder.emit(call)
+
+
+rms_norm.torch("rms_norm.default", convert=_from_torch, keep=("rms_norm",),
+               unmapped=_tvm_from_torch)
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM's R.nn.rms_norm (ONNX RMSNormalization): over trailing axes, float dtypes
+
+
+@rms_norm.replaces("relax.nn.rms_norm", onnx="RMSNormalization", since=23)
+def _tvm_rms_norm() -> tuple[DFPattern, Any]:
+    pattern = is_op("relax.nn.rms_norm")(wildcard(), wildcard())
+
+    def build(call: relax.Call, m: Any) -> relax.Expr | None:
+        x, weight = call.args
+        ty = float_tensor(x)
+        if ty is None:
+            return None
+        begin = trailing_begin(call_attr(call, "axes"), ty.ndim)
+        if begin is None:
+            return None
+        return rms_norm(x, weight, begin_axis=begin, epsilon=float(call_attr(call, "epsilon")))
+
+    return pattern, build
+
+
+@rms_norm.fusion()
+def _decomposed() -> list[tuple[DFPattern, Any]]:
+    # the decomposed RMSNorm (x * rsqrt(mean(x^2) + eps), optional gamma)
+    return NormChain(center=False, op=rms_norm).patterns()

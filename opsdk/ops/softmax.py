@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .._dtypes import FLOAT_DTYPES
+from .._errmodel import ModelInput, error_model, softmax_bound
 from .._opdef import Axis, Tensor, op
+from .._patterns import call_attr, float_tensor
 from ..te_utils import acc, exp_f32
+from ._convert import arg, covered_dtype
 
 
 def _reference(x, *, axis=-1):
@@ -52,3 +58,46 @@ def softmax(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
         return (e(*i) * rsum(*o)).astype(x.dtype)
 
     return te.compute(x.shape, out, name="softmax")
+
+
+@error_model(_reference)  # keyed by the reference: variants (same math) share it
+def _error(m: ModelInput) -> np.ndarray:
+    return softmax_bound(m.inputs[m.op.primary], m.attrs["axis"], m.u)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: softmax.int and the _softmax.default it decomposes to (``keep``: softmax.int)
+
+
+def _from_torch(node: Any, imp: Any) -> relax.Expr:
+    x = imp.env[node.args[0]]
+    dim = arg(node, 1, "dim", -1)
+    if node.target.__name__ == "_softmax.default":
+        to_float = bool(arg(node, 2, "half_to_float", False))
+        dtype = "float32" if to_float else None
+    else:
+        dtype = arg(node, 2, "dtype")
+        dtype = None if dtype is None else imp._convert_data_type(dtype)
+    if dtype is not None and dtype != str(x.ty.dtype):
+        x = imp.block_builder.emit(relax.op.astype(x, dtype))  # torch casts the input first
+    if not covered_dtype(x):
+        return imp.block_builder.emit(relax.op.nn.softmax(x, dim))
+    return imp.block_builder.emit(softmax(x, axis=int(dim)))
+
+
+softmax.torch("softmax.int", "_softmax.default", convert=_from_torch, keep=("softmax.int",))
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM's R.nn.softmax (ONNX Softmax): float dtypes
+
+
+@softmax.replaces("relax.nn.softmax", onnx="Softmax", since=13)
+def _tvm_softmax() -> tuple[DFPattern, Any]:
+    def build(call: relax.Call, m: Any) -> relax.Expr | None:
+        x = call.args[0]
+        if float_tensor(x) is None:
+            return None
+        return softmax(x, axis=int(call_attr(call, "axis")))
+
+    return is_op("relax.nn.softmax")(wildcard()), build

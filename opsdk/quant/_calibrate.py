@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..ops._quant import QRANGE
+from ..ops import QRANGE
 
 __all__ = [
     "ConvQuant",
@@ -159,10 +159,10 @@ class DenseQuant:
 
     def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
         """Quantize ``x`` and evaluate the qdense reference (bit-exact with the kernels)."""
-        from ..ops.qdense import _reference
+        from ..ops.qdense import qdense
 
         xq = self.act.quantize(x)
-        return _reference(xq, self.w_q, self.w_scale, self.bias_q,
+        return qdense.reference(xq, self.w_q, self.w_scale, self.bias_q,
                           **self.qdense_attrs(out_dtype, out))
 
     def drift(self, batches: Sequence[np.ndarray]) -> dict[str, float]:
@@ -213,9 +213,9 @@ class ConvQuant(DenseQuant):
 
     def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
         """Quantize ``x`` and evaluate the qconv2d reference (bit-exact with the kernels)."""
-        from ..ops.qconv2d import _reference
+        from ..ops.qconv2d import qconv2d
 
-        return _reference(self.act.quantize(x), self.w_q, self.w_scale, self.bias_q,
+        return qconv2d.reference(self.act.quantize(x), self.w_q, self.w_scale, self.bias_q,
                           **self.qconv2d_attrs(out_dtype, out))
 
     def float_layer(self, x: np.ndarray) -> np.ndarray:

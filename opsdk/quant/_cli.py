@@ -137,7 +137,7 @@ def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> Non
 def run_quantize_command(args: argparse.Namespace) -> int:
     """``opsdk quantize``: exit 0 when quantized, 2 on a usage error."""
     from .._files import write_text_atomic
-    from ..bench._model import setup_threads
+    from ..bench import setup_threads
     from ..model import compile_model, load_model, parse_entry_args
     from ..runners import LocalRunner
     from . import QuantConfig, agreement, find_sites, quantize_model
@@ -197,7 +197,7 @@ def run_quantize_command(args: argparse.Namespace) -> int:
     # compiles and runs both anyway).
     bench = None
     if args.bench:
-        from ..bench._int8 import run_int8_bench
+        from ..bench import run_int8_bench
 
         bench = run_int8_bench(loaded, qm, calib_kept, threads=args.threads,
                                repeats=args.repeats)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..ops._quant import QRANGE
+from ..ops import QRANGE
 from ._calibrate import QParams, calibrate, choose_qparams, quantize_conv2d, quantize_dense
 
 __all__ = [

@@ -7,7 +7,10 @@ from ._relax import (
     decode_call,
     get_op,
     is_registered,
+    load_builtin_ops,
     register,
+    register_builtin_ops,
+    register_kernels,
     registered_ops,
     unregister,
 )
@@ -17,7 +20,10 @@ __all__ = [
     "decode_call",
     "get_op",
     "is_registered",
+    "load_builtin_ops",
     "register",
+    "register_builtin_ops",
+    "register_kernels",
     "registered_ops",
     "unregister",
 ]

@@ -15,7 +15,8 @@ from typing import Any
 import tvm
 from tvm import relax, te
 
-from .._opdef import OpDef
+from .._opdef import OpDef, install_handler
+from ..schedules import apply_schedule, load_builtin_rules, scheduling_deferred
 
 __all__ = [
     "builder",
@@ -69,11 +70,46 @@ def unregister(name: str | OpDef) -> None:
     _REGISTRY.pop(key, None)
 
 
-def _builtins() -> None:
-    """The built-in ops are registered on first use of opsdk (see ``opsdk/__init__.py``)."""
-    import opsdk
+_LOADED = False
 
-    opsdk._load()
+
+def _builtins() -> None:
+    """Register the built-in ops (once), on the first op lookup or first use of opsdk (see
+    ``opsdk/__init__.py``)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True  # first: registering looks ops up
+    register_builtin_ops()
+
+
+def load_builtin_ops() -> None:
+    """Register the built-in ops unless done already (what every lookup does first)."""
+    _builtins()
+
+
+def register_builtin_ops() -> list[OpDef]:
+    """Register the built-in ops (:data:`opsdk.ops.BUILTIN_OPS`) and schedule rules
+    (idempotent).
+
+    Examples
+    --------
+    >>> from opsdk.registry import register_builtin_ops
+    >>> "opsdk.layer_norm" in [d.op_name for d in register_builtin_ops()]
+    True
+    """
+    from ..ops import BUILTIN_OPS  # the op library imports every op's module: on first use
+    load_builtin_rules()
+    return [register(d) for d in BUILTIN_OPS]
+
+
+def register_kernels() -> list[OpDef]:
+    """Register the kernel families (:data:`opsdk.kernels.KERNEL_OPS`) as Relax ops
+    ``opsdk.tvm_*`` (idempotent): not done by ``import opsdk`` (they are not ops to put in a
+    model); verify does it for a ``--kernels`` run."""
+    from ..kernels import KERNEL_OPS  # TVM's TOPI computes: only for a --kernels run
+
+    return [register(d) for d in KERNEL_OPS]
 
 
 def is_registered(name: str) -> bool:
@@ -186,8 +222,6 @@ _OPAQUE = 8
 
 
 def _legalize(name: str, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    from ..schedules import apply_schedule, scheduling_deferred
-
     d, args, attrs = decode_call(call)
     shapes, dtypes = _types(d, args)
     nattrs = d.validate(shapes, dtypes, attrs)
@@ -260,3 +294,6 @@ def builder(d: OpDef) -> Callable[..., relax.Call]:
     build.__doc__ = f"Build a Relax call of ``{d.op_name}``.\n\n{d.doc}"
     build.__signature__ = sig  # type: ignore[attr-defined]
     return build
+
+
+install_handler("builder", builder)  # calling an OpDef (opsdk._opdef cannot import this package)

@@ -30,8 +30,24 @@ from typing import TYPE_CHECKING, Any
 from .._cliargs import split_host_port
 
 if TYPE_CHECKING:
-    from ._base import DeviceCrash, DeviceTimeout, InputMismatch, Runner
-    from ._provision import arm_ready, arm_tools_available, setup_arm
+    from ._base import (
+        DeviceCrash,
+        DeviceTimeout,
+        InputMismatch,
+        Runner,
+        RunnerUnavailable,
+        check_inputs,
+        to_numpy,
+        to_tensor,
+    )
+    from ._provision import (
+        arm_env,
+        arm_ready,
+        arm_tools_available,
+        cross_compiler,
+        setup_arm,
+        site_packages,
+    )
     from .emulated import EmulatedRunner
     from .local import LocalRunner
     from .rpc import RPCRunner
@@ -44,10 +60,17 @@ __all__ = [
     "LocalRunner",
     "RPCRunner",
     "Runner",
+    "RunnerUnavailable",
+    "arm_env",
     "arm_ready",
     "arm_tools_available",
+    "check_inputs",
+    "cross_compiler",
     "runner_for",
     "setup_arm",
+    "site_packages",
+    "to_numpy",
+    "to_tensor",
 ]
 
 _LAZY = {
@@ -55,6 +78,13 @@ _LAZY = {
     "DeviceTimeout": "._base",
     "InputMismatch": "._base",
     "Runner": "._base",
+    "RunnerUnavailable": "._base",
+    "check_inputs": "._base",
+    "to_numpy": "._base",
+    "to_tensor": "._base",
+    "arm_env": "._provision",
+    "cross_compiler": "._provision",
+    "site_packages": "._provision",
     "arm_ready": "._provision",
     "arm_tools_available": "._provision",
     "setup_arm": "._provision",

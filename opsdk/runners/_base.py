@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
+import platform
 import re
 import threading
 import weakref
@@ -31,6 +32,12 @@ except ImportError:  # pragma: no cover
 
 class DeviceCrash(RuntimeError):
     """The process executing the kernel died (illegal instruction, segmentation fault, ...)."""
+
+
+def host_arch() -> str:
+    """Normalized host machine name (``x86_64``, ``aarch64``, ...)."""
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
 class RunnerUnavailable(RuntimeError):
@@ -71,8 +78,6 @@ def _signature_error(e: BaseException, inputs: Sequence[Any], entry: str) -> str
         if kind == "count":
             return f"{g['got']} inputs given, {entry} takes {g['want']}"
         if kind == "arch":
-            from .local import host_arch
-
             return (f"{entry}: the executable was compiled for another CPU architecture than "
                     f"this {host_arch()} host; run it on its device (--rpc, or --emulate for "
                     "aarch64)")

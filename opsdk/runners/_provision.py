@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._files import cache_dir
+
 __all__ = [
     "ArmEnv",
     "arm_env",
@@ -86,18 +88,6 @@ class ArmEnv:
     sysroot: Path
     python: Path
     qemu: str
-
-
-def cache_dir() -> Path:
-    """Return the user cache directory of opsdk.
-
-    ``$OPSDK_CACHE`` if set, else ``$XDG_CACHE_HOME/opsdk``, else ``~/.cache/opsdk``.
-    """
-    if os.environ.get("OPSDK_CACHE"):
-        return Path(os.environ["OPSDK_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "opsdk"
 
 
 def find_qemu() -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from ._base import (
     Runner,
     _CallTimeout,
     call_with_timeout,
+    host_arch,
     run_on_device,
     runtime_module,
 )
@@ -47,12 +47,6 @@ def pool_defaults(threads: int | None = None) -> int:
     os.environ.setdefault("TVM_NUM_THREADS", str(n))
     os.environ.setdefault("TVM_BIND_THREADS", "0")
     return int(os.environ["TVM_NUM_THREADS"]) if os.environ["TVM_NUM_THREADS"].isdigit() else n
-
-
-def host_arch() -> str:
-    """Normalized host machine name (``x86_64``, ``aarch64``, ...)."""
-    m = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
 class LocalRunner(Runner):

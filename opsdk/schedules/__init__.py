@@ -21,15 +21,18 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from .._opdef import defined_op_names, install_handler
 from .._vecmath import polynomial_math
+from ..ops import BUILTIN_OPS
 from ..targets import target_features
-from ._common import bool_compares_as_int8, vector_lanes, vectorize_loop
-from ._kernels import KERNEL_KINDS, Kernel, classify, kernel_for
+from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
+from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
 
 __all__ = [
     "BUILTIN_RULE_MODULES",
     "KERNEL_KINDS",
     "RULE_FAILURES",
+    "WINOGRAD_TAG",
     "Choice",
     "Kernel",
     "Rule",
@@ -40,6 +43,7 @@ __all__ = [
     "generic_only",
     "kernel_for",
     "load_builtin_rules",
+    "registered_rules",
     "rule",
     "rule_failures",
     "rules_for",
@@ -210,12 +214,9 @@ def _check_rule_ops(fn: Callable, who: str, ops: Sequence[str]) -> None:
     ops); its op must be defined first, as ``@myop.rule(...)`` makes sure."""
     if str(getattr(fn, "__module__", "")).startswith("opsdk."):
         return
-    from .._opdef import defined_op_names
-    from ..registry import is_registered
-
-    known = defined_op_names()
+    known = defined_op_names() | {d.name for d in BUILTIN_OPS}
     for o in ops:
-        if o in known or is_registered(o):
+        if o in known:
             continue
         import difflib
 
@@ -311,6 +312,19 @@ def load_builtin_rules() -> None:
         for m in BUILTIN_RULE_MODULES:
             importlib.import_module(m)
         _LOADED = True
+
+
+def registered_rules() -> list[Rule]:
+    """Every registered rule (built-in and user-defined), in registration order; a copy.
+
+    Examples
+    --------
+    >>> from opsdk.schedules import load_builtin_rules, registered_rules
+    >>> load_builtin_rules()
+    >>> "x86.matmul" in {r.name for r in registered_rules()}
+    True
+    """
+    return list(_RULES)
 
 
 def rules_for(op) -> list[Rule]:
@@ -494,3 +508,6 @@ def last_choices() -> list[Choice]:
     ``last_choices()[n:]`` are the decisions made since the length was ``n`` (entries older
     than the last 256 keep their reasons but drop their functions)."""
     return list(_LOG)
+
+
+install_handler("rule", rule)  # OpDef.rule (opsdk._opdef cannot import this package)

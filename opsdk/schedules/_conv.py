@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ._common import _fuse, extent_of, schedule_prologue, vector_lanes
+from ._core import _fuse, extent_of, schedule_prologue, vector_lanes
 from ._gemm import (
     float32_accumulator,
     index_vars,

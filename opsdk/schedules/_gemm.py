@@ -36,7 +36,7 @@ from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 from tvm.tirx.stmt import BufferStore
 
-from ._common import _fuse, extent_of, schedule_prologue, vector_lanes, vectorize_loop
+from ._core import _fuse, extent_of, schedule_prologue, vector_lanes, vectorize_loop
 
 __all__ = [
     "GemmInfo",

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.tirx.analysis import undefined_vars
 
+from ..kernels.winograd import WINOGRAD_TAG
 from ._gemm import analyze_gemm
 
 __all__ = ["KERNEL_KINDS", "WINOGRAD_TAG", "Kernel", "classify", "kernel_for"]
 
-#: The block annotation naming the stages of a Winograd conv (``opsdk.kernels.winograd``).
-WINOGRAD_TAG = "opsdk.winograd"
 
 #: Kinds :func:`classify` assigns, in the order they are tested.
 KERNEL_KINDS = ("winograd", "matmul", "conv2d", "pool", "reduction", "elementwise", "opaque")

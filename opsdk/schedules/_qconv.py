@@ -29,20 +29,19 @@ from tvm.target import Target
 from ..ops.qconv2d import ATTRS_KEY, conv_geometry, qconv2d_depthwise_padded, qconv2d_packed
 from ..ops.qdense import BLOCK, KGROUP
 from ..targets import vector_bits
-from ._common import _fuse, vector_lanes, vectorize_loop
+from ._core import _fuse, replace_block_body, vector_lanes, vectorize_loop
 from ._gemm import is_layout_free
-from .cpu.vnni import (
+from ._qgemm import (
     Microkernel,
-    _vectorize_contiguous,
     block_attrs,
     op_buffers,
     pack_at_compile_time,
     recompute,
     region,
     register_tile,
-    replace_block_body,
     schedule_tile_epilogue,
     schedule_weight_sums,
+    vectorize_contiguous,
 )
 
 __all__ = [
@@ -197,7 +196,7 @@ def schedule_qconv2d_packed(
     sch.vectorize(xe)
     wb, _, we = sch.get_loops(blocks["wp"])
     sch.parallel(wb)
-    _vectorize_contiguous(sch, we, bits // 8)
+    vectorize_contiguous(sch, we, bits // 8)
     pack_at_compile_time(sch, func, blocks["wp"])
     schedule_weight_sums(sch, blocks)
     return sch

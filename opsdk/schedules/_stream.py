@@ -28,7 +28,7 @@ from tvm.target import Target
 from tvm_ffi.structural import structural_mutate
 
 from ..targets import target_arch
-from ._common import replace_block_body
+from ._core import replace_block_body
 
 __all__ = ["ROWS_STREAM_MIN_BYTES", "STREAM_MIN_BYTES", "TASK_BYTES", "stream_lanes",
            "stream_stores"]

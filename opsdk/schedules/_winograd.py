@@ -22,7 +22,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ._common import _fuse, extent_of, vector_lanes, vectorize_loop
+from ._core import _fuse, extent_of, vector_lanes, vectorize_loop
 from ._gemm import float32_accumulator, fold_epilogue, is_layout_free, tile_mn
 from ._kernels import WINOGRAD_TAG
 

@@ -1,7 +1,7 @@
 """Relax passes for models that use opsdk ops.
 
-- :func:`pipeline`: the whole model compile (legalize, fold constants, fuse, schedule every
-  kernel with :func:`ScheduleKernels`, pack weights at compile time);
+- :func:`ScheduleKernels`: every kernel of a module scheduled by the one driver (the model
+  pipeline, :func:`opsdk.pipeline`, runs it after fusion);
 - :func:`LowerOps`: legalize only the opsdk ops with the target's schedule rules;
 - :func:`ReplaceTVMOps`: TVM's ``R.nn.layer_norm``, ``rms_norm``, ``group_norm``, ``gelu``,
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
@@ -32,27 +32,34 @@ Examples
 
 from __future__ import annotations
 
+from .._tir import tir_pipeline
+from ._fold import FoldConstantsAtOnce, fold_cache
 from ._fuse import FUSION_RULES, FuseIntoOps
 from ._layout import ChannelsLast
-from ._lower import LowerOps, ScheduleKernels, pipeline, schedule_passes
+from ._lift import lift_passes, lifts_weights, weights_as_params
+from ._lower import MISSING_LEGALIZATIONS, LegalizeOpsDeferred, LowerOps, ScheduleKernels
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 from ._script import script
-from ._tir import tir_pipeline
 
 __all__ = [
     "FUSION_RULES",
+    "MISSING_LEGALIZATIONS",
     "REPLACEABLE_OPS",
     "ChannelsLast",
+    "FoldConstantsAtOnce",
     "FuseIntoOps",
+    "LegalizeOpsDeferred",
     "LowerOps",
     "ReplaceTVMOps",
     "RewriteSite",
     "ScheduleKernels",
+    "fold_cache",
+    "lift_passes",
+    "lifts_weights",
     "op_counts",
-    "pipeline",
     "rewrite_sites",
-    "schedule_passes",
     "script",
     "tir_pipeline",
+    "weights_as_params",
 ]

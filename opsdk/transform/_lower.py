@@ -1,23 +1,9 @@
-"""Relax passes and pipelines that lower a model with opsdk's schedule rules.
-
-``pipeline(target)`` is the whole CPU compile of a model:
-
-0. convolutions run channels-last (:func:`ChannelsLast`): NHWC inside, one transpose where
-   a conv chain starts and one where it ends;
-1. opsdk ops are legalized with their own compute, unscheduled, tagged ``opsdk.op``; all but
-   elementwise ones are marked opaque to fusion so their kernels stay whole;
-2. TVM's ops are legalized (``LegalizeOps``; eligible 3x3 convs as Winograd F(2x2, 3x3),
-   :mod:`opsdk.kernels.winograd`), the kernels annotated with their fusion pattern,
-   constants folded (weight transposes happen once, here);
-3. ``FuseOps`` / ``FuseTIR``: elementwise epilogues (bias, activation, residual add, scale)
-   join the matmul or conv that produces them;
-4. :func:`ScheduleKernels`: every PrimFunc gets a rule from the one driver: an opsdk op its
-   op's rules, any other kernel the rules for its classified kind (winograd, matmul, conv2d,
-   pool, reduction, elementwise);
-5. weight packing that a rule asked for (``meta_schedule.layout_rewrite_preproc`` blocks) is
-   split into its own function and folded into the constants;
-6. TVM's CPU dataflow lowering and VM finalization.
-"""
+"""Relax passes that lower opsdk ops and schedule a model's kernels with opsdk's rules:
+:func:`LowerOps` (legalize the opsdk ops, scheduled by their rules), :func:`LegalizeOpsDeferred`
+(legalize them unscheduled, for the model pipeline to schedule after fusion),
+:func:`ScheduleKernels` (every kernel of a module through the one driver) and
+:data:`MISSING_LEGALIZATIONS` (ops TVM 0.27's frontends emit without a legalization). The
+order the model pipeline runs them in is :mod:`opsdk._pipeline`'s."""
 
 from __future__ import annotations
 
@@ -28,16 +14,8 @@ from tvm import relax, tirx
 from tvm.target import Target
 
 from ..targets import target as _resolve
-from ._fold import FoldConstantsAtOnce
 
-__all__ = [
-    "LowerOps",
-    "ScheduleKernels",
-    "fusion_passes",
-    "lowering_passes",
-    "pipeline",
-    "schedule_passes",
-]
+__all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LowerOps", "ScheduleKernels"]
 
 
 def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
@@ -55,6 +33,20 @@ def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
     'opsdk.LowerOps'
     """
     return _legalize_opsdk_ops(_resolve(target), "opsdk.LowerOps", deferred=False)
+
+
+def LegalizeOpsDeferred(target: str | dict | Target) -> tvm.transform.Pass:
+    """Legalize every ``opsdk.*`` call with its own compute, unscheduled and tagged
+    ``opsdk.op`` (all but elementwise ops marked opaque to fusion, so their kernels stay
+    whole): the model pipeline schedules every kernel after fusion (:func:`ScheduleKernels`).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> opsdk.transform.LegalizeOpsDeferred("x86").info.name
+    'opsdk.LegalizeOpsDeferred'
+    """
+    return _legalize_opsdk_ops(_resolve(target), "opsdk.LegalizeOpsDeferred", deferred=True)
 
 
 def _legalize_opsdk_ops(tgt: Target, name: str, *, deferred: bool) -> tvm.transform.Pass:
@@ -171,91 +163,7 @@ def _legalize_scan(product: bool):
 
 
 #: Legalizations TVM 0.27 lacks for ops its frontends emit.
-_LEGALIZE_MISSING = {"relax.cumsum": _legalize_scan(False),
+MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
                      "relax.cumprod": _legalize_scan(True)}
 
 
-def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
-    """TVM's legalization, constant folding and fusion (what its CPU pipelines run before
-    codegen, and steps 2-3 of :func:`pipeline` after the opsdk ops). ``winograd``: eligible
-    3x3 convs legalize to the Winograd kernel (:mod:`opsdk.kernels.winograd`) instead of
-    TVM's direct convolution."""
-    custom = dict(_LEGALIZE_MISSING)
-    if winograd:
-        from ..kernels.winograd import legalize_conv2d
-
-        custom["relax.nn.conv2d"] = legalize_conv2d
-    return [
-        relax.transform.LegalizeOps(customize_legalize_map=custom),
-        relax.transform.AnnotateTIROpPattern(),
-        FoldConstantsAtOnce(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        relax.transform.DeadCodeElimination(),
-    ]
-
-
-def schedule_passes(
-    target: str | dict | Target, *, channels_last: bool = True, winograd: bool = True
-) -> list[tvm.transform.Pass]:
-    """Steps 0-5 of :func:`pipeline`: layout, legalize, fold, fuse, schedule every kernel,
-    pack weights."""
-    from ._layout import ChannelsLast
-
-    tgt = _resolve(target)
-    return [ChannelsLast()] * channels_last + [
-        _legalize_opsdk_ops(tgt, "opsdk.LegalizeOpsDeferred", deferred=True),
-        *fusion_passes(winograd=winograd),
-        relax.transform.AttachAttrLayoutFreeBuffers(),
-        ScheduleKernels(tgt),
-        relax.transform.SplitLayoutRewritePreproc(),
-        FoldConstantsAtOnce(),
-        relax.transform.FoldConstant(),
-        relax.transform.DeadCodeElimination(),
-    ]
-
-
-def lowering_passes(target: str | dict | Target) -> list[tvm.transform.Pass]:
-    """Step 6 of :func:`pipeline`: TVM's CPU dataflow lowering and VM finalization."""
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
-
-    tgt = _resolve(target)
-    return cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt)
-
-
-def pipeline(
-    target: str | dict | Target, base: str = "opsdk", *, channels_last: bool = True,
-    winograd: bool = True,
-) -> tvm.transform.Pass:
-    """The Relax pipeline compiling a model for ``target`` with every kernel scheduled.
-
-    ``base="opsdk"`` (the default) is the whole model pipeline described in this module;
-    any other name is a TVM pipeline (``relax.get_pipeline(base)``, e.g. ``"default"``) with
-    only the opsdk ops lowered by their rules in front, TVM's kernels left as TVM leaves them.
-    ``channels_last=False`` keeps convolutions in the model's own layout (NCHW convs are all
-    direct); ``winograd=False`` computes every conv directly (by default 3x3 stride-1 convs
-    with 16+ channels run Winograd F(2x2, 3x3), :mod:`opsdk.kernels.winograd`).
-
-    Examples
-    --------
-    >>> import opsdk, tvm
-    >>> isinstance(opsdk.pipeline("x86"), tvm.transform.Pass)
-    True
-    """
-    tgt = _resolve(target)
-    if base != "opsdk":
-        return tvm.transform.Sequential(
-            [LowerOps(tgt), relax.get_pipeline(base)], name="opsdk"
-        )
-
-    @tvm.transform.module_pass(opt_level=0, name="opsdk")
-    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with tgt:
-            seq = tvm.transform.Sequential(
-                schedule_passes(tgt, channels_last=channels_last, winograd=winograd)
-                + lowering_passes(tgt)
-            )
-            return seq(mod)
-
-    return _pipeline

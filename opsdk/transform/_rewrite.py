@@ -9,17 +9,15 @@ site's variable is the same object in the module before and after the rewrite.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import DFPattern, rewrite_call
-from tvm.sym import Analyzer
+from tvm.relax.dpl import rewrite_call
 
-from .._dtypes import FLOAT_DTYPES
+from .._patterns import Rule
 
 __all__ = ["RewriteSite", "op_counts", "rewrite_sites"]
 
@@ -37,23 +35,6 @@ class RewriteSite:
     rule: str
     op: str
     binding: relax.Var | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rewrite rule: when ``pattern`` matches, ``build(orig, matchings)`` returns the
-    replacement, or None to leave the match alone (a near miss).
-
-    A rule into a multi-output op returns ``(call, {expr: output_index})``: the op's call
-    and, for the matched root ``orig`` and any other matched expression the op also
-    computes (the ``x + r`` of a residual add + norm), which output replaces it. Uses of
-    those expressions after the call then read the call's output, and their own
-    computation goes away when nothing else needs it.
-    """
-
-    name: str
-    pattern: DFPattern
-    build: Callable[[relax.Call, Any], relax.Expr | None]
 
 
 def rewrite_sites(mod: tvm.IRModule) -> list[RewriteSite]:
@@ -257,102 +238,3 @@ def _dedupe(sites: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         last.pop(key, None)
         last[key] = s
     return list(last.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# Small helpers for rule builders.
-
-
-def tensor_type(e: relax.Expr) -> relax.TensorType | None:
-    """The expression's tensor type when it has a known rank, else None."""
-    ty = e.ty
-    if isinstance(ty, relax.TensorType) and ty.ndim >= 0:
-        return ty
-    return None
-
-
-def float_tensor(e: relax.Expr) -> relax.TensorType | None:
-    """The tensor type of ``e`` if opsdk ops accept its dtype (float32/16, bfloat16)."""
-    ty = tensor_type(e)
-    return ty if ty is not None and str(ty.dtype) in FLOAT_DTYPES else None
-
-
-def static_shape(e: relax.Expr) -> tuple[int, ...] | None:
-    """The shape of ``e`` when every dim is a known integer."""
-    ty = tensor_type(e)
-    if ty is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
-
-
-def same_dims(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    """Whether two shape tuples (ints or symbolic PrimExprs) are provably equal."""
-    if len(a) != len(b):
-        return False
-    ana = Analyzer()
-    return all(ana.can_prove_equal(x, y) for x, y in zip(a, b))
-
-
-def shape_of(e: relax.Expr) -> tuple[Any, ...] | None:
-    """The (possibly symbolic) shape of ``e``."""
-    ty = tensor_type(e)
-    if ty is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return tuple(ty.shape.values)
-
-
-def const_value(e: relax.Expr) -> np.ndarray | None:
-    """The value of a constant, or of reshape/expand_dims/squeeze/astype of a constant."""
-    if isinstance(e, relax.Var):
-        return None
-    if isinstance(e, tvm.ir.expr.Constant):
-        return e.value.numpy()
-    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-        name = str(e.op.name)
-        if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
-            inner = const_value(e.args[0])
-            shape = static_shape(e)
-            if inner is not None and shape is not None:
-                return inner.reshape(shape)
-        if name == "relax.astype":
-            inner = const_value(e.args[0])
-            ty = tensor_type(e)
-            if inner is not None and ty is not None:
-                return inner.astype(str(ty.dtype))
-    return None
-
-
-def scalar_value(e: relax.Expr) -> float | None:
-    """A one-element constant as a Python float (shortest repr of its dtype), else None."""
-    v = const_value(e)
-    if v is None or v.size != 1:
-        return None
-    # float(str(np.float32(1e-5))) == 1e-05: keep the value the author wrote.
-    return float(str(v.reshape(())[()]))
-
-
-def call_attr(call: relax.Call, key: str, default: Any = None) -> Any:
-    """An attribute of a TVM or opsdk op call, as plain Python."""
-    attrs = call.attrs
-    if attrs is None:
-        return default
-    try:
-        v = attrs[key] if isinstance(attrs, tvm.ir.attrs.DictAttrs) else getattr(attrs, key)
-    except (AttributeError, KeyError):
-        return default
-    return _py(v)
-
-
-def _py(v: Any) -> Any:
-    if isinstance(v, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
-        return v.value
-    if isinstance(v, (list, tuple)) or type(v).__name__ == "Array":
-        return [_py(x) for x in v]
-    if isinstance(v, (int, float, bool, str)) or v is None:
-        return v
-    return str(v) if type(v).__name__ == "String" else v

@@ -108,7 +108,8 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
     except ValueError as e:
         raise _Usage(str(e)) from None
     if getattr(args, "kernels", False):
-        from ..kernels import KERNEL_OPS, register_kernels
+        from ..kernels import KERNEL_OPS
+        from ..registry import register_kernels
 
         register_kernels()
         if not args.ops:
@@ -180,7 +181,7 @@ def run_verify_command(args: argparse.Namespace) -> int:
     >>> run_verify_command(p.parse_args(["no_such_op", "--quiet"]))
     2
     """
-    from ..runners._base import RunnerUnavailable
+    from ..runners import RunnerUnavailable
 
     try:
         defs, tname, dtypes, layouts = _check_usage(args)
@@ -263,7 +264,7 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
     except KeyError as e:
         raise _Usage(str(e).strip("'\"")) from None
     _check_case_fields(case, d)
-    from ..runners._base import RunnerUnavailable
+    from ..runners import RunnerUnavailable
     from ._engine import _runner_for
 
     try:

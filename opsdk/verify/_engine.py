@@ -34,10 +34,18 @@ from hypothesis.errors import Flaky
 from tvm import relax, tirx
 
 from .._dtypes import accum_dtype, np_dtype
+from .._files import cache_dir
 from .._opdef import OpDef, as_outputs
+from .._tir import tir_pipeline
 from ..registry import builder, get_op, is_registered, register, unregister
-from ..schedules import _RULES, GENERIC, choose, generic_only, rule_failures
-from ..schedules._common import vector_lanes
+from ..schedules import (
+    GENERIC,
+    choose,
+    generic_only,
+    registered_rules,
+    rule_failures,
+    vector_lanes,
+)
 from ..targets import TARGETS, target_arch, target_spec
 from ..targets import target as resolve_target
 from ..transform import LowerOps
@@ -144,7 +152,6 @@ def database_path() -> Path:
     >>> database_path().name
     'hypothesis'
     """
-    from ..runners._provision import cache_dir
 
     return cache_dir() / "hypothesis"
 
@@ -293,7 +300,6 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _compile(mod: tvm.IRModule, tgt: Any, warm: bool) -> Any:
-    from ..transform import tir_pipeline
 
     ex = tvm.compile(mod, target=tgt, tir_pipeline=tir_pipeline())
     if warm:  # LLVM code is generated lazily, at first load: do it here, in parallel
@@ -594,7 +600,8 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
 
 def _user_rule_failures(prim: tirx.PrimFunc) -> list[str]:
     """The failures recorded on ``prim`` of rules defined outside opsdk (a user's)."""
-    builtin = {r.name for r in _RULES if str(getattr(r.fn, "__module__", "")).startswith("opsdk.")}
+    builtin = {r.name for r in registered_rules()
+               if str(getattr(r.fn, "__module__", "")).startswith("opsdk.")}
     return [f for f in rule_failures(prim) if f.split(":", 1)[0] not in builtin]
 
 
@@ -1072,7 +1079,7 @@ def verify(
                 runner.__enter__()
             report.device = dict(runner.device_info())
         except (RuntimeError, OSError) as e:
-            from ..runners._base import RunnerUnavailable
+            from ..runners import RunnerUnavailable
 
             raise RunnerUnavailable(f"cannot start the {tname} runner: {e}") from e
         for d in defs:

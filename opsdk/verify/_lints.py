@@ -13,8 +13,6 @@ extent is symbolic, so dynamic dims may lose vector code).
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,39 +20,20 @@ import tvm
 from tvm import tirx
 from tvm_ffi.structural import structural_walk
 
-from .._explain import asm_of
+from .._asm import (
+    asm_of,
+    kernel_instruction_count,
+    kernel_math_calls,
+    kernel_vector_ops,
+    loop_kinds,
+    parallel_launch,
+)
 from .._opdef import OpDef
 from ..schedules import GENERIC, rules_for
 from ..targets import target_arch
 from ._report import LintResult
 
-__all__ = [
-    "asm_functions",
-    "kernel_math_calls",
-    "kernel_vector_moves",
-    "kernel_vector_ops",
-    "lint_prim_func",
-    "loop_kinds",
-]
-
-_X86_NONARITH = re.compile(
-    r"^v(mov|broadcast|pbroadcast|perm|shuf|unpck|punpck|insert|extract|zeroupper|zeroall|"
-    r"blend|pblend|gather|scatter|pinsr|pextr|maskmov|compress|expand|align|palignr|pshuf|"
-    r"xorps|xorpd|pxor|kmov|ktest|kortest|lddqu|movdqa|movdqu)"
-)
-_X86_PACKED = re.compile(r"(ps|pd|ph|bf16|ps2\w+|pd2\w+)$")
-_NEON_OPERAND = re.compile(r"\bv\d+\.(2d|4s|8h|2s|4h|16b|8b)\b")
-_SVE_OPERAND = re.compile(r"\bz\d+\.[bhsd]\b")
-_A64_NONARITH = re.compile(
-    r"^(mov|dup|ld\d|st\d|ldr|str|ldp|stp|ins|zip\d|uzp\d|ext|trn\d|ld1r\w*)"
-)
-
-
-def loop_kinds(func: tirx.PrimFunc) -> Counter:
-    """How many loops of each ``ForKind`` (by name: SERIAL, PARALLEL, VECTORIZED, ...)."""
-    kinds: Counter = Counter()
-    structural_walk(func, [(tirx.For, lambda n: kinds.update([tirx.ForKind(int(n.kind)).name]))])
-    return kinds
+__all__ = ["lint_prim_func"]
 
 
 def _lower(func: tirx.PrimFunc, tgt: tvm.target.Target) -> tvm.IRModule:
@@ -70,125 +49,7 @@ def _ramps(mod: Any) -> int:
     return len(found)
 
 
-def asm_functions(asm: str) -> dict[str, str]:
-    """Split assembly text into ``{function name: its lines}``."""
-    names = set(re.findall(r"\.type\s+([\w.$]+),\s*[@%]function", asm))
-    out: dict[str, list[str]] = {}
-    cur: list[str] | None = None
-    for line in asm.splitlines():
-        m = re.match(r"^([\w.$]+):", line)
-        if m and m.group(1) in names:
-            cur = out.setdefault(m.group(1), [])
-            continue
-        if cur is not None:
-            if line.lstrip().startswith(".Lfunc_end"):
-                cur = None
-                continue
-            cur.append(line)
-    return {k: "\n".join(v) for k, v in out.items()}
-
-
-def _is_kernel(fn: str, prim_name: str) -> bool:
-    return prim_name in fn or "parallel_lambda" in fn
-
-
-_X86_VMOVE = re.compile(r"^vmov(u|a)p[sd]$|^vmovdq[au]\d*$")
-_A64_VMOVE = re.compile(r"^(ld1|st1|ldr|str|ldp|stp)$")
-
-
-def kernel_vector_moves(asm: str, arch: str, prim_name: str) -> int:
-    """Packed vector loads and stores in the kernel's own functions (``[xyz]mm`` moves on
-    x86, ``q``/``v`` register loads and stores on aarch64): what a vectorized copy or
-    transpose, which does no arithmetic, is made of."""
-    n = 0
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) != 2:
-                continue
-            mnem, ops = parts
-            x86 = arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops
-            a64 = arch == "aarch64" and _A64_VMOVE.match(mnem) and (
-                re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops))
-            if x86 or a64:
-                n += 1
-    return n
-
-
-def kernel_vector_ops(asm: str, arch: str, prim_name: str) -> dict[str, int]:
-    """Count vector arithmetic instructions in the kernel's own functions, by register width.
-
-    Moves, shuffles and zeroing idioms do not count (the calling-convention wrapper spills a
-    ``ymm`` register in every module).
-    """
-    counts: Counter = Counter()
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) != 2 or parts[0].startswith("."):
-                continue
-            mnem, ops = parts
-            if arch == "x86_64":
-                if not mnem.startswith("v") or _X86_NONARITH.match(mnem):
-                    continue
-                if "%zmm" in ops:
-                    counts["zmm"] += 1
-                elif "%ymm" in ops:
-                    counts["ymm"] += 1
-                elif "%xmm" in ops and _X86_PACKED.search(mnem):
-                    counts["xmm"] += 1
-            elif arch == "aarch64":
-                if _A64_NONARITH.match(mnem):
-                    continue
-                if _SVE_OPERAND.search(ops):
-                    counts["sve"] += 1
-                elif _NEON_OPERAND.search(ops):
-                    counts["neon"] += 1
-    return dict(counts)
-
-
 #: Scalar math-library functions: a vectorized loop that calls one runs it once per lane.
-_LIBM = re.compile(r"^(exp|exp2|expm1|log|log2|log10|log1p|erf|erfc|tanh|sinh|cosh|sin|cos|"
-                   r"tan|asin|acos|atan|atan2|pow|cbrt)f?$")
-_CALLS = ("call", "callq", "jmp", "bl", "b")
-
-
-def kernel_math_calls(asm: str, prim_name: str) -> dict[str, int]:
-    """Calls to scalar math-library functions (``expf``, ``erff``, ...) in the kernel's own
-    functions, by name: what TVM's lowering of ``exp`` / ``tanh`` / ``erf`` / ``log`` leaves
-    in a loop, whatever it vectorized (:func:`opsdk._vecmath.polynomial_math` replaces exp,
-    sigmoid, tanh and erf in scheduled kernels).
-
-    Examples
-    --------
-    >>> kernel_math_calls("k_compute_:\n\tcallq\texpf@PLT\n\tbl\ttanhf\n", "k")
-    {'expf': 1, 'tanhf': 1}
-    """
-    counts: Counter = Counter()
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) == 2 and parts[0] in _CALLS:
-                callee = parts[1].strip().split("@")[0]
-                if _LIBM.match(callee):
-                    counts[callee] += 1
-    return dict(sorted(counts.items()))
-
-
-def _parallel_launch(asm: str, prim_name: str) -> bool:
-    return any(
-        "TVMBackendParallelLaunch" in body
-        for name, body in asm_functions(asm).items()
-        if _is_kernel(name, prim_name)
-    )
-
-
 def lint_prim_func(
     d: OpDef,
     func: tirx.PrimFunc,
@@ -259,7 +120,7 @@ def lint_prim_func(
             out.append(LintResult(**where, check="parallel:tir", status="pass" if n else "fail",
                                   detail=f"{n} parallel loops"))
             if asm:
-                ok = _parallel_launch(asm, prim_name)
+                ok = parallel_launch(asm, prim_name)
                 out.append(LintResult(
                     **where, check="parallel:asm", status="pass" if ok else "fail",
                     detail="calls TVMBackendParallelLaunch" if ok else "no parallel launch",
@@ -279,10 +140,3 @@ def lint_prim_func(
     return out
 
 
-def kernel_instruction_count(asm: str, mnemonic: str, prim_name: str) -> int:
-    """How many times ``mnemonic`` occurs as an instruction in the kernel's own functions."""
-    n = 0
-    for name, body in asm_functions(asm).items():
-        if _is_kernel(name, prim_name):
-            n += sum(1 for line in body.splitlines() if line.split(None, 1)[:1] == [mnemonic])
-    return n

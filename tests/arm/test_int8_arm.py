@@ -21,7 +21,7 @@ import pytest
 import tvm
 
 import opsdk
-from opsdk._explain import asm_of
+from opsdk._asm import asm_of
 from opsdk.ops.qdense import qdense
 from opsdk.runners import DeviceCrash, EmulatedRunner, arm_ready
 from opsdk.schedules import last_choices

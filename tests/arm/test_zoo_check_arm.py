@@ -10,12 +10,11 @@ import pytest
 import tvm
 from tvm import te, tirx, topi
 
-from opsdk._explain import asm_of
+from opsdk._asm import asm_of, kernel_vector_moves, kernel_vector_ops
 from opsdk.cli import main
 from opsdk.schedules import choose, load_builtin_rules
 from opsdk.schedules._kernels import kernel_for
 from opsdk.targets import target
-from opsdk.verify._lints import kernel_vector_moves, kernel_vector_ops
 
 pytestmark = pytest.mark.arm
 

@@ -9,8 +9,9 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 import opsdk
+from opsdk._asm import asm_of, asm_vector_stats
 from opsdk._dtypes import eps, np_dtype
-from opsdk._explain import asm_of, asm_vector_stats, build_single_op
+from opsdk._explain import build_single_op
 
 DEV = tvm.cpu()
 OPS = [d.name for d in opsdk.list_ops() if d.source == "builtin"]
@@ -264,7 +265,7 @@ def test_whole_tensor_norms_get_the_vector_rule(target, op, shape, attrs):
 def test_scratch_moves_into_the_output_only_when_rows_read_their_own_row(shift):
     from tvm import te
 
-    from opsdk.schedules._common import schedule_rows
+    from opsdk.schedules._rows import schedule_rows
 
     x = te.placeholder((8, 64), "float32", name="x")
     e = te.compute((8, 64), lambda i, j: x[i, j] * 2.0, name="e")
@@ -333,7 +334,7 @@ def test_partial_sum_loops_stay_rolled_with_the_same_results(op, monkeypatch):
     from opsdk.bench._cases import Case
     from opsdk.bench._run import _inputs as bench_inputs
     from opsdk.bench._run import _opsdk_module
-    from opsdk.schedules import _common
+    from opsdk.schedules import _rows
 
     tgt = opsdk.target("x86")
     # The unrolling happens where a row is few vectors: 64 zmm-wide steps of a 1024-wide row
@@ -351,7 +352,7 @@ def test_partial_sum_loops_stay_rolled_with_the_same_results(op, monkeypatch):
 
     asm, out = run()
     with monkeypatch.context() as m:
-        m.setattr(_common, "rolled_partial_sums", lambda f: f)
+        m.setattr(_rows, "rolled_partial_sums", lambda f: f)
         asm_unrolled, want = run()
     def vector_ops(a: str) -> int:  # the partial sums' FMAs / adds / maxes
         return sum(any(i in ln for i in ("vfmadd", "vaddps", "vmaxps")) for ln in a.splitlines())

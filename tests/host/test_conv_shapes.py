@@ -13,8 +13,8 @@ from tvm_ffi.structural import structural_mutate, structural_walk
 import opsdk
 from opsdk.kernels import tvm_conv2d
 from opsdk.schedules import _conv
-from opsdk.schedules._common import accumulator_registers
 from opsdk.schedules._conv import schedule_conv2d
+from opsdk.schedules._core import accumulator_registers
 from opsdk.verify import Case, run_case
 
 # (id, input shape NHWC, attrs): static dims, bias present.

@@ -535,7 +535,7 @@ def test_drift_local_isolates_a_site_from_upstream_drift():
 
 
 def test_drift_command_on_onnx_file(tmp_path, capsys):
-    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+    from opsdk.drift import add_drift_arguments, run_drift_command
 
     path = tmp_path / "ln.onnx"
     _decomposed_ln_onnx(path)
@@ -553,7 +553,7 @@ def test_drift_command_on_onnx_file(tmp_path, capsys):
 
 
 def test_drift_command_on_python_model(tmp_path, capsys):
-    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+    from opsdk.drift import add_drift_arguments, run_drift_command
 
     src = tmp_path / "tiny.py"
     src.write_text(
@@ -573,7 +573,7 @@ def test_drift_command_on_python_model(tmp_path, capsys):
 def test_drift_command_counts_and_measures_an_ops_own_torch_mapping(tmp_path, capsys):
     # A user's op mapped from torch (OpDef.torch) is in the model drift reports: counted, and
     # its drift in the output rows, measured against TVM's own import (it printed "none").
-    from opsdk.frontend._cli import add_drift_arguments, run_drift_command
+    from opsdk.drift import add_drift_arguments, run_drift_command
 
     (tmp_path / "myhswish.py").write_text(
         "import numpy as np\n"

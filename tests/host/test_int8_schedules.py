@@ -23,7 +23,8 @@ import tvm
 from tvm import relax, te, tirx
 
 import opsdk
-from opsdk._explain import asm_of, build_single_op
+from opsdk._asm import asm_of
+from opsdk._explain import build_single_op
 from opsdk.ops._quant import QRANGE, round_to_te
 from opsdk.ops.qdense import qdense
 from opsdk.schedules import last_choices, load_builtin_rules, rules_for
@@ -273,8 +274,8 @@ def test_rules_and_claims_per_target() -> None:
 
 
 def test_insn_claim_lint_counts_the_instruction() -> None:
+    from opsdk._asm import kernel_instruction_count
     from opsdk.verify._engine import lint_cell
-    from opsdk.verify._lints import kernel_instruction_count
 
     targets = {"arm-dotprod": "sdot"}
     if "avx512vnni" in opsdk.targets.target_features(opsdk.target("x86")):

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax, tirx
 
 import opsdk
-from opsdk._explain import asm_of
+from opsdk._asm import asm_of
 from opsdk.ops._quant import QRANGE
 from opsdk.ops.qconv2d import qconv2d
 from opsdk.schedules import last_choices

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from opsdk.transform._tir import MAX_STACK_BYTES, StackLocalTiles
 from tvm import s_tir, te, tirx
 
 import opsdk
 from opsdk.model import LoadedModel, compile_model, within_tolerance
 from opsdk.transform import tir_pipeline
-from opsdk.transform._tir import MAX_STACK_BYTES, StackLocalTiles
 
 
 def _tiled_matmul(rows: int, cols: int) -> tirx.PrimFunc:

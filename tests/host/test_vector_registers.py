@@ -20,9 +20,9 @@ import tvm
 from tvm import s_tir, te, tirx
 
 import opsdk
-from opsdk._explain import asm_of
+from opsdk._asm import asm_of
 from opsdk.schedules import apply_schedule, kernel_for
-from opsdk.schedules._common import accumulator_registers, vector_lanes
+from opsdk.schedules._core import accumulator_registers, vector_lanes
 from opsdk.targets import target_arch, vector_bits, vector_registers
 
 # The hot-loop finder lives beside the int8 schedule tests; pytest's importlib mode puts no

@@ -14,6 +14,7 @@ import pytest
 from tvm import s_tir, te, tirx
 
 import opsdk
+from opsdk._asm import asm_functions, kernel_vector_ops
 from opsdk.verify import (
     MATH_ULPS,
     Case,
@@ -24,7 +25,6 @@ from opsdk.verify import (
     verify_op,
 )
 from opsdk.verify._cli import add_verify_arguments, run_verify_command
-from opsdk.verify._lints import asm_functions, kernel_vector_ops
 
 OPS = [d.name for d in opsdk.list_ops()]
 

@@ -12,12 +12,12 @@ import pytest
 import tvm
 from tvm import te, tirx, topi
 
-from opsdk._explain import ZooCheck, asm_of, catch_all_rules, format_zoo_check
+from opsdk._asm import asm_of, kernel_vector_moves, kernel_vector_ops, loop_kinds
+from opsdk._explain import ZooCheck, catch_all_rules, format_zoo_check
 from opsdk.cli import main
 from opsdk.schedules import choose, load_builtin_rules
 from opsdk.schedules._kernels import kernel_for
 from opsdk.targets import target
-from opsdk.verify._lints import kernel_vector_moves, kernel_vector_ops, loop_kinds
 
 
 def test_explain_zoo_small_on_x86_compiles_matches_torch_and_has_no_fallback(tmp_path,

@@ -770,7 +770,7 @@ def mut_softmax_merge_short(x: Tensor, *, axis: Axis = -1) -> te.Tensor:
 def _merge_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """The rows rule whose merged exp-and-sum loop (built only on static, round extents up to
     32 MB) stops one chunk early: those exps are neither stored nor summed."""
-    from opsdk.schedules._common import schedule_rows
+    from opsdk.schedules._rows import schedule_rows
 
     sch = schedule_rows(func, target, accumulators=4 if "arm_cpu" in target.keys else 2)
     if sch is None:
@@ -790,7 +790,7 @@ mut_mean_columns_short = _family_copy(tvm_mean, "mut_mean_columns_short")
 def _mean_columns_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """The columns rule (channels-last mean) whose outer reduction loop stops one step early:
     the last row of the window is never added (NCHW keeps the built-in rows rule)."""
-    from opsdk.schedules._common import schedule_columns
+    from opsdk.schedules._rows import schedule_columns
 
     sch = schedule_columns(func, target)
     if sch is None:
@@ -811,7 +811,7 @@ mut_reduce_rows_short = _family_copy(tvm_reduce, "mut_reduce_rows_short")
 def _reduce_rows_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """The rows rule on a plain reduction (no epilogue: the row results copied out) whose
     outer partial-sum loop runs one chunk short (the middle axis keeps the columns rule)."""
-    from opsdk.schedules._common import schedule_rows
+    from opsdk.schedules._rows import schedule_rows
 
     sch = schedule_rows(func, target)
     if sch is None:

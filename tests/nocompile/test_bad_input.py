@@ -96,7 +96,7 @@ def test_corrupt_onnx_is_one_line(tmp_path, capsys, command):
 
 
 def test_model_file_imports_its_siblings_now_and_later(tmp_path, monkeypatch):
-    from opsdk.frontend._cli import _call_entry, _import_python
+    from opsdk.frontend import call_entry, import_model_module
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "models").mkdir()
@@ -105,8 +105,8 @@ def test_model_file_imports_its_siblings_now_and_later(tmp_path, monkeypatch):
     path = _model(tmp_path, "import sib_now_zz\n\ndef build_model():\n"
                   "    import sib_later_zz\n    return sib_later_zz.make(sib_now_zz.SIZE)\n")
     monkeypatch.chdir(tmp_path)  # not the model's folder
-    module = _import_python(str(path))
-    assert _call_entry(module, str(path), "build_model") == 8
+    module = import_model_module(str(path))
+    assert call_entry(module, str(path), "build_model") == 8
 
 
 def test_failed_model_import_leaves_sys_path_and_modules_as_they_were(tmp_path, monkeypatch):
@@ -333,7 +333,7 @@ def test_ctrl_c_while_a_model_file_loads_is_not_swallowed(tmp_path, monkeypatch)
 
 
 def test_two_model_files_each_get_their_own_sibling_helper(tmp_path, monkeypatch):
-    from opsdk.frontend._cli import _call_entry, _import_python
+    from opsdk.frontend import call_entry, import_model_module
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
@@ -344,8 +344,8 @@ def test_two_model_files_each_get_their_own_sibling_helper(tmp_path, monkeypatch
         (folder / "helpers_twin_zz.py").write_text(f"SIZE = {size}\n")
         (folder / "model.py").write_text("import helpers_twin_zz\n\ndef build_model():\n"
                                          "    return helpers_twin_zz.SIZE\n")
-        module = _import_python(str(folder / "model.py"))
-        got.append(_call_entry(module, "model.py", "build_model"))
+        module = import_model_module(str(folder / "model.py"))
+        got.append(call_entry(module, "model.py", "build_model"))
     assert got == [3, 5]
 
 
@@ -440,12 +440,12 @@ def test_folder_or_unknown_kind_of_file_as_model_is_named(tmp_path, monkeypatch,
 
 
 def test_model_loader_refuses_a_folder_whatever_calls_it(tmp_path):
-    from opsdk.frontend._cli import _import_python
+    from opsdk.frontend import import_model_module
 
     folder, txt = _folder_and_txt(tmp_path)
     for p in (folder, txt):
         with pytest.raises(UserCodeError, match="pass a model file"):
-            _import_python(str(p))
+            import_model_module(str(p))
 
 
 def _onnx_model(path):

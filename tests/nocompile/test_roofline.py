@@ -41,7 +41,7 @@ def test_a_kernel_with_polynomial_math_is_counted():
     # judged it by its bytes alone (2 % of a roof it was at 93 % of).
     from tvm import te, tirx
 
-    from opsdk._roofline import kernel_work
+    from opsdk._asm import kernel_work
     from opsdk._vecmath import has_let, polynomial_math
 
     a = te.placeholder((16, 32), "float32", name="a")

@@ -28,7 +28,7 @@ from tvm.target import Target
 
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
-from ..cpu.vnni import Microkernel, schedule_qdense, splat4
+from .._qgemm import Microkernel, schedule_qdense, splat4
 
 __all__ = ["NEON_SMULL", "SDOT"]
 

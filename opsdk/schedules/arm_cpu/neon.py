@@ -6,18 +6,13 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import (
-    accumulator_registers,
-    schedule_columns,
-    schedule_elementwise,
-    schedule_fallback,
-    schedule_rows,
-    schedule_whole,
-)
 from .._conv import schedule_conv2d
+from .._core import accumulator_registers
+from .._elementwise import schedule_elementwise
+from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
+from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
 from .._winograd import schedule_winograd
-from ..cpu.x86 import group_norm_schedule
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
 # 32 NEON registers: four 4-lane accumulators (16 partial sums) leave plenty for the data.

@@ -31,7 +31,7 @@ from tvm.target import Target
 
 from .. import rule
 from .._qconv import schedule_qconv2d
-from .vnni import Microkernel, schedule_qdense, splat4
+from .._qgemm import Microkernel, schedule_qdense, splat4
 
 __all__ = ["AVX2_PMADDWD"]
 

@@ -8,17 +8,12 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
-from .._common import (
-    accumulator_registers,
-    schedule_channels_last_groups,
-    schedule_columns,
-    schedule_elementwise,
-    schedule_fallback,
-    schedule_rows,
-    schedule_whole,
-)
 from .._conv import schedule_conv2d
+from .._core import accumulator_registers
+from .._elementwise import schedule_elementwise
+from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
+from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
 from .._winograd import schedule_winograd
 
 _X86 = ("kind:llvm", "arch:x86_64")  # the C backend cannot print vector code
@@ -97,31 +92,6 @@ def _whole(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """A norm or softmax over the whole tensor (no row axis, so one core): AVX-512 partial
     sums for the reductions, vectorized producers and output."""
     return schedule_whole(func, target, accumulators=_ACCUMULATORS)
-
-
-def group_norm_schedule(
-    func: tirx.PrimFunc, target: Target, accumulators: int
-) -> s_tir.Schedule | None:
-    """Shared by the x86 and NEON group-norm rules: pick the layout from the block shapes."""
-    sch = s_tir.Schedule(func)
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    if sorted(names) == ["group_norm", "mean", "mean_c", "rstd", "scale_c", "sqsum", "sum"]:
-        return schedule_channels_last_groups(func, target, accumulators=accumulators)
-    if names != ["sum", "mean", "sqsum", "rstd", "group_norm"]:
-        return None
-    stats = sch.get(sch.get_sblock("sum"))
-    out = sch.get(sch.get_sblock("group_norm"))
-    groups = stats.iter_vars[1].dom.extent
-    ext = [iv.dom.extent for iv in out.iter_vars]
-    if not all(isinstance(e, tirx.IntImm) for e in (groups, *ext[1:])):
-        return None
-    g = int(groups.value)
-    # NCHW: the channel axis (1) of the output splits into (group, channel-in-group).
-    c_nchw = int(ext[1].value)
-    red = [int(iv.dom.extent.value) for iv in stats.iter_vars[2:]]
-    if red[0] * g == c_nchw and red[1:] == [int(ext[2].value), int(ext[3].value)]:
-        return schedule_rows(func, target, accumulators=accumulators, split_out=(1, c_nchw // g))
-    return None
 
 
 @rule(

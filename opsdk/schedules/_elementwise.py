@@ -1,0 +1,225 @@
+"""The elementwise family: injective kernels (elementwise, broadcast, transpose, concatenate,
+cast) with their producers inlined, rows across the cores and the contiguous inner loops in
+vectors (a concatenate as one vector loop per input; a DRAM-sized float32 output with
+streaming stores, :mod:`._stream`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from ._core import (
+    MAX_FUSE,
+    _dtype_bits,
+    _fuse,
+    _is_one,
+    _realize,
+    analyze,
+    extent_of,
+    vector_lanes,
+    vectorize_loop,
+)
+from ._stream import stream_lanes, stream_stores
+
+__all__ = [
+    "schedule_elementwise",
+    "vectorize_segments",
+]
+
+
+def _is_scalar_read(r) -> bool:
+    """A read of one fixed element (``scale[0]``: a per-tensor parameter), the same for every
+    output element: it does not tie the loops to the output's axes."""
+    return all(isinstance(rg.min, tirx.IntImm) and _is_one(rg.extent) for rg in r.region)
+
+
+def _is_broadcast_free(sch: s_tir.Schedule, rv) -> bool:
+    """True when every buffer the block reads has the output's rank (no broadcast operand),
+    fixed single elements aside."""
+    blk = sch.get(rv)
+    ndim = len(blk.writes[0].source.shape)
+    return all(len(r.source.shape) == ndim for r in blk.reads if not _is_scalar_read(r))
+
+
+def _input_contiguous_loop(sch: s_tir.Schedule, rv, loops: Sequence):
+    """The loop whose variable alone indexes the innermost axis of the block's largest read."""
+    blk = sch.get(rv)
+    if not blk.reads:
+        return None
+    big = max(blk.reads, key=lambda r: len(r.region))
+    inner = big.region[-1].min
+    # Through the block's bindings: folded unit axes leave fewer loops than iter vars.
+    bindings = _realize(sch, rv).iter_values
+    for iv, bound in zip(blk.iter_vars, bindings):
+        if inner.same_as(iv.var):
+            return next((lp for lp in loops if sch.get(lp).loop_var.same_as(bound)), None)
+    return None
+
+
+def _reads_aligned(sch: s_tir.Schedule, rv) -> bool:
+    """True when every read indexes its buffer exactly as the block writes its output."""
+    blk = sch.get(rv)
+    out = [str(r.min) for r in blk.writes[0].region]
+    return all([str(r.min) for r in rd.region] == out for rd in blk.reads
+               if not _is_scalar_read(rd))
+
+
+def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Injective blocks: producers inlined; the leading loops fused and split across the cores;
+    the trailing static loops (at most ``MAX_FUSE``, contiguous in memory) fused and vectorized
+    with a partitioned tail. A fully static output of rank <= ``MAX_FUSE`` is flattened and
+    split into a parallel outer and a vector inner loop.
+    """
+    sch = s_tir.Schedule(func)
+    blocks = analyze(sch)
+    if not blocks or any(b.is_reduction for b in blocks):
+        return None
+    outs = [b.name for b in blocks if not sch.get_consumers(b.rv)]
+    for b in blocks:
+        if b.name not in outs:
+            sch.compute_inline(b.rv)
+    if len(outs) > 1:
+        # Several outputs (a split): each output its own parallel, vectorized loop nest over
+        # the inlined producers (no streaming stores: they rebuild the function).
+        for name in outs:
+            _elementwise_nest(sch, sch.get_sblock(name), target, stream_ok=False)
+        return sch
+    return _elementwise_nest(sch, blocks[-1].rv, target, stream_ok=True)
+
+
+def _elementwise_nest(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV, target: Target,
+                      *, stream_ok: bool) -> s_tir.Schedule:
+    """:func:`schedule_elementwise` of one output block whose producers are inlined."""
+    loops = sch.get_loops(last)
+    # Leading unit axes (a batch of 1) fold into the next axis: they count for nothing, and
+    # left alone the "rows" to split across the cores would be that one row.
+    while len(loops) > 1 and extent_of(sch, loops[0]) == 1:
+        loops = [sch.fuse(loops[0], loops[1]), *loops[2:]]
+    lanes = vector_lanes(target, _dtype_bits(sch, last))
+    n_inner = 0
+    for lp in reversed(loops):
+        if extent_of(sch, lp) is None:
+            break
+        n_inner += 1
+    # A broadcast operand (bias) keeps the last axis alone so its index stays a loop variable;
+    # fusing more than MAX_FUSE axes gives nested div/mod indices TVM cannot vectorize.
+    # A read whose index is not the output's (a transpose, a slice) keeps the loops apart
+    # too: fused, its index would be div/mod of the flat loop, gathered lane by lane
+    # (measured: NCHW -> NHWC of 24x56x56, 90 us fused, 10 us with the channel loop alone).
+    aligned = _is_broadcast_free(sch, last) and _reads_aligned(sch, last)
+    n_inner = min(n_inner, MAX_FUSE if aligned else 1)
+    cuts = _select_cuts(sch, last, loops[-1]) if n_inner == 1 else []
+    if cuts and len(loops) > 1 and all(c % lanes == 0 for c in
+                                       [*cuts, extent_of(sch, loops[-1]) or 1]):
+        # A concatenate along the innermost axis selects its input by index: one vector
+        # loop per input range (the select folds away in each), not a select per lane.
+        sch.parallel(_fuse(sch, loops[:-1]))
+        vectorize_segments(sch, loops[-1], lanes, cuts)
+        return sch
+    if not aligned and n_inner == 1 and (extent_of(sch, loops[-1]) or 0) < lanes:
+        # A transpose into a short innermost axis (NCHW -> NHWC with 3 channels): vectors
+        # along the input's contiguous axis instead, stored strided.
+        alt = _input_contiguous_loop(sch, last, loops)
+        if alt is not None and (extent_of(sch, alt) or 0) >= lanes:
+            rest = [lp for lp in loops if lp != alt]
+            sch.reorder(*rest, alt)
+            if len(rest) > 0:
+                sch.parallel(_fuse(sch, rest[:-1]) if len(rest) > 1 else rest[0])
+            vectorize_loop(sch, alt, lanes)
+            return sch
+    if n_inner == 0:  # symbolic innermost extent: parallel rows, LLVM vectorizes the rest
+        if len(loops) > 1:
+            sch.parallel(_fuse(sch, loops[:-1]))
+        return sch
+
+    # A DRAM-sized float32 output is written with streaming stores (full vectors only).
+    stream = stream_lanes(sch, last, target, lanes) if stream_ok else None
+    if n_inner == len(loops):
+        flat = _fuse(sch, loops)
+        total = extent_of(sch, flat) or 0
+        # too small to split across cores (counted in 32-bit vectors: an int8 output has 4x
+        # the lanes, not 4x the work)
+        if total <= vector_lanes(target, 32) * 64:
+            vectorize_loop(sch, flat, lanes)
+            return sch
+        vec = vectorize_loop(sch, flat, lanes)  # (total > lanes: a main part)
+        sch.parallel(vec)
+        if stream and total % lanes == 0:
+            return stream_stores(sch, last, vec, lanes, vec, 4 * lanes)
+        return sch
+    rows = _fuse(sch, loops[: len(loops) - n_inner])
+    sch.parallel(rows)
+    inner = _fuse(sch, loops[len(loops) - n_inner :])
+    inner_ext = extent_of(sch, inner) or 0
+    vec = vectorize_loop(sch, inner, lanes)
+    if stream and vec is not None and inner_ext % lanes == 0:
+        return stream_stores(sch, last, vec, lanes, rows, 4 * inner_ext)
+    return sch
+
+
+def vectorize_segments(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int,
+                       cuts: Sequence[int]) -> None:
+    """Vectorize a static loop cut at ``cuts`` (offsets in it, multiples of ``lanes``, as is
+    its extent): split by ``lanes``, the vector loop's outer loop partitioned at the cuts
+    (one ``loop_partition``: TVM 0.27 splits no loop that does not start at 0)."""
+    ext = extent_of(sch, loop)
+    assert ext is not None and ext % lanes == 0 and all(c % lanes == 0 for c in cuts)
+    outer, inner = sch.split(loop, [None, lanes])
+    bounds = [0, *(c // lanes for c in cuts), ext // lanes]
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
+    if len(lengths) == 1:
+        sch.vectorize(inner)
+        return
+    for part in sch.loop_partition(outer, lengths[:-1]):
+        leaf = sch.get_child_blocks(part)[0]
+        while sch.get_child_blocks(leaf):  # a partition is a block scope of its own
+            leaf = sch.get_child_blocks(leaf)[0]
+        sch.vectorize(sch.get_loops(leaf)[-1])
+
+
+def _select_cuts(sch: s_tir.Schedule, rv, loop: s_tir.schedule.LoopRV) -> list[int]:
+    """Where an ``if_then_else`` of the block (a concatenate) switches on the index bound
+    to ``loop`` alone: the constant offsets inside the loop's static range, sorted."""
+    ext = extent_of(sch, loop)
+    var = sch.get(loop).loop_var
+    blk = sch.get(rv)
+    bound = [iv.var for iv, v in zip(blk.iter_vars, _realize(sch, rv).iter_values)
+             if v.same_as(var)]
+    if ext is None or not bound:
+        return []
+    v = bound[0]
+    cuts: set[int] = set()
+
+    def visit(e) -> None:
+        for sub in _children(e):
+            visit(sub)
+        if isinstance(e, tvm.ir.Call) and str(getattr(e.op, "name", "")).endswith("if_then_else"):
+            c = e.args[0]
+            for cls, off in ((tirx.LT, 0), (tirx.GE, 0), (tirx.LE, 1), (tirx.GT, 1)):
+                if isinstance(c, cls):
+                    a, b = c.a, c.b
+                    if a.same_as(v) and isinstance(b, tirx.IntImm):
+                        cuts.add(int(b.value) + off)
+                    elif b.same_as(v) and isinstance(a, tirx.IntImm):
+                        cuts.add(int(a.value) + 1 - off)
+
+    if isinstance(blk.body, tirx.BufferStore):
+        visit(blk.body.value)
+    return sorted(c for c in cuts if 0 < c < ext)
+
+
+def _children(e) -> list:
+    """The operands of an expression node (calls, arithmetic, casts, selects, lets)."""
+    if isinstance(e, tvm.ir.Call):
+        return list(e.args)
+    if isinstance(e, tirx.Select):
+        return [e.condition, e.true_value, e.false_value]
+    if isinstance(e, tirx.Let):
+        return [e.value, e.body]
+    return [getattr(e, k) for k in ("a", "b", "value") if isinstance(getattr(e, k, None),
+                                                                   tvm.ir.expr.Expr)]

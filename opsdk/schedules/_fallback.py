@@ -1,0 +1,93 @@
+"""The catch-all family: any plain loop nest no family rule took (split's several outputs,
+pad, gather-like reductions, pooling), each block's outer loops across the cores and its
+innermost output loop vectorized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from ._core import (
+    _dtype_bits,
+    _fuse,
+    _loops_by_kind,
+    analyze,
+    extent_of,
+    vector_lanes,
+    vectorize_loop,
+)
+
+__all__ = [
+    "PARALLEL_MIN",
+    "schedule_fallback",
+]
+
+
+#: A kernel below this many output elements runs on one core (waking the pool costs more).
+PARALLEL_MIN = 4096
+
+
+def schedule_fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Any plain loop nest (split's several outputs, concat, pad, gather-like reductions):
+    intermediate spatial blocks inlined where TVM allows it, then each remaining block on its
+    own: the leading spatial loops fused and split across the cores (when the block writes
+    at least :data:`PARALLEL_MIN` elements), the innermost spatial loop vectorized (a
+    reduction's reduction loops moved outside it, so the vector runs over outputs).
+
+    Returns None for functions that are not plain loop nests (opaque blocks, nested blocks).
+    """
+    sch = s_tir.Schedule(func)
+    blocks = analyze(sch)
+    if not blocks:
+        return None
+    for b in blocks[:-1]:
+        if b.is_reduction or not sch.get_consumers(b.rv):
+            continue
+        with contextlib.suppress(Exception):  # e.g. an output block, or a reduction consumer
+            sch.compute_inline(b.rv)
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        _fallback_block(sch, rv, target)
+    return sch
+
+
+def _fallback_block(sch: s_tir.Schedule, rv, target: Target) -> None:
+    spatial, red = _loops_by_kind(sch, rv)
+    if not spatial:
+        return
+    lanes = vector_lanes(target, _dtype_bits(sch, rv))
+    total = 1
+    for lp in spatial:
+        e = extent_of(sch, lp)
+        total = total * e if e is not None and total is not None else None
+    inner = spatial[-1]
+    outer = spatial[:-1]
+    if red:
+        sch.reorder(*outer, *red, inner)
+    ext = extent_of(sch, inner)
+    if outer and (total is None or total >= PARALLEL_MIN):
+        sch.parallel(_fuse(sch, outer))
+    if ext is None or ext <= 1:
+        if red:
+            sch.decompose_reduction(rv, red[0])
+        return
+    if not red:
+        vectorize_loop(sch, inner, lanes)
+        return
+    # A reduction: the output loop, innermost below the reduction loops, in full vectors.
+    # A tail is partitioned off: each part is then a block of its own, alone under its loop,
+    # and keeps its init inside (it runs on the first reduction step; decompose_reduction
+    # needs a loop above the reduction loops, which the partition's scope hides).
+    if ext % lanes == 0 or ext < lanes:
+        if ext > lanes:
+            _, inner = sch.split(inner, [None, lanes])
+        sch.vectorize(inner)
+        sch.decompose_reduction(rv, red[0])
+        return
+    for part in sch.loop_partition(inner, [ext - ext % lanes]):
+        n = extent_of(sch, part)
+        if n is not None and n > lanes:
+            _, part = sch.split(part, [None, lanes])
+        sch.vectorize(part)
