@@ -25,9 +25,10 @@ from ._version import __version__ as __version__
 
 if TYPE_CHECKING:  # the names __getattr__ provides, for type checkers and editors
     from . import deploy, drift, frontend, model, relax, transform
+    from ._declare import op
     from ._domains import Bounded, LogUniform, bounded, log_uniform
     from ._dtypes import FLOAT_DTYPES
-    from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor, op
+    from ._opdef import Axis, OpDef, OpDefinitionError, Param, Tensor
     from ._pipeline import pipeline
     from ._plugins import import_beside
     from .registry import get_op, is_registered, register, registered_ops, unregister
@@ -41,7 +42,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
         "deploy", "drift", "frontend", "model", "relax", "transform")},
     **{n: ("._domains", n) for n in ("Bounded", "LogUniform", "bounded", "log_uniform")},
     "FLOAT_DTYPES": ("._dtypes", "FLOAT_DTYPES"),
-    **{n: ("._opdef", n) for n in ("Axis", "OpDef", "OpDefinitionError", "Param", "Tensor", "op")},
+    **{n: ("._opdef", n) for n in ("Axis", "OpDef", "OpDefinitionError", "Param", "Tensor")},
+    "op": ("._declare", "op"),
     "import_beside": ("._plugins", "import_beside"),
     **{n: (".registry", n)
        for n in ("get_op", "is_registered", "register", "registered_ops", "unregister")},
@@ -54,7 +56,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 
 def _bind(name: str) -> Any:
     module, attr = _EXPORTS[name]
-    if module == "._opdef":  # an op's .rule and its call hand over to the rules and registry
+    if module in ("._opdef", "._declare"):  # an op's .rule and call hand over to the rules
+        # and the registry, which install themselves when they load
         importlib.import_module(".registry", __name__)
     m = importlib.import_module(module, __name__)
     value = m if attr is None else getattr(m, attr)

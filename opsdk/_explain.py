@@ -9,12 +9,16 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
+from . import model as M
 from ._asm import asm_of, asm_vector_stats
 from ._tir import tir_pipeline
-from .registry import get_op
-from .schedules import Choice, last_choices
+from .bench import first_torch_output
+from .registry import builder, get_op
+from .runners.local import host_arch
+from .schedules import Choice, Kernel, last_choices, load_builtin_rules, rules_for
 from .targets import target as resolve_target
 from .targets import target_arch
+from .transform import LowerOps
 
 __all__ = ["Explanation", "ZooCheck", "build_single_op",
            "catch_all_rules", "check_zoo_model", "explain", "format_zoo_check"]
@@ -70,7 +74,6 @@ def build_single_op(
 
 
 def _call(d, tensors: Mapping[str, relax.Var], attrs: Mapping[str, Any]) -> relax.Call:
-    from .registry import builder
 
     return builder(d)(**tensors, **attrs)
 
@@ -108,7 +111,6 @@ def explain(
     shapes = d.example_shapes(prim, attrs)
     mod = build_single_op(d.name, shapes, dtype, attrs)
     before = len(last_choices())
-    from .transform import LowerOps
 
     lowered = LowerOps(tgt)(mod)
     new = [c for c in last_choices()[before:] if c.op == d.name]
@@ -173,7 +175,6 @@ class ZooCheck:
 
 def catch_all_rules() -> set[str]:
     """Names of the rules that take any kernel no rule of its kind took (``kind:any``)."""
-    from .schedules import Kernel, load_builtin_rules, rules_for
 
     load_builtin_rules()
     return {r.name for r in rules_for(Kernel("", "opaque")) if "any" in r.kinds}
@@ -203,9 +204,6 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     """
     import numpy as np
 
-    from . import model as M
-    from .runners.local import host_arch
-
     tgt = resolve_target(target)
     name = str(target) if isinstance(target, str) else str(tgt)
     out = ZooCheck(z.name, name)
@@ -228,8 +226,6 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     out.problems = list(rep.problems)
     if numerics and tgt.kind.name == "llvm" and target_arch(tgt) == host_arch():
         import torch
-
-        from .bench import first_torch_output
 
         try:
             vm = relax.VirtualMachine(cm.ex, tvm.cpu())

@@ -147,7 +147,7 @@ def _from_source(from_op: str, name: str) -> str:
     # a copy that also claimed it would compete with it.
     src = _drop_builtin_hooks(src, from_op)
     src = re.sub(r"from \.\._dtypes import", "from opsdk import", src)
-    src = re.sub(r"from \.\._opdef import", "from opsdk import", src)
+    src = re.sub(r"from \.\._(?:opdef|declare) import", "from opsdk import", src)
     src = re.sub(r"from \.\._domains import", "from opsdk import", src)
     src = re.sub(r"from \.\.(\w+) import", r"from opsdk.\1 import", src)
     src = re.sub(r"from \.(\w+) import", r"from opsdk.ops.\1 import", src)

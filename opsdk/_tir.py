@@ -45,7 +45,7 @@ def StackLocalTiles(func: tirx.PrimFunc, mod: tvm.IRModule, ctx: tvm.transform.P
     --------
     >>> import tvm
     >>> from tvm import te
-    >>> from opsdk.transform._tir import StackLocalTiles
+    >>> from opsdk._tir import StackLocalTiles
     >>> a = te.placeholder((8,), name="a")
     >>> f = te.create_prim_func([a, te.compute((8,), lambda i: a[i] * 2)])
     >>> StackLocalTiles(tvm.IRModule({"main": f}))["main"].same_as(f)  # nothing local

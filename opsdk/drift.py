@@ -39,10 +39,19 @@ from .frontend import (
     check_shape_names,
     example_args,
     export_user_model,
+    from_onnx,
+    from_torch,
     import_model_module,
+    mapping_counts,
+    onnx_mapping_counts,
+    prepare_model_imports,
     random_inputs,
 )
-from .transform import RewriteSite, rewrite_sites
+from .model import compile_model
+from .runners import check_inputs, runner_for
+from .targets import target as resolve_target
+from .targets import target_arch
+from .transform import FuseIntoOps, ReplaceTVMOps, RewriteSite, op_counts, rewrite_sites
 
 __all__ = ["DriftRow", "add_drift_arguments", "format", "report", "run_drift_command",
            "site_modules"]
@@ -279,11 +288,7 @@ def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any
     """Compile for ``target`` and run; the outputs flattened into a list of arrays."""
     import platform
 
-    from .model import compile_model
-    from .targets import target as _resolve_target
-    from .targets import target_arch
-
-    tgt = _resolve_target(target)
+    tgt = resolve_target(target)
     ex = compile_model(mod, tgt).ex  # opsdk.compile's pipeline, through the compile cache
     machine = platform.machine().lower()
     if target_arch(tgt) == {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine):
@@ -291,7 +296,6 @@ def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any
         vm = relax.VirtualMachine(ex, dev)
         out = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs])
         return _flatten(out)
-    from .runners import runner_for  # another architecture: emulated or remote
 
     with runner_for(target if isinstance(target, str) else "arm") as r:
         return list(r.run(ex, list(inputs), entry=func))
@@ -499,13 +503,6 @@ def _load_model(
     -------
     (tvm.IRModule, list of numpy.ndarray, tvm.IRModule or None)
     """
-    from .frontend import (
-        from_onnx,
-        from_torch,
-        mapping_counts,
-        onnx_mapping_counts,
-        prepare_model_imports,
-    )
 
     prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
 
@@ -522,7 +519,6 @@ def _load_model(
     if isinstance(built, tvm.IRModule):
         return built, random_inputs(built["main"], shapes, rng), None
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], tvm.IRModule):
-        from .runners import check_inputs
 
         inputs = [np.asarray(a) for a in built[1]]
         check_inputs(built[0]["main"], inputs)  # InputMismatch (a ValueError): named, early
@@ -545,10 +541,6 @@ def _load_model(
     return mod, inputs, plain
 
 
-def _parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
-    return named_shapes(items)
-
-
 def run_drift_command(args: argparse.Namespace) -> int:
     """Run ``opsdk drift``: print the drift table; 0 on success, 1 when ``--max-rel`` is
     exceeded, 2 on a usage error.
@@ -561,22 +553,19 @@ def run_drift_command(args: argparse.Namespace) -> int:
     >>> run_drift_command(parser.parse_args(["model.onnx", "--rewrite", "inline"]))
     2
     """
-    from .frontend import mapping_counts, onnx_mapping_counts
-    from .transform import FuseIntoOps, ReplaceTVMOps, op_counts
 
     try:
         names = [r.strip() for r in args.rewrite.split(",") if r.strip()]
         bad = [r for r in names if r not in _REWRITES]
         if bad or not names:
             raise ValueError(f"--rewrite {args.rewrite!r}: choose from {', '.join(_REWRITES)}")
-        from .targets import target as resolve_target
 
         resolve_target(args.target)  # a typo was a traceback after the model loaded
         try:  # a missing file was "No module named '/path/m'"
             model_file(args.model)
         except argparse.ArgumentTypeError as e:
             raise ValueError(str(e)) from None
-        mod, inputs, plain = _load_model(args.model, args.entry, _parse_shapes(args.shape),
+        mod, inputs, plain = _load_model(args.model, args.entry, named_shapes(args.shape),
                                          args.seed)
     except (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError) as e:
         print(f"opsdk drift: error: {e}", file=sys.stderr)

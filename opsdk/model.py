@@ -45,6 +45,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import frontend
 from ._pipeline import (
     CompiledModel,
     CompileTimings,
@@ -58,11 +59,14 @@ from ._pipeline import (
     scheduled_kernels,
 )
 from ._quiet import fd_silenced
+from ._roofline import machine_roof
 from ._userfile import load_onnx_file, read_user_file
 from .errors import UnloweredOpError
-from .schedules import GENERIC
+from .runners.local import host_arch
+from .schedules import GENERIC, Kernel, rules_for
 from .targets import target as resolve_target
 from .targets import target_arch
+from .transform import FuseIntoOps
 
 __all__ = [
     "ATOL",
@@ -156,9 +160,6 @@ class LoadedModel:
         (``baselines=False``: opsdk's import only; ``tvm_mod`` is then that one too)."""
         import torch
         from tvm.relax.frontend.torch import from_exported_program
-
-        from . import frontend
-        from .transform import FuseIntoOps
 
         t0 = time.perf_counter()
         ep = exported if exported is not None else frontend.export_user_model(
@@ -260,7 +261,6 @@ def load_model(
         Also import TVM's way and export ONNX for onnxruntime (what the benchmarks compare
         with); False imports opsdk's way only.
     """
-    from . import frontend
 
     frontend.prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
 
@@ -493,7 +493,6 @@ def report(
     rep = ModelReport(name or "model", str(target), rows, compile_s=cm.seconds,
                       cached=cm.cached)
     rep.cache_key = cm._entry.key if cm._entry is not None else None
-    from .runners.local import host_arch
 
     if profile and inputs is not None and target_arch(tgt) == host_arch():
         _profile(cm.ex, list(inputs), rep, tgt)
@@ -508,7 +507,6 @@ FAMILY_KINDS = ("matmul", "conv2d", "winograd", "pool")
 
 
 def _catch_all(rule: str, kind: str) -> bool:
-    from .schedules import Kernel, rules_for
 
     return any(r.name == rule and "any" in r.kinds for r in rules_for(Kernel("", kind)))
 
@@ -570,7 +568,6 @@ def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, target: Any = 
     rep.threads = int(tvm.get_global_func("runtime.NumThreads")())
     roof = None
     if any(k.bytes for k in rep.kernels):
-        from ._roofline import machine_roof
 
         try:
             roof = machine_roof(target, rep.threads)

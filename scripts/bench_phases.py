@@ -31,13 +31,10 @@ from tvm import s_tir, te
 
 import opsdk
 from opsdk._explain import build_single_op
-from opsdk.bench._run import _copy_kernel, _mod_step, _Timer
-from opsdk.schedules._common import (
-    rfactor_reduction,
-    vector_lanes,
-    vectorize_loop,
-    vectorize_rfactor,
-)
+from opsdk.bench._run import _copy_kernel, _mod_step
+from opsdk.bench._timing import Timer
+from opsdk.schedules._core import vector_lanes, vectorize_loop
+from opsdk.schedules._rfactor import rfactor_reduction, vectorize_rfactor
 
 
 def _build(sch: s_tir.Schedule, tgt) -> tvm.runtime.Executable:
@@ -98,10 +95,10 @@ def main() -> None:
     (prim,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     rms = tvm.compile(tvm.IRModule({"main": prim.with_attr("global_symbol", "main")}), target=tgt)
     timers = {
-        "reduce": _Timer(_mod_step(_reduce_kernel(rows, cols, tgt, lanes), [x, ss], dev)),
-        "stream": _Timer(_mod_step(_stream_kernel(rows, cols, tgt, lanes), [x, s, y], dev)),
-        "rms_norm": _Timer(_mod_step(rms, [x, gamma, y], dev)),
-        "copy": _Timer(
+        "reduce": Timer(_mod_step(_reduce_kernel(rows, cols, tgt, lanes), [x, ss], dev)),
+        "stream": Timer(_mod_step(_stream_kernel(rows, cols, tgt, lanes), [x, s, y], dev)),
+        "rms_norm": Timer(_mod_step(rms, [x, gamma, y], dev)),
+        "copy": Timer(
             _mod_step(_copy_kernel(rows * cols, "float32", tgt), [flat_in, flat_out], dev)
         ),
     }

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 
 from ..registry import get_op
-from ..schedules import last_choices
+from ..schedules import generic_only, last_choices
 from ..targets import target as resolve_target
 from ._cases import SPECS
 from ._run import _attrs, _inputs, _opsdk_module, _tvm_module, expand_cases
@@ -28,7 +28,6 @@ __all__ = ["format_remote_table", "run_remote_bench"]
 def _tvm_executable(case: Any, tgt: Any) -> Any:
     if case.op in SPECS:
         return tvm.compile(_tvm_module(case), target=tgt)
-    from ..schedules import generic_only  # a custom op: its compute, unscheduled
 
     with generic_only():
         return tvm.compile(_opsdk_module(case), target=tgt)

@@ -12,9 +12,10 @@ import tvm
 from tvm import relax, s_tir, te
 
 from .._dtypes import np_dtype
+from .._pipeline import fusion_passes
 from .._tir import tir_pipeline as opsdk_tir
-from ..registry import get_op
-from ..schedules import last_choices, vector_lanes
+from ..registry import builder, get_op
+from ..schedules import generic_only, last_choices, vector_lanes
 from ..targets import target as resolve_target
 from ..targets import target_arch
 from ..transform import LowerOps as opsdk_lower
@@ -117,7 +118,6 @@ def _module(case: Case, body: Callable[[list], relax.Expr]) -> tvm.IRModule:
 
 
 def _opsdk_module(case: Case) -> tvm.IRModule:
-    from ..registry import builder
 
     d = get_op(case.op)
     names = list(d.example_shapes(case.shape, _attrs(case)))
@@ -145,7 +145,6 @@ def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
 
 def _fuse(mod: tvm.IRModule, tgt) -> tvm.IRModule:
     """TVM's default legalization and fusion (what ``tvm.compile`` runs before codegen)."""
-    from .._pipeline import fusion_passes
 
     seq = tvm.transform.Sequential(fusion_passes())
     with tgt:
@@ -401,7 +400,6 @@ def _run_case(
             vm = relax.VirtualMachine(tvm.compile(mod, target=tgt), dev)
             lowered = _fuse(mod, tgt)
         else:  # a custom op: TVM's default lowering of its own compute (no schedule rule)
-            from ..schedules import generic_only
 
             with generic_only():
                 mod = _opsdk_module(case)

@@ -517,6 +517,36 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _load(model: Any, inputs: Sequence[np.ndarray] | None, entry: str,
+          entry_args: Mapping[str, Any] | None, shapes: Mapping[str, Sequence[int]] | None,
+          say: Callable[[str], Any]) -> tuple[Any, str, Any, list[np.ndarray]]:
+    """(module, its source's name, the loaded model or None, example inputs checked against
+    ``main``): an IRModule as it is, a model file through :func:`opsdk.model.load_model`."""
+    import tvm
+
+    from ..model import load_model
+    from ..runners import InputMismatch, check_inputs
+
+    loaded = None
+    if isinstance(model, tvm.IRModule):
+        mod, source = model, "IRModule"
+        if inputs is None:
+            raise ArtifactError("an IRModule needs example inputs: pass inputs=[...]")
+    else:
+        source = str(model)
+        say(f"importing {source}")
+        loaded = load_model(source, entry=entry, entry_args=entry_args, shapes=shapes,
+                            baselines=False)
+        mod = loaded.opsdk_mod
+        inputs = list(inputs) if inputs is not None else loaded.inputs
+    inputs = [np.ascontiguousarray(a) for a in inputs]
+    try:  # before compiling: TVM checks them only when the host build runs, in its words
+        check_inputs(mod["main"], inputs)
+    except InputMismatch as e:
+        raise ArtifactError(str(e)) from None
+    return mod, source, loaded, inputs
+
+
 def build_artifact(
     model: Any,
     out_dir: str | os.PathLike,
@@ -586,12 +616,10 @@ def build_artifact(
     dict
         The manifest written to ``out_dir/manifest.json``.
     """
-    import tvm
-
     from .._version import __version__
-    from ..model import compile_model, load_model
+    from ..model import compile_model
     from ..quant import agreement
-    from ..runners import InputMismatch, LocalRunner, check_inputs
+    from ..runners import LocalRunner
     from ..runners.local import host_arch
     from ..targets import target as resolve_target
     from ..targets import target_arch
@@ -606,31 +634,13 @@ def build_artifact(
     _prepare_folder(out, force)
 
     t0 = time.perf_counter()
-    loaded = None
-    if isinstance(model, tvm.IRModule):
-        mod, source = model, "IRModule"
-        if inputs is None:
-            raise ArtifactError("an IRModule needs example inputs: pass inputs=[...]")
-    else:
-        source = str(model)
-        say(f"importing {source}")
-        loaded = load_model(source, entry=entry, entry_args=entry_args, shapes=shapes,
-                            baselines=False)
-        mod = loaded.opsdk_mod
-        inputs = list(inputs) if inputs is not None else loaded.inputs
-    inputs = [np.ascontiguousarray(a) for a in inputs]
-    func = mod["main"]
-    try:  # before compiling: TVM checks them only when the host build runs, in its words
-        check_inputs(func, inputs)
-    except InputMismatch as e:
-        raise ArtifactError(str(e)) from None
+    mod, source, loaded, inputs = _load(model, inputs, entry, entry_args, shapes, say)
     if max_dims:
-        mod = _with_upper_bounds(mod, func, dict(max_dims), inputs)
-        func = mod["main"]
+        mod = _with_upper_bounds(mod, mod["main"], dict(max_dims), inputs)
     quant_info, float_out = None, None
     if int8:
         mod, quant_info, float_out = _quantize(mod, int8, calibration, inputs, say)
-        func = mod["main"]
+    func = mod["main"]
 
     mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
     say(f"compiling for {target if isinstance(target, str) else tgt.kind.name} ({arch}"
@@ -679,22 +689,8 @@ def build_artifact(
             for p in libs:
                 shutil.copyfile(p, tmp / "runtime" / p.name)
                 runtime_files.append(f"runtime/{p.name}")
-        for spec, a in zip(ins, inputs):
-            a.tofile(check / "inputs" / f"{spec['name']}.bin")
-        arrays = {f"host_{i}": a for i, a in enumerate(host_out)}
-        arrays |= {f"{framework}_{i}": np.asarray(a) for i, a in enumerate(fw_out)}
-        np.savez(check / "expected.npz", **arrays)
-        lines = ["# opsdk build: one tensor per line: role name dtype dims (example sizes)"]
-        w_specs = [{"name": n, "dtype": str(t.dtype), "example_shape": list(t.shape)}
-                   for n, t in weights.items()]
-        if weights:
-            lines.append(f"# weight lines: {WEIGHTS_FILE}, in the order main_transform_params "
-                         "takes them")
-        for role, specs in (("input", ins), ("weight", w_specs), ("output", outs)):
-            for sp in specs:
-                lines.append(" ".join([role, sp["name"], sp["dtype"],
-                                       *map(str, sp["example_shape"])]))
-        (tmp / "io.txt").write_text("\n".join(lines) + "\n")
+        _write_checks(check, ins, inputs, host_out, framework, fw_out)
+        _write_io(tmp / "io.txt", ins, weights, outs)
         spec_name = target if isinstance(target, str) else None
         facts = _module_facts(cm, inputs)
         w_info = _weights_info(tmp, weights, facts)
@@ -735,6 +731,35 @@ def build_artifact(
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest
+
+
+def _write_checks(check: Path, ins: Sequence[dict[str, Any]], inputs: Sequence[np.ndarray],
+                  host_out: Sequence[np.ndarray], framework: str,
+                  fw_out: Sequence[Any]) -> None:
+    """``check/``: the example inputs (raw, one file each) and the outputs to compare a
+    device with (the host build's, and the framework's when there is one)."""
+    for spec, a in zip(ins, inputs):
+        a.tofile(check / "inputs" / f"{spec['name']}.bin")
+    arrays = {f"host_{i}": a for i, a in enumerate(host_out)}
+    arrays |= {f"{framework}_{i}": np.asarray(a) for i, a in enumerate(fw_out)}
+    np.savez(check / "expected.npz", **arrays)
+
+
+def _write_io(path: Path, ins: Sequence[dict[str, Any]], weights: Mapping[str, Any],
+              outs: Sequence[dict[str, Any]]) -> None:
+    """``io.txt``: one tensor a line (role, name, dtype, example dims), for a loader with no
+    JSON parser (the C++ example)."""
+    lines = ["# opsdk build: one tensor per line: role name dtype dims (example sizes)"]
+    w_specs = [{"name": n, "dtype": str(t.dtype), "example_shape": list(t.shape)}
+               for n, t in weights.items()]
+    if weights:
+        lines.append(f"# weight lines: {WEIGHTS_FILE}, in the order main_transform_params "
+                     "takes them")
+    for role, specs in (("input", ins), ("weight", w_specs), ("output", outs)):
+        for sp in specs:
+            lines.append(" ".join([role, sp["name"], sp["dtype"],
+                                   *map(str, sp["example_shape"])]))
+    path.write_text("\n".join(lines) + "\n")
 
 
 def _fix_modes(root: Path) -> None:

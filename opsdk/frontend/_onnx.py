@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import tvm
 
+from .. import ops as op_library  # the explicit op list, read when used
+from .._userfile import load_onnx_file
+from ..registry import builder, registered_ops
 from ..transform import FuseIntoOps, ReplaceTVMOps
 
 if TYPE_CHECKING:
@@ -24,10 +27,9 @@ ONNX_OPS: dict[str, dict[str, Any]]
 
 
 def _onnx_ops() -> dict[str, dict[str, Any]]:
-    from ..ops import BUILTIN_OPS
 
     out: dict[str, dict[str, Any]] = {}
-    for d in BUILTIN_OPS:
+    for d in op_library.BUILTIN_OPS:
         for tvm_op, _, info in d.replacements:
             if info is None:
                 continue
@@ -109,8 +111,6 @@ def from_onnx(
     """
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
-    from .._userfile import load_onnx_file
-
     if isinstance(model, (str, os.PathLike)):  # a corrupt file: one error naming it
         model = load_onnx_file(model)
     with _op_mappings(op_mappings) as hits:
@@ -145,8 +145,6 @@ def _op_mappings(enabled: bool = True):
     """TVM's ONNX importer has no custom converter hook: its table of converters is
     extended, for this import only, with the registered ops' ``OpDef.onnx`` mappings."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
-
-    from ..registry import builder, registered_ops
 
     hits: dict[str, int] = {}
     extra: dict[str, Any] = {}

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 import tvm
 from tvm import relax
 
+from .. import ops as op_library  # the explicit op list, read when used
+from ..registry import builder, get_op, registered_ops
+
 if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
     import torch
     from torch import fx
@@ -23,15 +26,13 @@ TORCH_OPS: dict[str, tuple[str, ...]]
 
 def _builtins() -> list[Any]:
     """The built-in ops that map torch ops (``OpDef.torch``), in the op list's order."""
-    from ..ops import BUILTIN_OPS
 
-    return [d for d in BUILTIN_OPS if d.torch_maps]
+    return [d for d in op_library.BUILTIN_OPS if d.torch_maps]
 
 
 def _is_builtin(d: Any) -> bool:
-    from ..ops import BUILTIN_OPS
 
-    return any(d is b for b in BUILTIN_OPS)
+    return any(d is b for b in op_library.BUILTIN_OPS)
 
 
 def _torch_ops() -> dict[str, tuple[str, ...]]:
@@ -128,7 +129,6 @@ def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = Tr
 def _op_converter(d: Any) -> Converter:
     """The default converter of ``OpDef.torch``: positional arguments are the op's tensor
     inputs in order; keyword arguments named like its attributes are those."""
-    from ..registry import builder
 
     tensors = [p.name for p in d.tensor_params]
     attrs = {p.name for p in d.attr_params}
@@ -149,7 +149,6 @@ def _op_converter(d: Any) -> Converter:
 def _op_mappings(skip: Iterable[str]) -> dict[str, tuple[str, Converter]]:
     """aten name -> (op, converter) from the registered ops' ``OpDef.torch`` mappings (the
     built-in ops' are selected by ``from_torch(ops=...)`` instead)."""
-    from ..registry import registered_ops
 
     out: dict[str, tuple[str, Converter]] = {}
     for d in registered_ops():
@@ -164,7 +163,6 @@ def _op_mappings(skip: Iterable[str]) -> dict[str, tuple[str, Converter]]:
 def _user_keep(mapped: Mapping[str, tuple[str, Converter]]) -> list[str]:
     """The aten ops the applied user mappings keep out of the decomposition (``OpDef.torch``'s
     ``keep``, by default the mapped overloads themselves)."""
-    from ..registry import get_op
 
     ops = dict.fromkeys(op for op, _ in mapped.values())
     return [k for op in ops for k in get_op(op).torch_keep]
@@ -258,8 +256,6 @@ def from_torch(
     import warnings
 
     from tvm.relax.frontend.torch import from_exported_program
-
-    from ..registry import registered_ops
 
     names = [d.name for d in _select(ops)]
     custom = dict(custom_convert_map or {})

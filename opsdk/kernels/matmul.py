@@ -20,8 +20,9 @@ from typing import Literal
 import numpy as np
 from tvm import te
 
+from .._declare import op
 from .._errmodel import error_model
-from .._opdef import Tensor, op
+from .._opdef import Tensor
 from ._epilogue import (
     ACTIVATIONS,
     Activation,

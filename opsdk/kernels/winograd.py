@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 from tvm import te, tirx
 
+from .._declare import op
 from .._errmodel import error_model
-from .._opdef import Tensor, op
+from .._opdef import Tensor
 from ._epilogue import (
     ACTIVATIONS,
     Activation,

@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 from tvm import tirx
 
+from .._domains import log_uniform
+
 __all__ = [
     "QRANGE",
+    "QUANT_ATTR_DOMAIN",
     "clamp_te",
     "exact_model",
     "param_shape",
@@ -19,6 +22,15 @@ __all__ = [
     "rint_f32",
     "round_to_te",
 ]
+
+#: Where verify draws the quantization attributes qdense and qconv2d share: scales over
+#: six decades, zero points at both ends of int8 and uint8 (255 is refused for an int8 input).
+QUANT_ATTR_DOMAIN = {
+    "x_scale": log_uniform(1e-4, 1e2),
+    "x_zero_point": [0, -128, 127, 5, 255],
+    "out_scale": log_uniform(1e-4, 1e2),
+    "out_zero_point": [0, -128, 127, -3],
+}
 
 #: Saturation range of each quantized dtype.
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1)}

@@ -8,9 +8,10 @@ import numpy as np
 from tvm import relax, te
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
+from .._declare import op
 from .._dtypes import FLOAT_DTYPES
 from .._errmodel import ModelInput, error_model
-from .._opdef import Tensor, op
+from .._opdef import Tensor
 from .._patterns import call_attr, float_tensor, param_of, same_dims, shape_of
 from ..te_utils import acc, narrow
 from .gelu import gelu_error, gelu_expr, gelu_reference

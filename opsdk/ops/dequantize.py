@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
+from .._declare import op
 from .._domains import log_uniform
 from .._errmodel import error_model
-from .._opdef import Axis, Tensor, op
+from .._opdef import Axis, Tensor
 from ._quant import exact_model, param_shape, param_view, per_channel_index
 
 

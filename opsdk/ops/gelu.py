@@ -9,9 +9,10 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
+from .._declare import op
 from .._dtypes import FLOAT_DTYPES
 from .._errmodel import EXP_FLUSH, MATH_ULPS, ModelInput, error_model
-from .._opdef import Tensor, op
+from .._opdef import Tensor
 from .._patterns import float_tensor
 from ..te_utils import acc, bind, erf_f32, exp_f32, narrow
 from ._convert import arg, covered_dtype

@@ -8,9 +8,10 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from .._declare import op
 from .._dtypes import FLOAT_DTYPES
 from .._errmodel import ModelInput, error_model, norm_rows
-from .._opdef import Tensor, op
+from .._opdef import Tensor
 from .._patterns import (
     ONES,
     ZEROS,

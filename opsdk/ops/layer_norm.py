@@ -12,9 +12,10 @@ import numpy as np
 from tvm import relax, te
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
+from .._declare import op
 from .._dtypes import FLOAT_DTYPES
 from .._errmodel import error_model
-from .._opdef import Axis, Tensor, op
+from .._opdef import Axis, Tensor
 from .._patterns import ONES, ZEROS, affine_params, call_attr, float_tensor, trailing_begin
 from ..te_utils import acc, prod, reduce_axes, rsqrt_finite
 from ._convert import arg, covered_dtype, filled, tensor

@@ -25,10 +25,11 @@ from typing import Any, Literal
 import numpy as np
 from tvm import te, tirx
 
+from .._declare import op
 from .._domains import log_uniform
 from .._errmodel import error_model
-from .._opdef import Tensor, op
-from ._quant import QRANGE, exact_model, rint_f32, round_to_te
+from .._opdef import Tensor
+from ._quant import QRANGE, QUANT_ATTR_DOMAIN, exact_model, rint_f32, round_to_te
 from .qdense import BLOCK, KGROUP, packed_channel_terms, packed_epilogue
 
 __all__ = [
@@ -205,10 +206,7 @@ def _epilogue(v, oc, w_scale, x_scale, out_dtype, out_scale, out_zero_point, per
     attr_domain={
         "stride": [1, 2],
         "padding": [1, 0],
-        "x_scale": log_uniform(1e-4, 1e2),
-        "x_zero_point": [0, -128, 127, 5, 255],
-        "out_scale": log_uniform(1e-4, 1e2),
-        "out_zero_point": [0, -128, 127, -3],
+        **QUANT_ATTR_DOMAIN,
     },
     kind="conv2d",
     output_dtype="out_dtype",

@@ -25,10 +25,11 @@ from typing import Literal
 import numpy as np
 from tvm import te, tirx
 
+from .._declare import op
 from .._domains import log_uniform
 from .._errmodel import error_model
-from .._opdef import Tensor, op
-from ._quant import QRANGE, exact_model, rint_f32, round_to_te
+from .._opdef import Tensor
+from ._quant import QRANGE, QUANT_ATTR_DOMAIN, exact_model, rint_f32, round_to_te
 
 __all__ = [
     "ATTRS_KEY",
@@ -110,12 +111,7 @@ def _check(shapes, dtypes, attrs):
         "w_scale": log_uniform(1e-5, 1.0),
         "bias": (-5000, 5000),
     },
-    attr_domain={
-        "x_scale": log_uniform(1e-4, 1e2),
-        "x_zero_point": [0, -128, 127, 5, 255],  # 255: uint8's top (refused for int8 x)
-        "out_scale": log_uniform(1e-4, 1e2),
-        "out_zero_point": [0, -128, 127, -3],
-    },
+    attr_domain=QUANT_ATTR_DOMAIN,
     kind="dense",
     output_dtype="out_dtype",
     examples=[(4, 20)],

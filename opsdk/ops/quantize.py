@@ -12,8 +12,9 @@ from typing import Literal
 import numpy as np
 from tvm import te
 
+from .._declare import op
 from .._domains import log_uniform
-from .._opdef import Axis, Tensor, op
+from .._opdef import Axis, Tensor
 from ._quant import QRANGE, param_shape, param_view, per_channel_index, rint_f32, round_to_te
 
 

@@ -14,7 +14,8 @@ from typing import Literal
 import numpy as np
 from tvm import te, tirx
 
-from .._opdef import Axis, Tensor, op
+from .._declare import op
+from .._opdef import Axis, Tensor
 from ._quant import QRANGE, clamp_te, param_shape, param_view, per_channel_index
 
 __all__ = ["quantize_multiplier", "requantize"]

@@ -8,9 +8,10 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
+from .._declare import op
 from .._dtypes import FLOAT_DTYPES
 from .._errmodel import ModelInput, error_model, softmax_bound
-from .._opdef import Axis, Tensor, op
+from .._opdef import Axis, Tensor
 from .._patterns import call_attr, float_tensor
 from ..te_utils import acc, exp_f32
 from ._convert import arg, covered_dtype

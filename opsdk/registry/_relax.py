@@ -16,6 +16,8 @@ import tvm
 from tvm import relax, te
 
 from .._opdef import OpDef, install_handler
+from ..kernels import KERNEL_OPS
+from ..ops import BUILTIN_OPS
 from ..schedules import apply_schedule, load_builtin_rules, scheduling_deferred
 
 __all__ = [
@@ -98,7 +100,6 @@ def register_builtin_ops() -> list[OpDef]:
     >>> "opsdk.layer_norm" in [d.op_name for d in register_builtin_ops()]
     True
     """
-    from ..ops import BUILTIN_OPS  # the op library imports every op's module: on first use
     load_builtin_rules()
     return [register(d) for d in BUILTIN_OPS]
 
@@ -107,7 +108,6 @@ def register_kernels() -> list[OpDef]:
     """Register the kernel families (:data:`opsdk.kernels.KERNEL_OPS`) as Relax ops
     ``opsdk.tvm_*`` (idempotent): not done by ``import opsdk`` (they are not ops to put in a
     model); verify does it for a ``--kernels`` run."""
-    from ..kernels import KERNEL_OPS  # TVM's TOPI computes: only for a --kernels run
 
     return [register(d) for d in KERNEL_OPS]
 

@@ -32,6 +32,7 @@ from ..targets import vector_bits
 from ._core import _fuse, replace_block_body, vector_lanes, vectorize_loop
 from ._gemm import is_layout_free
 from ._qgemm import (
+    QUANT_ATTR_TYPES,
     Microkernel,
     block_attrs,
     op_buffers,
@@ -54,8 +55,7 @@ __all__ = [
 
 _ATTR_TYPES = (
     ("layout", str), ("stride", int), ("padding", int), ("depthwise", bool),
-    ("x_scale", float), ("x_zero_point", int), ("out_dtype", str), ("out_scale", float),
-    ("out_zero_point", int), ("per_channel", bool), ("has_bias", bool),
+    *QUANT_ATTR_TYPES,
 )
 
 

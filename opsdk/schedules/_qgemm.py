@@ -204,10 +204,12 @@ def qdense_attrs(func: tirx.PrimFunc) -> dict[str, Any] | None:
     >>> qdense_attrs(te.create_prim_func([x, w, s, y]))["out_dtype"]
     'int8'
     """
-    return block_attrs(func, "qdense", ATTRS_KEY, _QDENSE_ATTRS)
+    return block_attrs(func, "qdense", ATTRS_KEY, QUANT_ATTR_TYPES)
 
 
-_QDENSE_ATTRS = (
+#: The quantization attributes qdense and qconv2d share, with their types, as the ops record
+#: them on their output block.
+QUANT_ATTR_TYPES = (
     ("x_scale", float), ("x_zero_point", int), ("out_dtype", str), ("out_scale", float),
     ("out_zero_point", int), ("per_channel", bool), ("has_bias", bool),
 )

@@ -30,6 +30,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .._kernelcache import _alpha_text
+from .._modelcache import _versions
+
 __all__ = ["FoldConstantsAtOnce", "FoldStats", "fold_cache", "fold_constants"]
 
 #: Rounds of folding (a chain of constant kernels folds one link per round).
@@ -84,8 +87,6 @@ def _func_digest(func: tirx.PrimFunc) -> str:
     numbered by its first appearance (a 64-bit hash alone could collide)."""
     import tvm_ffi
 
-    from .._kernelcache import _alpha_text
-
     canon = func.with_attr("global_symbol", "opsdk_fold")
     h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
     h.update(_alpha_text(canon.script(show_meta=False)).encode())
@@ -99,7 +100,6 @@ def _tensor_digest(a: np.ndarray) -> str:
 
 
 def _common_material() -> dict[str, Any]:
-    from .._modelcache import _versions
 
     return {"format": _FORMAT, "versions": _versions(), "target": "llvm", "opt_level": 3}
 

@@ -22,7 +22,9 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
 
+from .. import ops as op_library  # the explicit op list, read when used
 from .._patterns import Rule, call_attr, const_value, either, float_tensor
+from ..registry import registered_ops
 from ._rewrite import apply_rules
 
 __all__ = ["FUSION_RULES", "FuseIntoOps"]
@@ -106,7 +108,6 @@ def _graph_rules() -> dict[str, list[Rule]]:
 def op_fusion_rules() -> dict[str, list[Rule]]:
     """The fusion rules of the registered ops (``OpDef.fusion``), by rule name: the built-in
     ops' first (in :data:`FUSION_RULES` order), then the others' in op-name order."""
-    from ..registry import registered_ops
 
     out: dict[str, list[Rule]] = {}
     for d in registered_ops():
@@ -129,9 +130,8 @@ FUSION_RULES: tuple[str, ...]
 
 
 def _fusion_rule_names() -> tuple[str, ...]:
-    from ..ops import BUILTIN_OPS
 
-    ops = [n.removeprefix("fuse.") for d in BUILTIN_OPS for n, _ in d.fusions]
+    ops = [n.removeprefix("fuse.") for d in op_library.BUILTIN_OPS for n, _ in d.fusions]
     return (*_graph_rules(), *ops)
 
 

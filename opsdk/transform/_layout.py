@@ -33,6 +33,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .. import relax as ops
+from ..registry import decode_call
+from ..targets import target as resolve_target
+from ._lower import _legalize_opsdk_ops
 from ._rewrite import op_counts
 
 __all__ = ["ChannelsLast"]
@@ -98,7 +102,6 @@ class _GroupNormChannelsLast(relax.PyExprMutator):
         if not (isinstance(gn, relax.Call) and isinstance(gn.op, tvm.ir.Op)
                 and gn.op.name == "opsdk.group_norm"):
             return call
-        from ..registry import decode_call
 
         _, ins, attrs = decode_call(gn)
         if attrs.get("layout", "NCHW") != "NCHW" or not isinstance(ins["x"], relax.Var):
@@ -106,7 +109,6 @@ class _GroupNormChannelsLast(relax.PyExprMutator):
         inner = self.lookup_binding(ins["x"])
         if _axes(inner) != _TO_NCHW:
             return call
-        from .. import relax as ops
 
         extra = {k: v for k, v in ins.items() if k != "x"}
         return ops.group_norm(inner.args[0], **extra, **{**attrs, "layout": "NHWC"})
@@ -132,8 +134,6 @@ def _is_elementwise(call: relax.Call) -> bool:
 
 
 def _lowers_elementwise(call: relax.Call) -> bool:
-    from ..targets import target as resolve_target
-    from ._lower import _legalize_opsdk_ops
 
     params = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(call.args)]
     bb = relax.BlockBuilder()

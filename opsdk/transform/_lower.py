@@ -13,6 +13,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
+from ..registry import get_op, is_registered
+from ..schedules import apply_schedule, deferred_scheduling, kernel_for
 from ..targets import target as _resolve
 
 __all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LowerOps", "ScheduleKernels"]
@@ -52,7 +54,6 @@ def LegalizeOpsDeferred(target: str | dict | Target) -> tvm.transform.Pass:
 def _legalize_opsdk_ops(tgt: Target, name: str, *, deferred: bool) -> tvm.transform.Pass:
     """LegalizeOps on the ``opsdk.*`` calls only; ``deferred``: without scheduling them
     (the model pipeline's ScheduleKernels does, after fusion)."""
-    from ..schedules import deferred_scheduling
 
     @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -83,8 +84,6 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ScheduleKernels")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        from ..registry import get_op, is_registered
-        from ..schedules import apply_schedule, kernel_for
 
         updates = {}
         for gv, func in mod.functions.items():

@@ -11,7 +11,9 @@ from typing import Any
 
 import tvm
 
+from .. import ops as op_library  # the explicit op list, read when used
 from .._patterns import Rule
+from ..registry import registered_ops
 from ._rewrite import apply_rules
 
 __all__ = ["REPLACEABLE_OPS", "ReplaceTVMOps"]
@@ -28,18 +30,15 @@ def _short(tvm_op: str) -> str:
 def _ops() -> list[Any]:
     """Ops that declare replacements: the built-ins in the op list's order, then the other
     registered ops by name."""
-    from ..ops import BUILTIN_OPS
-    from ..registry import registered_ops
 
-    builtin = list(BUILTIN_OPS)
+    builtin = list(op_library.BUILTIN_OPS)
     return [*builtin, *(d for d in registered_ops() if not any(d is b for b in builtin))]
 
 
 def __getattr__(name: str) -> Any:
     if name == "REPLACEABLE_OPS":
-        from ..ops import BUILTIN_OPS
 
-        return tuple(_short(t) for d in BUILTIN_OPS for t, _, _ in d.replacements)
+        return tuple(_short(t) for d in op_library.BUILTIN_OPS for t, _, _ in d.replacements)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 from ._compose import norm_model, per_output, reduction_model, rounding_model
 from ._engine import (
-    PROFILES,
-    Profile,
     capabilities,
     check_refusals,
-    database_path,
     lint_cell,
     run_case,
     verify,
     verify_op,
 )
+from ._profiles import PROFILES, Profile, database_path
 from ._report import CaseResult, CellResult, LintResult, RefusalResult, VerifyReport
 from ._strategies import Case, StrategyKnobs, case_strategy, corner_cases, make_inputs
 from ._tolerance import MATH_ULPS, ModelInput, error_model, model_for, output_bound

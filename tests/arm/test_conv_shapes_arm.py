@@ -27,7 +27,7 @@ CASES = [
 
 @pytest.fixture(scope="module", autouse=True)
 def _arm_env():
-    from opsdk.kernels import register_kernels
+    from opsdk.registry import register_kernels
     from opsdk.runners import setup_arm
 
     setup_arm(log=lambda *_: None)

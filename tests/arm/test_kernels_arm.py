@@ -44,7 +44,7 @@ _EPILOGUE_CASES = [
 
 @pytest.mark.parametrize("case", _EPILOGUE_CASES, ids=lambda c: f"{c[1]}-{c[4]}")
 def test_transcendental_epilogues_match_float64_on_arm(case):
-    from opsdk.kernels import register_kernels
+    from opsdk.registry import register_kernels
     from opsdk.verify import Case, run_case
 
     register_kernels()

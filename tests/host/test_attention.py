@@ -23,7 +23,7 @@ U = 2.0 ** -24  # float32 unit roundoff
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels():
-    from opsdk.kernels import register_kernels
+    from opsdk.registry import register_kernels
 
     register_kernels()
 

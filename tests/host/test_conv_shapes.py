@@ -38,7 +38,7 @@ SHAPES = [
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels():
-    from opsdk.kernels import register_kernels
+    from opsdk.registry import register_kernels
 
     register_kernels()
 

@@ -333,7 +333,7 @@ def test_onnx_file_builds_and_is_checked_against_onnxruntime(tmp_path):
 def test_a_rebuild_from_the_cache_does_not_reschedule(tmp_path, monkeypatch):
     # The manifest's facts of the scheduled module (memory plan, kernels, weight bytes) are
     # kept with the compile-cache entry: an unchanged model's second build reads them back.
-    import opsdk.model
+    import opsdk._pipeline
 
     monkeypatch.setenv("OPSDK_NO_CACHE", "0")
     monkeypatch.setenv("OPSDK_CACHE_DIR", str(tmp_path / "cache"))
@@ -342,7 +342,7 @@ def test_a_rebuild_from_the_cache_does_not_reschedule(tmp_path, monkeypatch):
     def replanned(*args, **kwargs):
         raise AssertionError("the scheduled module was recomputed")
 
-    monkeypatch.setattr(opsdk.model, "_replan", replanned)
+    monkeypatch.setattr(opsdk._pipeline, "_replan", replanned)
     second = build_artifact(CONV, tmp_path / "b", target="x86", entry_args=SMALL_CONV,
                             log=None)
     first.pop("build_seconds"), second.pop("build_seconds")

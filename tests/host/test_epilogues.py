@@ -34,7 +34,7 @@ def _case(d, layout, shape, attrs, activation, seed=3):
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels():
-    from opsdk.kernels import register_kernels
+    from opsdk.registry import register_kernels
 
     register_kernels()
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from opsdk.transform._tir import MAX_STACK_BYTES, StackLocalTiles
 from tvm import s_tir, te, tirx
 
 import opsdk
+from opsdk._tir import MAX_STACK_BYTES, StackLocalTiles
 from opsdk.model import LoadedModel, compile_model, within_tolerance
 from opsdk.transform import tir_pipeline
 

@@ -1,0 +1,228 @@
+"""Verify's builds: one kernel per signature (op, target, dtype, attributes, rank, inputs
+present) with symbolic dims, compiled once and run on every drawn shape, cached for the run,
+with the generic (unscheduled) lowering beside it as the schedule-invariance oracle."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax, tirx
+
+from .._opdef import OpDef
+from .._tir import tir_pipeline
+from ..registry import builder
+from ..runners.local import host_arch
+from ..schedules import GENERIC, generic_only
+from ..targets import target_arch
+from ..transform import LowerOps
+from ._strategies import Case, _present_shapes, free_defaults, input_dtypes, static_axes
+
+
+@dataclass
+class _Build:
+    params: list[str]
+    dims: list[Any]
+    free: dict[str, Any]
+    out_shape: list[Any]  # the first output's (the only one of most ops)
+    out_dtype: str
+    ex: Any
+    ex_generic: Any
+    prim: tirx.PrimFunc
+    prim_name: str
+    rule: str
+    seconds: float
+    mod: tvm.IRModule | None = None
+    tgt: Any = None
+    outs: list[tuple[list[Any], str]] = field(default_factory=list)  # every output's type
+
+    def lower_generic(self) -> tvm.IRModule:
+        with generic_only():
+            return LowerOps(self.tgt)(self.mod)
+
+
+_BUILDS: OrderedDict[tuple, _Build] = OrderedDict()
+_MAX_BUILDS = 256
+
+
+def _build_key(d: OpDef, case: Case, tgt: Any, dims: Sequence[Any],
+               present: Sequence[str]) -> tuple:
+    dkey = tuple(int(x) if isinstance(x, int) else "?" for x in dims)
+    # Free named dims are static in a static build (the size is part of the signature).
+    fkey = tuple(sorted((k, int(v) if case.static else "?")
+                        for k, v in {**free_defaults(d), **case.free}.items()))
+    attrs = tuple(sorted((k, repr(v)) for k, v in case.attrs.items()))
+    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey, fkey)
+
+
+def _relax_module(d: OpDef, shapes: Mapping[str, tuple], dtype: str,
+                  attrs: Mapping[str, Any]) -> tuple[tvm.IRModule, relax.Var]:
+    bb = relax.BlockBuilder()
+    dts = input_dtypes(d, dtype, list(shapes))
+    params = [relax.Var(n, relax.TensorType(list(s), dts[n])) for n, s in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(builder(d)(**dict(zip(shapes, params)), **attrs))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), y
+
+
+def _prim_of(mod: tvm.IRModule, op_name: str) -> tuple[str, tirx.PrimFunc]:
+    for gv, f in mod.functions.items():
+        if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("opsdk.op") == op_name:
+            return gv.name_hint, f
+    raise RuntimeError(f"opsdk.{op_name}: lowering produced no PrimFunc")
+
+
+def _signature(d: OpDef, case: Case, tgt: Any) -> tuple[tuple, list[Any], list[str]]:
+    present = [p.name for p in d.tensor_params if not p.optional or p.name in case.present]
+    rank = len(case.shape)
+    if case.static:
+        fixed: Iterable[int] = range(rank)
+    else:
+        fixed = static_axes(d, case.shape, case.dtype, case.attrs, case.present)
+    dims = [case.shape[i] if i in fixed else tirx.Var(f"d{i}", "int64") for i in range(rank)]
+    return _build_key(d, case, tgt, dims, present), dims, present
+
+
+def _free_dims(d: OpDef, case: Case) -> dict[str, Any]:
+    """Free named dims of the build: static sizes in a static build, else symbolic."""
+    sizes = {**free_defaults(d), **case.free}
+    if case.static:
+        return sizes
+    return {k: tirx.Var(f"free_{k}", "int64") for k in sizes}
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    # TVM's compile and LLVM's JIT release the GIL: two builds run side by side.
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                   thread_name_prefix="opsdk-verify-build")
+    return _POOL
+
+
+def _compile(mod: tvm.IRModule, tgt: Any, warm: bool) -> Any:
+
+    ex = tvm.compile(mod, target=tgt, tir_pipeline=tir_pipeline())
+    if warm:  # LLVM code is generated lazily, at first load: do it here, in parallel
+        relax.VirtualMachine(ex, tvm.cpu())
+    return ex
+
+
+def _oracle_target(tgt: Any) -> Any:
+    # The generic lowering is an oracle, not a product: LLVM -O0 compiles it ~5x faster
+    # (IEEE semantics are the same at every level; fast-math stays off).
+    if tgt.kind.name != "llvm":
+        return tgt
+    return tvm.target.Target({**dict(tgt.export()), "opt-level": 0})
+
+
+def _get_builds(d: OpDef, cases: Sequence[Case], tgt: Any, *,
+                generic: bool | Callable[[Case], bool] = True) -> list[_Build]:
+    """Builds for ``cases`` (cached); missing ones are compiled side by side. With
+    ``generic`` (for a case) the generic lowering is built too (else when first needed)."""
+
+    warm = tgt.kind.name == "llvm" and target_arch(tgt) == host_arch()
+    jobs: dict[tuple, tuple] = {}
+    keys = []
+    for case in cases:
+        key, dims, _ = _signature(d, case, tgt)
+        keys.append(key)
+        want_generic = generic(case) if callable(generic) else generic
+        if key in jobs:
+            b, fut, fut_g = jobs[key]
+            if want_generic and fut_g is None and b.rule != GENERIC:
+                fut_g = _pool().submit(_compile, b.lower_generic(), _oracle_target(tgt), warm)
+                jobs[key] = (b, fut, fut_g)
+            continue
+        hit = _BUILDS.get(key)
+        if hit is not None:
+            if want_generic and hit.ex_generic is None:
+                fut_g = _pool().submit(_compile, hit.lower_generic(), _oracle_target(tgt), warm)
+                jobs[key] = (hit, None, fut_g)
+            continue
+        t0 = time.perf_counter()
+        free = _free_dims(d, case)
+        shapes = _present_shapes(d, dims, case.attrs, case.present, free)
+        mod, y = _relax_module(d, shapes, case.dtype, case.attrs)
+        lowered = LowerOps(tgt)(mod)
+        prim_name, prim = _prim_of(lowered, d.name)
+        tys = list(y.ty.fields) if isinstance(y.ty, relax.TupleType) else [y.ty]
+        outs = [(list(t.shape.values) if t.shape is not None else [], str(t.dtype))
+                for t in tys]
+        b = _Build(
+            params=list(shapes),
+            dims=dims,
+            free={k: v for k, v in free.items() if isinstance(v, tirx.Var)},
+            out_shape=outs[0][0],
+            out_dtype=outs[0][1],
+            outs=outs,
+            ex=None,
+            ex_generic=None,
+            prim=prim,
+            prim_name=prim_name,
+            rule=str(prim.attrs.get("opsdk.rule", GENERIC)),
+            seconds=0.0,
+            mod=mod,
+            tgt=tgt,
+        )
+        fut = _pool().submit(_compile, lowered, tgt, warm)
+        # A generic rule means the generic lowering is this very function.
+        fut_g = None
+        if want_generic and b.rule != GENERIC:
+            fut_g = _pool().submit(_compile, b.lower_generic(), _oracle_target(tgt), warm)
+        b.seconds = -t0
+        jobs[key] = (b, fut, fut_g)
+    for key, (b, fut, fut_g) in jobs.items():
+        if fut is not None:
+            b.ex = fut.result()
+            if b.rule == GENERIC:
+                b.ex_generic = b.ex
+        if fut_g is not None:
+            b.ex_generic = fut_g.result()
+        if b.seconds < 0:
+            b.seconds += time.perf_counter()
+        _BUILDS[key] = b
+    out = [_BUILDS[k] for k in keys]
+    for k in keys:
+        _BUILDS.move_to_end(k)
+    while len(_BUILDS) > _MAX_BUILDS:
+        _BUILDS.popitem(last=False)
+    return out
+
+
+def _get_build(d: OpDef, case: Case, tgt: Any, *, generic: bool = True) -> _Build:
+    return _get_builds(d, [case], tgt, generic=generic)[0]
+
+
+def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int],
+                out_shape: Sequence[Any] | None = None) -> tuple[int, ...]:
+    """An output's shape (the first output's by default) for concrete input dims."""
+    from tvm.sym import Analyzer
+
+    an = Analyzer()
+    for v, n in zip(b.dims, shape):
+        if isinstance(v, tirx.Var):
+            an.bind(v, tirx.const(int(n), "int64"))
+    for k, v in b.free.items():
+        an.bind(v, tirx.const(int(free[k]), "int64"))
+    out = []
+    for e in (b.out_shape if out_shape is None else out_shape):
+        s = an.simplify(e) if not isinstance(e, int) else e
+        if isinstance(s, tirx.IntImm):
+            s = s.value
+        if not isinstance(s, int):
+            raise ValueError(f"inferred output dim {e} is not determined by the input dims")
+        out.append(int(s))
+    return tuple(out)
