@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
@@ -74,7 +75,6 @@ def build_single_op(
 
 
 def _call(d, tensors: Mapping[str, relax.Var], attrs: Mapping[str, Any]) -> relax.Call:
-
     return builder(d)(**tensors, **attrs)
 
 
@@ -123,7 +123,6 @@ def explain(
     tir = funcs[0].script() if funcs else "<no PrimFunc>"
     stats: dict[str, int] = {}
     if asm and tgt.kind.name == "llvm":
-
         ex = tvm.compile(lowered, target=tgt, tir_pipeline=tir_pipeline())
         stats = asm_vector_stats(asm_of(ex), target_arch(tgt))
     return Explanation(
@@ -202,7 +201,6 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
     >>> c.compiled, c.fallback, c.torch["ok"]  # doctest: +SKIP
     (True, [], True)
     """
-    import numpy as np
 
     tgt = resolve_target(target)
     name = str(target) if isinstance(target, str) else str(tgt)

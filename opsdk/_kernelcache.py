@@ -50,12 +50,19 @@ import json
 import os
 import re
 import shutil
+import signal
+import struct
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax import _ffi_api as relax_api
+from tvm.relax.vm_build import VMExecutable, _vmcodegen
 
 from ._files import cache_dir, sha256_file
 from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
@@ -135,7 +142,7 @@ class KernelCache:
 
     def key(self, func: Any, target: Any) -> tuple[str, Any]:
         """(key, the function under its cache symbol) for kernel ``func``."""
-        import tvm_ffi
+        import tvm_ffi  # heavy: TVM
 
         canon = func.with_attr("global_symbol", "opsdk_kernel")
         h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
@@ -156,10 +163,6 @@ class KernelCache:
         for ``target`` into ``workdir/model.so`` and load it: (the executable, the library,
         what was reused). None when the module needs what this build does not do (external
         or device modules): the caller compiles it the ordinary way."""
-        import tvm
-        from tvm import relax, tirx
-        from tvm.relax import _ffi_api as relax_api
-        from tvm.relax.vm_build import VMExecutable, _vmcodegen
 
         rec = KernelBuild()
 
@@ -294,9 +297,6 @@ def compile_objects(todo: list[tuple[str, Any]], target: Any, workdir: Path,
 
 def _forked_compile(todo: list[tuple[str, Any]], target: Any, workdir: Path,
                     build_one: Callable[[Any, Any], Any], jobs: int) -> None:
-    import signal
-    import struct
-
     read_end, write_end = os.pipe()
     try:  # every task index is in the pipe before a worker starts (at most 64 KB: 16k)
         os.write(write_end, b"".join(struct.pack("<I", i) for i in range(len(todo))))
@@ -330,15 +330,11 @@ def _forked_compile(todo: list[tuple[str, Any]], target: Any, workdir: Path,
 
 
 def _compile_kernel(func: Any, target: Any) -> Any:
-    import tvm
-
     name = str(func.attrs["global_symbol"])
     return tvm.tirx.build(tvm.IRModule({name: func}), target=target, pipeline=tir_pipeline())
 
 
 def _stub_func() -> Any:
-    from tvm import te
-
     a = te.placeholder((1,), "int8", name="a")
     b = te.compute((1,), lambda i: a[i], name="b")
     return te.create_prim_func([a, b]).with_attr("global_symbol", "__opsdk_kernels")

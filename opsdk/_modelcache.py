@@ -35,14 +35,19 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import shutil
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ._files import cache_dir, sha256_file
 from ._version import __version__
@@ -113,8 +118,8 @@ def code_fingerprint() -> str:
     """SHA-256 of the code that decides what a compile produces: opsdk's source files (but
     :data:`_NOT_COMPILE`) and the files of the modules that registered ops or schedule rules
     (plugins)."""
-    from . import schedules
-    from .registry import registered_ops
+    from . import schedules  # heavy: TVM
+    from .registry import registered_ops  # heavy: TVM
 
     pkg = Path(__file__).resolve().parent
     files = {f for f in pkg.rglob("*.py")
@@ -137,9 +142,9 @@ def code_fingerprint() -> str:
 def module_digest(mod: Any) -> str:
     """SHA-256 of an IRModule's content: structural hash (tensor contents included),
     TVMScript text and every tensor constant's dtype, shape and bytes."""
-    import tvm
-    import tvm_ffi
-    from tvm import relax
+    import tvm  # heavy: TVM
+    import tvm_ffi  # heavy: TVM
+    from tvm import relax  # heavy: TVM
 
     h = hashlib.sha256()
     # map_free_vars: a free variable (the DataflowVars in the module attribute
@@ -167,22 +172,20 @@ def module_digest(mod: Any) -> str:
 
 
 def _versions() -> dict[str, str]:
-    from importlib import metadata
-
     out = {"opsdk": __version__}
     for d in ("apache-tvm", "apache-tvm-ffi"):
         try:
             out[d] = metadata.version(d)
         except metadata.PackageNotFoundError:
             out[d] = "?"
-    import tvm
+    import tvm  # heavy: TVM
 
     out["tvm"] = str(getattr(tvm, "__version__", "?"))
     return out
 
 
 def _pass_context() -> dict[str, Any]:
-    import tvm
+    import tvm  # heavy: TVM
 
     ctx = tvm.transform.PassContext.current()
     return {"opt_level": int(ctx.opt_level), "config": str(dict(ctx.config)),
@@ -213,7 +216,7 @@ class Entry:
 
     def load_module(self) -> Any:
         """The library loaded into this process (``tvm.runtime.load_module``)."""
-        import tvm
+        import tvm  # heavy: TVM
 
         return tvm.runtime.load_module(str(self.library))
 
@@ -370,8 +373,8 @@ class ModelCache:
 def runs_on_host(target: Any) -> bool:
     """Whether code for ``target`` loads into this process (an LLVM target of the host's
     architecture): only such compiles are cached, since an entry is checked by loading it."""
-    from .runners.local import host_arch
-    from .targets import target_arch
+    from .runners.local import host_arch  # heavy: TVM
+    from .targets import target_arch  # heavy: TVM
 
     return getattr(getattr(target, "kind", None), "name", None) == "llvm" and \
         target_arch(target) == host_arch()
@@ -405,15 +408,12 @@ _RECORDS = "records"
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
-    import sysconfig
-
     paths = sysconfig.get_paths()
     return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")})
 
 
 def _dist_of(path: str, top: Mapping[str, list[str]]) -> tuple[str, str] | None:
     """(distribution, version) of a module file installed under site-packages."""
-    from importlib import metadata
 
     parts = Path(path).parts
     for marker in ("site-packages", "dist-packages"):
@@ -442,7 +442,6 @@ def module_dependencies(names: Any) -> list[list[str]]:
     >>> module_dependencies(["json"])
     []
     """
-    from importlib import metadata
 
     stdlib = _stdlib_dirs()
     top = metadata.packages_distributions()
@@ -465,7 +464,6 @@ def module_dependencies(names: Any) -> list[list[str]]:
 
 def dependencies_unchanged(deps: list[list[str]]) -> bool:
     """Whether every dependency :func:`module_dependencies` recorded is still the same."""
-    from importlib import metadata
 
     for kind, name, value in deps:
         try:
@@ -481,7 +479,6 @@ def dependencies_unchanged(deps: list[list[str]]) -> bool:
 def source_key(material: Mapping[str, Any]) -> str:
     """The record name for ``material`` (the model file's path and content digest, its entry
     and arguments, the target's name and the host, the command's options)."""
-    import platform
 
     full = {"format": FORMAT, "python": sys.version, "machine": platform.machine(),
             "cpu": _cpu_signature(), **material}
@@ -490,7 +487,6 @@ def source_key(material: Mapping[str, Any]) -> str:
 
 def _cpu_signature() -> str:
     # "host" / "x86" resolve to the detected CPU: another CPU is another record.
-    import platform
 
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -525,7 +521,6 @@ def read_record(root: Path, key: str) -> dict[str, Any] | None:
 def write_record(root: Path, key: str, data: Mapping[str, Any],
                  inputs: list[Any] | None) -> None:
     """Store a record (and the example inputs, as ``.npz``) atomically; best effort."""
-    import numpy as np
 
     folder = root / _RECORDS
     with contextlib.suppress(OSError):
@@ -553,7 +548,6 @@ def write_record(root: Path, key: str, data: Mapping[str, Any],
 
 def read_inputs(root: Path, key: str) -> list[Any]:
     """The example inputs stored with record ``key``."""
-    import numpy as np
 
     with np.load(root / _RECORDS / f"{key}.npz") as z:
         return [z[f"arr_{i}"] for i in range(len(z.files))]

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import numpy as np
 from tvm import te, tirx
+from tvm.sym import Analyzer
+from tvm.te import _ffi_api as te_api
 
 from ._domains import Bounded, LogUniform
 from ._dtypes import np_dtype
@@ -730,7 +732,6 @@ def _dims_equal(a: Any, b: Any) -> bool:
     ib = b.value if isinstance(b, tirx.IntImm) else b
     if isinstance(ia, (int, np.integer)) and isinstance(ib, (int, np.integer)):
         return int(ia) == int(ib)
-    from tvm.sym import Analyzer
 
     diff = Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
     return isinstance(diff, tirx.IntImm) and diff.value == 0
@@ -743,7 +744,6 @@ def _dims_may_equal(a: Any, b: Any) -> bool:
     ib = b.value if isinstance(b, tirx.IntImm) else b
     if isinstance(ia, int) and isinstance(ib, int):
         return ia == ib
-    from tvm.sym import Analyzer  # tvm.arith moved to tvm.sym in 0.27
 
     diff = Analyzer().simplify(tirx.const(0, "int64") + ia - ib)
     # A symbolic difference that does not fold to a constant may still be zero at run time.
@@ -775,7 +775,6 @@ def _narrow_bf16_store(out: te.Tensor) -> te.Tensor:
     # erf_f32, bind) is rewritten as te_utils.narrow: TVM's bfloat16 store rounding copies
     # its operand, Let bindings and all, and its vectorizer then refuses the twice-bound
     # variables (docs/authoring.md). Same rounding, so nothing else changes.
-    from tvm.te import _ffi_api as te_api
 
     op = out.op
     if str(out.dtype) != "bfloat16" or not isinstance(op, te.ComputeOp) or len(op.body) != 1:

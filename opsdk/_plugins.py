@@ -6,11 +6,15 @@ an entry point may also point straight at such a sequence or at a single OpDef.
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
 from collections.abc import Iterable
 from importlib import metadata
 
 from ._opdef import OpDef
 from ._userfile import import_user_module, user_code
+from .ops import BUILTIN_OPS
 from .registry import register
 
 __all__ = ["import_beside", "load_plugins", "ops_of"]
@@ -54,7 +58,6 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
             for d in ops_of(obj, f"entry point {ep.name} = {ep.value}"):
                 d.source = f"entry point {ep.name} ({ep.value})"
                 found.append(d)
-    from .ops import BUILTIN_OPS
 
     for name in modules or ():
         mod = import_user_module(name)
@@ -80,9 +83,6 @@ def import_beside(anchor_file: str, module: str):
     >>> import_beside(opsdk.ops.__file__, "softmax").__name__
     'opsdk.ops.softmax'
     """
-    import importlib.util
-    import pathlib
-    import sys
 
     folder = pathlib.Path(anchor_file).resolve().parent
     path = folder / f"{module}.py"

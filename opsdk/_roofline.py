@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._files import cache_dir
+from ._modelcache import _truthy, _versions
 
 __all__ = ["BANDWIDTH_SIZES", "Roof", "machine_roof"]
 
@@ -89,8 +90,7 @@ def machine_roof(target: Any, threads: int) -> Roof:
     >>> roof.gflops > 0 and min(roof.gbps.values()) > 0
     True
     """
-    from ._modelcache import _truthy
-    from .targets import target as resolve
+    from .targets import target as resolve  # heavy: TVM
 
     tgt = resolve(target)
     key = _roof_key(str(tgt), threads)
@@ -119,8 +119,6 @@ def machine_roof(target: Any, threads: int) -> Roof:
 
 
 def _roof_key(target: str, threads: int) -> str:
-    from ._modelcache import _versions
-
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -136,7 +134,7 @@ def _roof_key(target: str, threads: int) -> str:
 
 
 def _measure(tgt: Any, threads: int) -> Roof:
-    from tvm import relax
+    from tvm import relax  # heavy: TVM
 
     rng = np.random.default_rng(0)
     m, k, n = 256, 512, 512
@@ -165,10 +163,10 @@ def _measure(tgt: Any, threads: int) -> Roof:
 
 def _kernel_seconds(mod: Any, tgt: Any, inputs: list[np.ndarray]) -> float:
     """The fastest of several batches of calls of ``mod``'s one kernel, per call."""
-    import tvm
-    from tvm import relax
+    import tvm  # heavy: TVM
+    from tvm import relax  # heavy: TVM
 
-    from ._pipeline import pipeline
+    from ._pipeline import pipeline  # heavy: TVM
     from ._tir import tir_pipeline  # TVM: this module is read without it (cached roofs)
 
     ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt), tir_pipeline=tir_pipeline())

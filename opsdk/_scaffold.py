@@ -7,6 +7,7 @@ Existing files are never overwritten without ``force``.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import inspect
@@ -14,6 +15,7 @@ import keyword
 import os
 import pathlib
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -112,7 +114,6 @@ def _check_name(name: str, own: pathlib.Path | None = None) -> None:
 def _check_shadowing(name: str, src: str) -> None:
     """The op's function would replace a module-level name its own file uses (``te``,
     ``np``, ``acc`` ...), and the generated op would then fail."""
-    import ast
 
     taken: set[str] = set()
     for node in ast.parse(src).body:
@@ -162,7 +163,6 @@ def _drop_builtin_hooks(src: str, op: str) -> str:
     rules, and the converters they call) stay the built-in's: a copy that also claimed them
     would compete with it. Every top-level statement that uses the op's name, but its
     definition, goes."""
-    import ast
 
     lines = src.split("\n")
     drop: set[int] = set()
@@ -360,7 +360,6 @@ def _write_all(paths: dict[pathlib.Path, str]) -> None:
 
 def _keep_copy(p: pathlib.Path) -> str:
     """A second name for ``p``'s current content beside it (a hard link, else a copy)."""
-    import shutil
 
     fd, keep = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".orig", dir=p.parent)
     os.close(fd)

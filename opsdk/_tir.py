@@ -15,6 +15,7 @@ import math
 
 import tvm
 from tvm import tirx
+from tvm.tirx import compilation_pipeline
 
 __all__ = ["MAX_STACK_BYTES", "StackLocalTiles", "tir_pipeline"]
 
@@ -51,7 +52,7 @@ def StackLocalTiles(func: tirx.PrimFunc, mod: tvm.IRModule, ctx: tvm.transform.P
     >>> StackLocalTiles(tvm.IRModule({"main": f}))["main"].same_as(f)  # nothing local
     True
     """
-    from tvm_ffi.structural import structural_mutate
+    from tvm_ffi.structural import structural_mutate  # heavy: TVM
 
     target = (func.attrs or {}).get("target")
     if target is not None and target.kind.name not in ("llvm", "c"):
@@ -91,7 +92,6 @@ def tir_pipeline() -> str:
     >>> "k" in lib.inspect_source("asm")
     True
     """
-    from tvm.tirx import compilation_pipeline
 
     if _NAME not in compilation_pipeline.PIPELINE_MAP:
         compilation_pipeline.register_tir_pipeline(_NAME, _factory)

@@ -291,7 +291,7 @@ def load_onnx_file(path: str | os.PathLike) -> Any:
     ...     "not a valid ONNX model" in str(e)
     True
     """
-    import onnx
+    import onnx  # heavy: onnx
 
     def load(p: str | os.PathLike) -> Any:
         if pathlib.Path(p).is_file() and pathlib.Path(p).stat().st_size == 0:

@@ -405,7 +405,7 @@ def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     >>> "T.exp(" in polynomial_math(f).script()
     False
     """
-    from tvm_ffi.structural import structural_mutate
+    from tvm_ffi.structural import structural_mutate  # heavy: TVM
 
     # Per enclosing store: the store and the staging stores to put before it.
     stores: list[tuple[tirx.BufferStore, list[tirx.Stmt]]] = []

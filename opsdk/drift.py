@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -286,7 +287,6 @@ def _flatten(value: Any) -> list[np.ndarray]:
 
 def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any) -> list[Any]:
     """Compile for ``target`` and run; the outputs flattened into a list of arrays."""
-    import platform
 
     tgt = resolve_target(target)
     ex = compile_model(mod, tgt).ex  # opsdk.compile's pipeline, through the compile cache
@@ -519,7 +519,6 @@ def _load_model(
     if isinstance(built, tvm.IRModule):
         return built, random_inputs(built["main"], shapes, rng), None
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], tvm.IRModule):
-
         inputs = [np.asarray(a) for a in built[1]]
         check_inputs(built[0]["main"], inputs)  # InputMismatch (a ValueError): named, early
         return built[0], inputs, None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import re
 import time
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.frontend.torch import from_exported_program
 
 from . import frontend
 from ._pipeline import (
@@ -158,8 +160,7 @@ class LoadedModel:
         """Both imports of a torch module (``exported``: its ExportedProgram, when made
         already), its example inputs, and its ONNX export for onnxruntime
         (``baselines=False``: opsdk's import only; ``tvm_mod`` is then that one too)."""
-        import torch
-        from tvm.relax.frontend.torch import from_exported_program
+        import torch  # heavy: torch
 
         t0 = time.perf_counter()
         ep = exported if exported is not None else frontend.export_user_model(
@@ -181,9 +182,8 @@ def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     """The model as ONNX bytes for onnxruntime: TorchScript's exporter, else (transformers'
     BERT and GPT-2 fail it: ``use_cache`` given twice, ``aten::diff``) the torch.export-based
     one when onnxscript is installed; ``(None, why)`` if neither works."""
-    import io
 
-    import torch
+    import torch  # heavy: torch
 
     buf = io.BytesIO()
     try:  # torch's C++ side prints the whole TorchScript graph to fd 2 when export fails
@@ -277,7 +277,7 @@ def load_model(
         return LoadedModel(str(spec), opsdk_mod, tvm_mod,
                            frontend.random_inputs(tvm_mod["main"], shp, rng),
                            onnx=proto.SerializeToString())
-    import torch
+    import torch  # heavy: torch
 
     if str(spec).endswith(".pt2"):
         ep = read_user_file(spec, lambda p: torch.export.load(str(p)),
@@ -314,7 +314,7 @@ def export_torch(model: Any, args: tuple, dynamic_batch: bool = False) -> Any:
     torch.export specializes a dim whose example size is 1, so a batch-1 example is traced
     with a batch-2 copy of the input.
     """
-    import torch
+    import torch  # heavy: torch
 
     if not dynamic_batch:
         return torch.export.export(model, args)
@@ -507,7 +507,6 @@ FAMILY_KINDS = ("matmul", "conv2d", "winograd", "pool")
 
 
 def _catch_all(rule: str, kind: str) -> bool:
-
     return any(r.name == rule and "any" in r.kinds for r in rules_for(Kernel("", kind)))
 
 
@@ -568,7 +567,6 @@ def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, target: Any = 
     rep.threads = int(tvm.get_global_func("runtime.NumThreads")())
     roof = None
     if any(k.bytes for k in rep.kernels):
-
         try:
             roof = machine_roof(target, rep.threads)
         except Exception:  # the ceilings could not be measured: rates without a roof

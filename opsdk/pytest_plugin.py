@@ -7,7 +7,6 @@ float64 reference on the host, the refusals of unclaimed inputs, and the schedul
 Enable the plugin (installed opsdk registers it as the ``opsdk`` pytest11 entry point;
 otherwise add ``-p opsdk.pytest_plugin`` to ``addopts``, or ``pytest_plugins =
 ["opsdk.pytest_plugin"]`` to the root ``conftest.py``) and name the modules holding your ops::
-
     # pyproject.toml
     [tool.pytest.ini_options]
     opsdk_ops = ["mypkg.ops"]            # a module with OPS = [...], or "mypkg.ops:MY_OPS"
@@ -15,7 +14,6 @@ otherwise add ``-p opsdk.pytest_plugin`` to ``addopts``, or ``pytest_plugins =
 The suite belongs to the op module's file: ``pytest`` collects it when that file is among
 the paths it collects (the package's directory, or the file itself), and never adds items
 to a run of other paths. Per op::
-
     mypkg/ops.py::<op>[<dtype>-<layout>]   verify one cell (hypothesis, shrunk failures)
     mypkg/ops.py::<op>[refusals]           unclaimed dtypes/ranks raise a clear ValueError
     mypkg/ops.py::<op>[lints]              the schedule's claims (vectorize, parallel) hold
@@ -47,6 +45,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+import opsdk
 
 __all__ = ["OpsdkFile", "OpsdkItem", "covers", "parse_op_spec"]
 
@@ -148,8 +148,7 @@ def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector) -> py
 
 
 def _load(specs: list[str]) -> list[Any]:
-    import opsdk
-    from opsdk._plugins import ops_of
+    from opsdk._plugins import ops_of  # heavy: TVM
 
     found = []
     for spec in specs:
@@ -171,7 +170,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 
 def _profile(config: pytest.Config) -> str:
-    from opsdk.verify import PROFILES
+    from opsdk.verify import PROFILES  # heavy: hypothesis, TVM
 
     value = _option(config, "profile")
     if value:
@@ -188,8 +187,8 @@ class OpsdkFile(pytest.File):
         self.specs = specs
 
     def collect(self) -> Iterator[pytest.Item]:
-        from opsdk.targets import target_spec
-        from opsdk.verify import capabilities
+        from opsdk.targets import target_spec  # heavy: TVM
+        from opsdk.verify import capabilities  # heavy: hypothesis, TVM
 
         config = self.config
         target = target_spec(_option(config, "target") or "host").name
@@ -222,7 +221,7 @@ class OpsdkItem(pytest.Item):
         self.add_marker("compile")
 
     def runtest(self) -> None:
-        from opsdk.verify import check_refusals, lint_cell, verify_op
+        from opsdk.verify import check_refusals, lint_cell, verify_op  # heavy: hypothesis, TVM
 
         if self.what == "refusals":
             bad = [r for r in check_refusals(self.op) if not r.ok]

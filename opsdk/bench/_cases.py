@@ -55,7 +55,7 @@ def _ln_relax(v: list, a: dict) -> relax.Expr:
 
 
 def _ln_torch(t: list, a: dict) -> Callable[[], Any]:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: torch
 
     x, g, b = t
     shape = tuple(x.shape[a["begin_axis"] % x.dim() :])
@@ -71,7 +71,7 @@ def _rms_relax(v: list, a: dict) -> relax.Expr:
 
 
 def _rms_torch(t: list, a: dict) -> Callable[[], Any]:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: torch
 
     x, g = t
     shape = tuple(x.shape[a["begin_axis"] % x.dim() :])
@@ -84,7 +84,7 @@ def _gelu_relax(v: list, a: dict) -> relax.Expr:
 
 
 def _gelu_torch(t: list, a: dict) -> Callable[[], Any]:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: torch
 
     if len(t) == 1:
         return lambda: F.gelu(t[0], approximate=a["approximate"])
@@ -97,7 +97,7 @@ def _softmax_relax(v: list, a: dict) -> relax.Expr:
 
 
 def _softmax_torch(t: list, a: dict) -> Callable[[], Any]:
-    import torch
+    import torch  # heavy: torch
 
     return lambda: torch.softmax(t[0], dim=a["axis"])
 
@@ -117,7 +117,7 @@ def _gn_relax(v: list, a: dict) -> relax.Expr:
 
 
 def _gn_torch(t: list, a: dict) -> Callable[[], Any]:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: torch
 
     x, g, b = t
     if a["layout"] == "NHWC":
@@ -129,7 +129,7 @@ _MS = "com.microsoft"  # onnxruntime's contrib ops (its fused CPU kernels)
 
 
 def _ln_onnx(shapes: list, a: dict) -> Any:
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     node = helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"],
                             axis=a["begin_axis"], epsilon=a["epsilon"])
@@ -137,7 +137,7 @@ def _ln_onnx(shapes: list, a: dict) -> Any:
 
 
 def _rms_onnx(shapes: list, a: dict) -> Any:
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     node = helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"],
                             axis=a["begin_axis"], epsilon=a["epsilon"])
@@ -145,7 +145,7 @@ def _rms_onnx(shapes: list, a: dict) -> Any:
 
 
 def _gelu_onnx(shapes: list, a: dict) -> Any:
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     ins = ["x"] if len(shapes) == 1 else ["x", "bias"]
     op = "FastGelu" if a["approximate"] == "tanh" else ("Gelu" if len(ins) == 1 else "BiasGelu")
@@ -153,13 +153,13 @@ def _gelu_onnx(shapes: list, a: dict) -> Any:
 
 
 def _softmax_onnx(shapes: list, a: dict) -> Any:
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     return helper.make_node("Softmax", ["x"], ["y"], axis=a["axis"]), [("", 13)]
 
 
 def _gn_onnx(shapes: list, a: dict) -> Any:
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     if a["layout"] != "NCHW":
         return None  # onnxruntime's CPU GroupNormalization is NCHW only
@@ -185,7 +185,7 @@ SPECS: dict[str, OpSpec] = {
 def onnx_model(op: str, arrays: list, attrs: dict) -> bytes | None:
     """A one-node ONNX model of ``op`` over inputs shaped like ``arrays`` (float32/float16),
     or None where onnxruntime has no CPU kernel for it."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # heavy: onnx
 
     spec = SPECS.get(op)
     if spec is None or spec.onnx_fn is None:

@@ -7,6 +7,7 @@ model's agreement with the float model.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
@@ -29,7 +30,7 @@ def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
         QuantFormat,
         QuantType,
         quantize_static,
-    )
+    )  # heavy: onnxruntime
 
     class _Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -38,8 +39,6 @@ def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
         def get_next(self) -> dict[str, np.ndarray] | None:
             batch = next(self._it, None)
             return None if batch is None else dict(zip(names, batch))
-
-    import logging
 
     root = logging.getLogger()
     level = root.level
@@ -74,9 +73,9 @@ def run_int8_bench(
     Returns ``{"ms": {candidate: median ms}, "speedup": {candidate: x of opsdk_int8 over
     it}, "agreement": {int8 candidate: agreement with the float model}, "threads"}``.
     """
-    import torch
+    import torch  # heavy: torch
 
-    from ..model import compile_model
+    from ..model import compile_model  # heavy: TVM
 
     n = setup_threads(threads)
     inputs = list(loaded.inputs)

@@ -89,8 +89,8 @@ def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
               per_call: bool = False) -> tuple[Timer, np.ndarray]:
     """A timer of ``ex``'s ``main`` on ``inputs`` (TVM's C++ timer loop; ``per_call``: each
     call timed from Python, as the peers are) and its first output."""
-    import tvm
-    from tvm import relax
+    import tvm  # heavy: TVM
+    from tvm import relax  # heavy: TVM
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
@@ -103,7 +103,7 @@ def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
 
 
 def _first(out: Any) -> np.ndarray:
-    import tvm
+    import tvm  # heavy: TVM
 
     while not isinstance(out, tvm.runtime.Tensor):
         out = out[0]
@@ -132,7 +132,7 @@ def _ratio(timers: Mapping[str, Timer], c: str, base: str = "opsdk") -> float | 
 
 def _agree(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     """The examples' float32 tolerance (:func:`opsdk.model.within_tolerance`)."""
-    from ..model import within_tolerance
+    from ..model import within_tolerance  # heavy: TVM
 
     return within_tolerance(got, ref)
 
@@ -188,9 +188,9 @@ def run_model_bench(
     >>> rows[0]["opsdk_ms"] > 0
     True
     """
-    from ..model import compile_default
-    from ..targets import target as resolve_target
-    from ..targets import target_arch
+    from ..model import compile_default  # heavy: TVM
+    from ..targets import target as resolve_target  # heavy: TVM
+    from ..targets import target_arch  # heavy: TVM
 
     unknown = [c for c in candidates if c not in ALL_CANDIDATES]
     if unknown:
@@ -311,6 +311,7 @@ def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequ
                       cache: Any) -> tuple[Any, Any]:
     """Import ``spec`` and compile it with opsdk (when a candidate); fills the row's import,
     compile, memory and artifact figures. ``row["_stage"]`` names the step that was running."""
+    # heavy: TVM
     from ..model import LoadedModel, _torch_to_onnx, compile_model, export_torch, load_model
 
     with _PeakRSS() as mem:
@@ -393,7 +394,7 @@ def _artifact_mb(cm: Any) -> float:
 
 
 def _torch_runner(tm: Any, targs: tuple) -> Callable[[], Any]:
-    import torch
+    import torch  # heavy: torch
 
     def run() -> Any:
         with torch.no_grad():
@@ -415,7 +416,7 @@ def _openvino_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     """OpenVINO's CPU plugin on the ONNX bytes onnxruntime gets (the same graph, no second
     trace; ``openvino.convert_model`` of the torch module when the ONNX export failed), in
     float32 (its default on CPUs with bfloat16 units is bfloat16) with ``n`` threads."""
-    import openvino as ov
+    import openvino as ov  # heavy: openvino
 
     core = ov.Core()
     if m.onnx is not None:
@@ -436,12 +437,13 @@ def _openvino_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
 def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     """ExecuTorch with every op XNNPACK takes delegated to it (``XnnpackPartitioner``), from
     torch.export of the module; its thread pool set to ``n`` threads."""
+    # heavy: executorch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-    from executorch.extension.pybindings import portable_lib
-    from executorch.runtime import Runtime
+    from executorch.exir import to_edge_transform_and_lower  # heavy: executorch
+    from executorch.extension.pybindings import portable_lib  # heavy: executorch
+    from executorch.runtime import Runtime  # heavy: executorch
 
-    from ..model import export_torch
+    from ..model import export_torch  # heavy: TVM
 
     ep = export_torch(m.torch_module, m.torch_args)
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
@@ -459,15 +461,15 @@ def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
 
 def _torch_compile_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     """``torch.compile`` (inductor); its compile runs in the first call, timed as ready."""
-    import torch
+    import torch  # heavy: torch
 
     run = _torch_runner(torch.compile(m.torch_module), m.torch_args)
     return run, first_torch_output(run())
 
 
 def _import_executorch() -> None:
-    import executorch.backends.xnnpack.partition.xnnpack_partitioner
-    import executorch.exir
+    import executorch.backends.xnnpack.partition.xnnpack_partitioner  # heavy: executorch
+    import executorch.exir  # heavy: executorch
     import executorch.runtime  # noqa: F401
 
 
@@ -545,7 +547,7 @@ def _f(v: Any, fmt: str) -> str:
 
 # ------------------------------------------------------------------------------------ GEMM
 def _gemm_module(m: int, n: int, k: int, w: np.ndarray) -> Any:
-    from tvm import relax
+    from tvm import relax  # heavy: TVM
 
     x = relax.Var("x", relax.TensorType((m, k), "float32"))
     bb = relax.BlockBuilder()
@@ -575,9 +577,9 @@ def run_gemm_bench(
     >>> rows[0]["opsdk_gflops"] > 0
     True
     """
-    import torch
+    import torch  # heavy: torch
 
-    from ..model import compile_model
+    from ..model import compile_model  # heavy: TVM
 
     n_threads = setup_threads(threads)
     rows = []

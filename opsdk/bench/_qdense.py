@@ -21,13 +21,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from .._asm import asm_of
+from ..ops.qdense import qdense
+from ..registry import builder, is_registered, register, unregister
+from ..schedules import last_choices
+from ..targets import target as resolve_target
 
 __all__ = ["bench_qdense", "tvm_threads"]
 
 
 def _set_tvm_threads(n: int) -> int:
     """Resize the calling thread's TVM pool to ``n`` workers; return the count in effect."""
-    import tvm
 
     ncpu = os.cpu_count() or 1
     # -3: workers share the listed CPUs (no pinning). The explicit CPU list is what lifts the
@@ -73,14 +80,6 @@ def _median_ms(times: list[float]) -> float:
 
 
 def _build(k: int, n: int, target: Any, attrs: dict[str, Any]) -> tuple[Any, str]:
-    import tvm
-    from tvm import relax, tirx
-
-    from ..ops.qdense import qdense
-    from ..registry import builder
-    from ..schedules import last_choices
-    from ..targets import target as resolve_target
-
     m = tirx.Var("m", "int64")
     shapes = {"x": (m, k), "w": (n, k), "w_scale": (n,), "bias": (n,)}
     dts = qdense.dtypes_for("int8", shapes)
@@ -146,13 +145,7 @@ def bench_qdense(
     >>> r["exact"], sorted(r)[:3]
     (True, ['calls', 'exact', 'fixed_ms'])
     """
-    import torch
-    import tvm
-    from tvm import relax
-
-    from .._asm import asm_of
-    from ..ops.qdense import qdense
-    from ..registry import is_registered, register, unregister
+    import torch  # heavy: torch
 
     threads = threads or os.cpu_count() or 1
     rng = np.random.default_rng(seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -15,10 +16,14 @@ from .._cliargs import (
     host_port,
     model_file,
     output_path,
+    parse_dims,
     positive_float,
     positive_int,
 )
-from .._files import write_text_atomic
+from .._files import write_bytes_atomic, write_text_atomic
+from .._userfile import UserCodeError
+from ..runners import runner_for
+from ._zoo import ZOO, select_zoo
 
 __all__ = ["add_bench_arguments", "format_table", "plot", "run_bench_command", "summary"]
 
@@ -127,10 +132,10 @@ def _why(item: dict[str, Any]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     """Grouped bar chart of achieved GB/s per case and candidate (copy = the roofline)."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     cands = [
         ("opsdk", "opsdk"),
@@ -165,9 +170,6 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     ax.legend(fontsize=8, ncols=3)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    import io
-
-    from .._files import write_bytes_atomic
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
@@ -181,8 +183,6 @@ def _message(e: BaseException) -> str:
 
 
 def _shape(text: str) -> tuple[int, ...]:
-    from .._cliargs import parse_dims
-
     try:
         return parse_dims(text)
     except ValueError as e:
@@ -298,7 +298,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     """Run ``opsdk bench`` with parsed ``args``; returns the exit code (2: usage error)."""
-    from ._run import run_bench
+    from ._run import run_bench  # heavy: TVM
 
     try:  # before any work: the plot would silently replace the JSON
         distinct_outputs(json=getattr(args, "json", None), plot=getattr(args, "plot", None))
@@ -373,8 +373,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def _bench_remote(args: argparse.Namespace) -> int:
     """``opsdk bench OP --target arm --rpc HOST:PORT`` (or ``--emulate``)."""
-    from ..runners import runner_for
-    from ._remote import format_remote_table, run_remote_bench
+    from ._remote import format_remote_table, run_remote_bench  # heavy: TVM
 
     def fail(msg: str) -> int:
         print(f"opsdk bench: error: {msg}", file=sys.stderr)
@@ -414,7 +413,7 @@ def _bench_remote(args: argparse.Namespace) -> int:
 
 def _bench_qdense(args: argparse.Namespace) -> int:
     """``opsdk bench qdense [--shapes M,K,N]``: int8 qdense vs torch float32 / dynamic int8."""
-    from ._qdense import bench_qdense
+    from ._qdense import bench_qdense  # heavy: TVM
 
     if args.ops != ["qdense"]:
         print("opsdk bench: error: bench qdense on its own", file=sys.stderr)
@@ -444,7 +443,6 @@ def _bench_qdense(args: argparse.Namespace) -> int:
 
 def _bench_models(args: argparse.Namespace) -> int:
     """``opsdk bench --model FILE`` / ``--examples`` / ``--gemm``."""
-    from .._userfile import UserCodeError
     from ._model import (
         EXAMPLES,
         examples_dir,
@@ -452,7 +450,7 @@ def _bench_models(args: argparse.Namespace) -> int:
         format_model_table,
         run_gemm_bench,
         run_model_bench,
-    )
+    )  # heavy: TVM
 
     out: dict[str, Any] = {}
     models = list(args.model or [])
@@ -463,7 +461,7 @@ def _bench_models(args: argparse.Namespace) -> int:
                   f"lacks {', '.join(missing)})", file=sys.stderr)
             return 2
         models += [str(examples_dir() / e) for e in EXAMPLES]
-    from ..model import parse_entry_args
+    from ..model import parse_entry_args  # heavy: TVM
 
     try:
         entry_args = parse_entry_args(args.model_arg)
@@ -504,15 +502,14 @@ def _bench_models(args: argparse.Namespace) -> int:
 
 def _bench_zoo(args: argparse.Namespace) -> int:
     """``opsdk bench --zoo [MODELS] [--peers LIST]``."""
-    from ._model import ALL_CANDIDATES, peer_missing, run_model_bench
-    from ._zoo import ZOO, select_zoo
+    from ._model import ALL_CANDIDATES, peer_missing, run_model_bench  # heavy: TVM
     from ._zooreport import (
         DEFAULT_PEERS,
         format_zoo_table,
         machine_load,
         plot_zoo,
         zoo_geomeans,
-    )
+    )  # heavy: TVM
 
     def fail(msg: str) -> int:
         print(f"opsdk bench: error: {msg}", file=sys.stderr)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax, s_tir, te
+from tvm.s_tir import dlight
 
 from .._dtypes import np_dtype
 from .._pipeline import fusion_passes
@@ -118,7 +119,6 @@ def _module(case: Case, body: Callable[[list], relax.Expr]) -> tvm.IRModule:
 
 
 def _opsdk_module(case: Case) -> tvm.IRModule:
-
     d = get_op(case.op)
     names = list(d.example_shapes(case.shape, _attrs(case)))
     return _module(case, lambda v: builder(d)(**dict(zip(names, v)), **_attrs(case)))
@@ -130,7 +130,6 @@ def _tvm_module(case: Case) -> tvm.IRModule:
 
 def _dlight(mod: tvm.IRModule, tgt) -> tuple[tvm.IRModule, bool]:
     """TVM's CPU dlight rules after default legalization; also says whether any applied."""
-    from tvm.s_tir import dlight
 
     with tgt:
         out = dlight.ApplyDefaultSchedule(dlight.cpu.Reduction(), dlight.cpu.GEMV())(
@@ -244,7 +243,7 @@ def _mapped_torch_callable(case: Case, ins: dict[str, np.ndarray],
     names, called with the inputs (and the attributes, if it takes them), used only when it
     computes the op (close to the float64 reference), so a mapping that ignores an
     attribute is not timed as if it were the op."""
-    import torch
+    import torch  # heavy: torch
 
     d = get_op(case.op)
     attrs = _attrs(case)

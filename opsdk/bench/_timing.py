@@ -90,7 +90,7 @@ def setup_threads(threads: int | None) -> int:
 def ort_session(onnx_bytes: bytes, threads: int) -> Any:
     """An onnxruntime CPU session with ``threads`` intra-op threads (all graph
     optimizations, its default), quiet."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # heavy: onnxruntime
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

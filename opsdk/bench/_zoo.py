@@ -40,7 +40,7 @@ class ZooModel:
         if gone:
             raise ImportError(f"needs {', '.join(gone)} (pip install 'opsdk[zoo]' "
                               "-c <(echo torch==2.13.0))")
-        from ..frontend import prepare_model_imports
+        from ..frontend import prepare_model_imports  # heavy: TVM
 
         prepare_model_imports()  # as load_model does: timm / transformers beside a CPU torch
         return self.build_fn()
@@ -48,8 +48,8 @@ class ZooModel:
 
 def _timm(arch: str, size: int) -> Callable[[], tuple[Any, tuple]]:
     def build() -> tuple[Any, tuple]:
-        import timm
-        import torch
+        import timm  # heavy: timm
+        import torch  # heavy: torch
 
         torch.manual_seed(0)
         model = timm.create_model(arch, pretrained=False).eval()
@@ -59,8 +59,8 @@ def _timm(arch: str, size: int) -> Callable[[], tuple[Any, tuple]]:
 
 
 def _bert() -> tuple[Any, tuple]:
-    import torch
-    from transformers import BertConfig, BertModel
+    import torch  # heavy: torch
+    from transformers import BertConfig, BertModel  # heavy: transformers
 
     torch.manual_seed(0)
     # BERT-Small (L=4, H=512, A=8: the size of Google's bert_uncased_L-4_H-512_A-8), base vocab.
@@ -70,8 +70,8 @@ def _bert() -> tuple[Any, tuple]:
 
 
 def _gpt2() -> tuple[Any, tuple]:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    import torch  # heavy: torch
+    from transformers import GPT2Config, GPT2LMHeadModel  # heavy: transformers
 
     torch.manual_seed(0)
     # GPT-2 blocks at width 512 (4 layers, 8 heads), full 50257 vocabulary and tied LM head;

@@ -12,7 +12,7 @@ __all__ = ["unet", "yolov8"]
 
 
 def _nn() -> Any:
-    import torch.nn as nn
+    import torch.nn as nn  # heavy: torch
 
     return nn
 
@@ -26,7 +26,7 @@ def _conv(c1: int, c2: int, k: int = 1, s: int = 1) -> Any:
 
 def _random_bn(model: Any) -> Any:
     """Batch-norm statistics that are not the identity (a fresh one folds to a no-op)."""
-    import torch
+    import torch  # heavy: torch
 
     with torch.no_grad():
         for m in model.modules():
@@ -37,8 +37,8 @@ def _random_bn(model: Any) -> Any:
 
 
 def _yolo_classes() -> dict[str, type]:
-    import torch
-    import torch.nn as nn
+    import torch  # heavy: torch
+    import torch.nn as nn  # heavy: torch
 
     class Bottleneck(nn.Module):
         def __init__(self, c: int, shortcut: bool) -> None:
@@ -166,7 +166,7 @@ def yolov8(width: int = 16, depth: int = 1, size: int = 320, classes: int = 80,
     >>> tuple(model(x).shape)
     (1, 7, 84)
     """
-    import torch
+    import torch  # heavy: torch
 
     if size % 32:
         raise ValueError(f"yolov8: size must be a multiple of 32 (the deepest stride), got {size}")
@@ -190,8 +190,8 @@ def unet(base: int = 16, depth: int = 4, size: int = 256, classes: int = 2,
     >>> tuple(model(x).shape)
     (1, 2, 32, 32)
     """
-    import torch
-    import torch.nn as nn
+    import torch  # heavy: torch
+    import torch.nn as nn  # heavy: torch
 
     if up not in ("transpose", "nearest"):
         raise ValueError(f"unet: up must be 'transpose' or 'nearest', got {up!r}")

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .._files import write_bytes_atomic
+
 __all__ = ["DEFAULT_PEERS", "PEER_LABELS", "format_zoo_table", "plot_zoo", "zoo_geomeans"]
 
 #: Peers of ``--zoo`` unless ``--peers`` says otherwise (``tvm_default`` is opt-in: TVM's
@@ -131,12 +133,10 @@ def plot_zoo(rows: Sequence[dict[str, Any]], peers: Sequence[str], path: str) ->
     the 1.0 line; ``path`` ending in ``.svg`` or ``.html`` gets SVG (the HTML embeds it,
     self-contained), else PNG.
     """
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._files import write_bytes_atomic
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     ran = [r for r in rows if not r.get("failed")]
     geo = zoo_geomeans(ran, peers)

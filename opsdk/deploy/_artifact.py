@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .._files import sha256_file
+from .._files import check_can_create, new_file_mode, sha256_file
+from .._version import __version__
+from ..runners import InputMismatch, LocalRunner, check_inputs, cross_compiler
 
 __all__ = ["MANIFEST_FORMAT", "WEIGHTS_FILE", "ArtifactError", "build_artifact",
            "read_manifest", "read_weights"]
@@ -116,7 +118,7 @@ def read_weights(folder: str | os.PathLike, manifest: Mapping[str, Any] | None =
     ArtifactError
         The weights file is missing, damaged, or lacks a weight the manifest names.
     """
-    import tvm
+    import tvm  # heavy: TVM
 
     root = Path(folder)
     m = read_manifest(root) if manifest is None else manifest
@@ -139,13 +141,13 @@ def read_weights(folder: str | os.PathLike, manifest: Mapping[str, Any] | None =
 
 # ------------------------------------------------------------------------- model facts
 def _dims(shape: Any) -> list[int | str]:
-    from tvm import tirx
+    from tvm import tirx  # heavy: TVM
 
     return [int(d.value) if isinstance(d, tirx.IntImm) else str(d) for d in shape.values]
 
 
 def _tensor_types(ty: Any) -> list[Any]:
-    from tvm import relax
+    from tvm import relax  # heavy: TVM
 
     if isinstance(ty, relax.TupleType):
         return [t for f in ty.fields for t in _tensor_types(f)]
@@ -180,7 +182,7 @@ def _io_specs(func: Any, inputs: Sequence[np.ndarray],
 
 def _bindings(func: Any, inputs: Sequence[np.ndarray]) -> dict[Any, int]:
     """The symbolic dims of ``func``'s inputs, bound to the example inputs' sizes."""
-    from tvm import tirx
+    from tvm import tirx  # heavy: TVM
 
     out: dict[Any, int] = {}
     for p, a in zip(func.params, inputs):
@@ -196,8 +198,8 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
     """What the VM allocates per call of ``main``, read off the memory-planned module:
     the planned storage blocks of the intermediates (symbolic when sizes depend on the
     input) and the tensors allocated outside the plan (the outputs), at the example sizes."""
-    import tvm
-    from tvm import relax, tirx
+    import tvm  # heavy: TVM
+    from tvm import relax, tirx  # heavy: TVM
     from tvm.sym import Analyzer  # tvm.arith in TVM before 0.27
 
     func = planned["main"]
@@ -249,7 +251,7 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
 
 
 def _symbolic_dims(func: Any) -> list[str]:
-    from tvm import tirx
+    from tvm import tirx  # heavy: TVM
 
     names: list[str] = []
     for p in func.params:
@@ -285,9 +287,8 @@ def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray
               say: Callable[[str], Any]) -> tuple[Any, dict[str, Any], list[np.ndarray]]:
     """The int8 module, what the manifest records of it, and the float model's outputs on
     ``inputs`` (the int8 host build, compiled once by the caller, is compared with them)."""
-    from ..model import compile_model
-    from ..quant import QuantConfig, find_sites, quantize_model
-    from ..runners import LocalRunner
+    from ..model import compile_model  # heavy: TVM
+    from ..quant import QuantConfig, find_sites, quantize_model  # heavy: TVM
 
     cfg = int8 if isinstance(int8, QuantConfig) else QuantConfig()
     if calibration is None or isinstance(calibration, int):
@@ -310,8 +311,8 @@ def _quantize(mod: Any, int8: Any, calibration: Any, inputs: Sequence[np.ndarray
 
 
 def _constants_bytes(mod: Any) -> int:
-    import tvm
-    from tvm import relax
+    import tvm  # heavy: TVM
+    from tvm import relax  # heavy: TVM
 
     seen: set[int] = set()
     total = 0
@@ -336,8 +337,8 @@ def _constants_bytes(mod: Any) -> int:
 def _mark_load_kernels(kernels: list[dict[str, Any]], mod: Any) -> list[dict[str, Any]]:
     """``kernels`` with ``at_load: True`` on those only the weight transform calls (they run
     once, when the weights are loaded, not per inference)."""
-    import tvm
-    from tvm import relax
+    import tvm  # heavy: TVM
+    from tvm import relax  # heavy: TVM
 
     called: dict[bool, set[str]] = {True: set(), False: set()}  # by main / by the rest
     for gv, f in mod.functions.items():
@@ -356,7 +357,7 @@ def _mark_load_kernels(kernels: list[dict[str, Any]], mod: Any) -> list[dict[str
 
 
 def _tensor_bytes(t: Any) -> int:
-    import tvm
+    import tvm  # heavy: TVM
 
     dt = tvm.DataType(str(t.dtype))
     return int(np.prod([int(d) for d in t.shape])) * max(1, dt.bits * dt.lanes // 8)
@@ -367,10 +368,10 @@ def _module_facts(cm: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
     transformed weights' bytes, the planned memory at these inputs, the kernels), kept with
     the compile-cache entry: a rebuild of an unchanged model does not recompute the
     scheduled module for them."""
-    from ..model import scheduled_kernels
+    from ..model import scheduled_kernels  # heavy: TVM
 
     def compute() -> dict[str, Any]:
-        import tvm
+        import tvm  # heavy: TVM
 
         main = cm.scheduled["main"]
         n_in = int(main.attrs["num_input"]) if "num_input" in (main.attrs or {}) else None
@@ -395,7 +396,7 @@ def _weights_info(folder: Path, weights: Mapping[str, Any], facts: Mapping[str, 
                   ) -> dict[str, Any]:
     """Write ``weights`` (none: bundled) to ``folder/WEIGHTS_FILE``; the manifest's
     ``weights``: how they are stored, their bytes on disk and once loaded."""
-    import tvm
+    import tvm  # heavy: TVM
 
     bundled = facts["bundled_bytes"]
     if not weights:
@@ -417,7 +418,7 @@ def needed_features(tgt: Any) -> list[str]:
     """The CPU features the code for ``tgt`` may use, in manifest spelling (``neon``,
     ``dotprod``, ``avx512f``, ...): an aarch64 target's ``mattr``, an x86 target's ISA
     extensions enabled by its ``-mcpu``."""
-    from ..targets import target_arch, target_features
+    from ..targets import target_arch, target_features  # heavy: TVM
 
     arch = target_arch(tgt)
     if arch == "aarch64":
@@ -431,8 +432,7 @@ def needed_features(tgt: Any) -> list[str]:
 def _export(cm: Any, path: Path, arch: str) -> None:
     """Write the compiled model's library to ``path`` (from the compile cache: a copy of
     the cached file; a library loaded back cannot be exported again)."""
-    from ..runners import cross_compiler
-    from ..targets import LINK_OPTIONS
+    from ..targets import LINK_OPTIONS  # heavy: TVM
 
     if cm.library is not None:
         shutil.copyfile(cm.library, path)
@@ -480,7 +480,6 @@ def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, 
 def _prepare_folder(out: Path, force: bool) -> None:
     """Refuse an output folder that holds anything but an earlier artifact (or anything at
     all, without ``force``), and one whose parent takes no new files."""
-    from .._files import check_can_create
 
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"{out} is a file; name a folder for the artifact")
@@ -522,10 +521,9 @@ def _load(model: Any, inputs: Sequence[np.ndarray] | None, entry: str,
           say: Callable[[str], Any]) -> tuple[Any, str, Any, list[np.ndarray]]:
     """(module, its source's name, the loaded model or None, example inputs checked against
     ``main``): an IRModule as it is, a model file through :func:`opsdk.model.load_model`."""
-    import tvm
+    import tvm  # heavy: TVM
 
-    from ..model import load_model
-    from ..runners import InputMismatch, check_inputs
+    from ..model import load_model  # heavy: TVM
 
     loaded = None
     if isinstance(model, tvm.IRModule):
@@ -616,13 +614,11 @@ def build_artifact(
     dict
         The manifest written to ``out_dir/manifest.json``.
     """
-    from .._version import __version__
-    from ..model import compile_model
-    from ..quant import agreement
-    from ..runners import LocalRunner
-    from ..runners.local import host_arch
-    from ..targets import target as resolve_target
-    from ..targets import target_arch
+    from ..model import compile_model  # heavy: TVM
+    from ..quant import agreement  # heavy: TVM
+    from ..runners.local import host_arch  # heavy: TVM
+    from ..targets import target as resolve_target  # heavy: TVM
+    from ..targets import target_arch  # heavy: TVM
 
     say = _log_to(log)
     out = Path(out_dir).expanduser().absolute()
@@ -764,7 +760,6 @@ def _write_io(path: Path, ins: Sequence[dict[str, Any]], weights: Mapping[str, A
 
 def _fix_modes(root: Path) -> None:
     """``mkdtemp`` makes a 0700 folder: give the artifact the modes a copy would have."""
-    from .._files import new_file_mode
 
     fmode = new_file_mode()
     dmode = fmode | ((fmode & 0o444) >> 2)  # r -> x for folders

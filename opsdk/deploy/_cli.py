@@ -9,6 +9,11 @@ import sys
 from typing import Any
 
 from .._cliargs import host_port, model_file, named_shapes, output_path, positive_int
+from .._files import write_text_atomic
+from ..cli import UsageError
+from ..runners import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
+from ._artifact import ArtifactError, build_artifact
+from ._run import format_run, run_artifact
 
 __all__ = ["add_build_arguments", "add_run_arguments", "run_build_command",
            "run_run_command"]
@@ -20,8 +25,6 @@ def _progress(msg: str) -> None:
 
 
 def _usage(msg: str) -> Exception:
-    from ..cli import UsageError
-
     return UsageError(msg)
 
 
@@ -89,15 +92,14 @@ def _max_dims(items: list[str] | None) -> dict[str, int]:
 
 def run_build_command(args: argparse.Namespace) -> int:
     """``opsdk build``."""
-    from ..model import parse_entry_args
-    from ._artifact import ArtifactError, build_artifact
+    from ..model import parse_entry_args  # heavy: TVM
 
     spec = args.model
     try:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:
         raise _usage(str(e)) from None
-    from ..model import record_timings
+    from ..model import record_timings  # heavy: TVM
 
     try:
         with record_timings() as timings:
@@ -231,14 +233,10 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
 
 def run_run_command(args: argparse.Namespace) -> int:
     """``opsdk run``: exit 0 when every output matches, 1 when one does not."""
-    from .._files import write_text_atomic
-    from ..runners import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
-    from ._artifact import ArtifactError
-    from ._run import format_run, run_artifact
 
     if args.tracker and not args.key:
         raise _usage("--tracker needs --key (the device key registered with the tracker)")
-    from ..runners.local import pool_defaults
+    from ..runners.local import pool_defaults  # heavy: TVM
 
     pool_defaults(args.threads)  # before TVM's pool starts
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runners import to_numpy, to_tensor
 from ._artifact import ArtifactError, read_manifest, read_weights
 
 __all__ = ["LoadedArtifact", "load_artifact"]
@@ -31,8 +32,6 @@ class LoadedArtifact:
         self.load_seconds, self.transform_runs = load_seconds, transform_runs
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        from ..runners import to_numpy, to_tensor
-
         if len(inputs) != len(self.manifest["inputs"]):
             raise ArtifactError(f"{len(inputs)} inputs given, the model takes "
                                 f"{len(self.manifest['inputs'])} "
@@ -73,9 +72,9 @@ def load_artifact(folder: str | os.PathLike, device: Any = None) -> LoadedArtifa
     >>> model(np.ones((2, 64), "float32"))[0][0, :3].tolist(), model.transform_runs
     ([32.0, 32.0, 32.0], 1)
     """
-    import tvm
+    import tvm  # heavy: TVM
 
-    from ..runners.local import host_arch, pool_defaults
+    from ..runners.local import host_arch, pool_defaults  # heavy: TVM
 
     pool_defaults()  # unpinned workers, every core (unless the environment says otherwise)
     root = Path(folder)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runners import LocalRunner, runner_for
 from ._artifact import ArtifactError, _log_to, read_manifest, read_weights
 
 __all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact"]
@@ -26,8 +27,8 @@ class FeatureMismatch(ArtifactError):
 def _hwcap_probe() -> Any:
     """A tiny aarch64 kernel writing ``getauxval(AT_HWCAP)`` and ``getauxval(AT_HWCAP2)``:
     what the device's kernel says its CPU has (qemu-user reports the emulated CPU's)."""
-    import tvm
-    from tvm import te, tirx
+    import tvm  # heavy: TVM
+    from tvm import te, tirx  # heavy: TVM
 
     def f(i: Any) -> Any:
         which = tirx.if_then_else(i == 0, tirx.const(16, "int64"), tirx.const(26, "int64"))
@@ -46,9 +47,9 @@ def device_features(runner: Any, arch: str) -> set[str] | None:
     aarch64 devices run a probe reading the kernel's hardware capabilities; the host answers
     through LLVM's view of its own CPU.
     """
-    from ..runners.local import LocalRunner
-    from ..targets import target as resolve_target
-    from ..targets import target_features
+    from ..runners.local import LocalRunner  # heavy: TVM
+    from ..targets import target as resolve_target  # heavy: TVM
+    from ..targets import target_features  # heavy: TVM
 
     if isinstance(runner, LocalRunner):
         return {f for f in target_features(resolve_target("host")) if ":" not in f}
@@ -75,7 +76,7 @@ def _compare(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
         return {"ok": diff == 0, "max_abs": diff}
     # Float outputs: the same float32 math summed in other orders (another ISA, other tile
     # edges) is within the model tolerance; the same library on the same ISA is bit-exact.
-    from ..model import within_tolerance
+    from ..model import within_tolerance  # heavy: TVM
 
     return {**within_tolerance(got, ref),
             "bitexact": bool(np.array_equal(got, ref, equal_nan=True))}
@@ -157,8 +158,7 @@ def _random_inputs(m: dict[str, Any], seed: int) -> list[np.ndarray]:
 
 def _runner(m: dict[str, Any], rpc: str | None, tracker: str | None, key: str | None,
             emulate: bool, qemu_cpu: str | None) -> Any:
-    from ..runners import runner_for
-    from ..runners.local import LocalRunner, host_arch
+    from ..runners.local import LocalRunner, host_arch  # heavy: TVM
 
     arch = m["target"]["arch"]
     name = m["target"]["name"] or ("arm" if arch == "aarch64" else "x86")
@@ -230,8 +230,7 @@ def run_artifact(
         A bad artifact or input; :class:`FeatureMismatch` when the device lacks a feature the
         code needs (before anything of the model runs there).
     """
-    from ..quant import agreement
-    from ..runners import LocalRunner
+    from ..quant import agreement  # heavy: TVM
 
     say = _log_to(log)
     root = Path(folder)
@@ -342,7 +341,7 @@ def format_run(res: Mapping[str, Any]) -> str:
                         if lat.get("load_ms") is not None else ""))
     if res.get("warning"):
         lines.append(f"warning: {res['warning']}")
-    from ..model import ATOL, RTOL
+    from ..model import ATOL, RTOL  # heavy: TVM
 
     lines.append("PASS" if res["ok"] else f"FAIL: outputs outside tolerance (atol={ATOL:g}*"
                  f"max(1,|ref|max) + rtol={RTOL:g}*|ref|)")

@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -29,8 +30,6 @@ RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_ffi.so")
 
 
 def _dist(name: str) -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
         raise RuntimeError(f"{name} is not installed: pip install apache-tvm")
@@ -47,7 +46,7 @@ def runtime_paths(arch: str = "host") -> dict[str, list[Path]]:
         When the runtime for ``arch`` is not on this machine (aarch64: run ``opsdk setup
         arm``).
     """
-    from ..runners.local import host_arch
+    from ..runners.local import host_arch  # heavy: TVM
 
     ffi = _dist("tvm_ffi")
     include = [ffi / "include", ffi / "3rdparty" / "dlpack" / "include"]

@@ -172,7 +172,7 @@ class _Loader(importlib.abc.Loader):
 
 
 def _versions() -> str:
-    import torch
+    import torch  # heavy: torch
 
     try:
         tv = importlib.metadata.version("torchvision")
@@ -206,7 +206,7 @@ def _dl_reason(message: str) -> str:
 
 
 def _define_stand_ins(ext: ModuleType) -> None:
-    import torch
+    import torch  # heavy: torch
 
     _STATE["cause"] = f"its C++ extension does not load ({_extension_cause(ext)})"
     missing = {n: s for n, s in STAND_INS.items() if not hasattr(torch.ops.torchvision, n)}

@@ -12,6 +12,7 @@ Examples
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from typing import Any
 
@@ -60,7 +61,6 @@ def example_args(built: tuple, spec: str, entry: str) -> tuple:
 def export_user_model(export: Any, model: Any, args: tuple, spec: str) -> Any:
     """``export(model, args)`` (``torch.export``) of a user's model: its forward failing is
     the user's error at its line (or, with no frame of theirs, named after ``spec``)."""
-    import logging
 
     path = pathlib.Path(spec)
     anchor = path.resolve().parent if path.is_file() else None

@@ -9,6 +9,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import tvm
+from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+from tvm.relax.frontend.onnx import onnx_frontend as fe
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from .. import ops as op_library  # the explicit op list, read when used
 from .._userfile import load_onnx_file
@@ -27,7 +30,6 @@ ONNX_OPS: dict[str, dict[str, Any]]
 
 
 def _onnx_ops() -> dict[str, dict[str, Any]]:
-
     out: dict[str, dict[str, Any]] = {}
     for d in op_library.BUILTIN_OPS:
         for tvm_op, _, info in d.replacements:
@@ -109,7 +111,6 @@ def from_onnx(
     >>> opsdk.transform.op_counts(opsdk.frontend.from_onnx(model))
     {'opsdk.gelu': 1}
     """
-    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
     if isinstance(model, (str, os.PathLike)):  # a corrupt file: one error naming it
         model = load_onnx_file(model)
@@ -144,7 +145,6 @@ def onnx_mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
 def _op_mappings(enabled: bool = True):
     """TVM's ONNX importer has no custom converter hook: its table of converters is
     extended, for this import only, with the registered ops' ``OpDef.onnx`` mappings."""
-    from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     hits: dict[str, int] = {}
     extra: dict[str, Any] = {}
@@ -168,8 +168,6 @@ _LOCK = threading.Lock()
 
 
 def _converter(d: Any, op_type: str, fn: Any, build: Any, hits: dict[str, int]) -> type:
-    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
-
     attr_names = {p.name for p in d.attr_params}
     tensors = [p.name for p in d.tensor_params]
 

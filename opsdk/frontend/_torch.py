@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import tvm
 from tvm import relax
+from tvm.relax.frontend.torch import from_exported_program
 
 from .. import ops as op_library  # the explicit op list, read when used
 from ..registry import builder, get_op, registered_ops
@@ -31,7 +33,6 @@ def _builtins() -> list[Any]:
 
 
 def _is_builtin(d: Any) -> bool:
-
     return any(d is b for b in op_library.BUILTIN_OPS)
 
 
@@ -111,7 +112,7 @@ def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = Tr
     >>> torch.ops.aten.linear.default in decomposition_table(keep_linear=False)
     True
     """
-    import torch
+    import torch  # heavy: torch
 
     table = torch.export.default_decompositions()
     names = [name for d in _select(ops) for name in d.torch_keep]
@@ -253,9 +254,6 @@ def from_torch(
     >>> opsdk.transform.op_counts(mod, "opsdk.")
     {'opsdk.gelu': 1, 'opsdk.layer_norm': 1}
     """
-    import warnings
-
-    from tvm.relax.frontend.torch import from_exported_program
 
     names = [d.name for d in _select(ops)]
     custom = dict(custom_convert_map or {})

@@ -4,7 +4,6 @@ that algorithm for TVM's ``conv2d`` in the model pipeline.
 A direct 3x3 convolution spends 9 multiply-adds per output and input channel. Winograd's
 minimal filtering algorithm F(2x2, 3x3) computes a 2x2 output tile from a 4x4 input tile with
 16, a 2.25x cut (Lavin & Gray, 2016)::
-
     U = G g G^T                     (weights, 4x4 per (input, output) channel pair)
     V = B^T d B                     (each 4x4 input tile, per input channel)
     M[e] = V[e] @ U[e]              (16 independent GEMMs over the input channels)
@@ -32,6 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import te, tirx
 
 from .._declare import op
@@ -298,7 +298,6 @@ def winograd_eligible(call: Any) -> bool:
 def legalize_conv2d(bb: Any, call: Any) -> Any:
     """``relax.nn.conv2d`` legalization for the model pipeline: Winograd where
     :func:`winograd_eligible`, TVM's own legalization (direct convolution) elsewhere."""
-    import tvm
 
     if not winograd_eligible(call):
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)

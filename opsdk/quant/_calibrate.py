@@ -15,6 +15,8 @@ from typing import Literal
 import numpy as np
 
 from ..ops import QRANGE
+from ..ops.qconv2d import conv2d_nchw, qconv2d
+from ..ops.qdense import qdense
 
 __all__ = [
     "ConvQuant",
@@ -159,7 +161,6 @@ class DenseQuant:
 
     def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
         """Quantize ``x`` and evaluate the qdense reference (bit-exact with the kernels)."""
-        from ..ops.qdense import qdense
 
         xq = self.act.quantize(x)
         return qdense.reference(xq, self.w_q, self.w_scale, self.bias_q,
@@ -213,14 +214,12 @@ class ConvQuant(DenseQuant):
 
     def run(self, x: np.ndarray, out_dtype: str = "float32", out: QParams | None = None):
         """Quantize ``x`` and evaluate the qconv2d reference (bit-exact with the kernels)."""
-        from ..ops.qconv2d import qconv2d
 
         return qconv2d.reference(self.act.quantize(x), self.w_q, self.w_scale, self.bias_q,
                           **self.qconv2d_attrs(out_dtype, out))
 
     def float_layer(self, x: np.ndarray) -> np.ndarray:
         """The float64 layer ``conv(x, w) + b`` in the layer's layout."""
-        from ..ops.qconv2d import conv2d_nchw
 
         xc = x if self.layout == "NCHW" else x.transpose(0, 3, 1, 2)
         y = conv2d_nchw(xc.astype(np.float64), self.w_float.astype(np.float64),

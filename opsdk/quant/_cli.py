@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 
 from .._cliargs import model_file, output_path, percent, positive_int
+from .._files import write_bytes_atomic, write_text_atomic
+from ..cli import UsageError
+from ..runners import LocalRunner
+from . import QuantConfig, agreement, find_sites, quantize_model
 
 __all__ = ["add_quantize_arguments", "run_quantize_command"]
 
 
 def _usage(msg: str) -> Exception:
-    from ..cli import UsageError
-
     return UsageError(msg)
 
 
@@ -114,12 +116,10 @@ def format_sensitivity(rows: Sequence[dict[str, Any]], keep: Sequence[str]) -> s
 
 
 def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._files import write_bytes_atomic
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(rows) + 2), 3))
     names = [r["site"] for r in rows]
@@ -136,11 +136,8 @@ def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> Non
 
 def run_quantize_command(args: argparse.Namespace) -> int:
     """``opsdk quantize``: exit 0 when quantized, 2 on a usage error."""
-    from .._files import write_text_atomic
-    from ..bench import setup_threads
-    from ..model import compile_model, load_model, parse_entry_args
-    from ..runners import LocalRunner
-    from . import QuantConfig, agreement, find_sites, quantize_model
+    from ..bench import setup_threads  # heavy: TVM
+    from ..model import compile_model, load_model, parse_entry_args  # heavy: TVM
 
     spec = args.model
     mp: int | float | None = None

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import tvm
+from tvm import relax, tirx
 
 from ..ops import QRANGE
 from ._calibrate import QParams, calibrate, choose_qparams, quantize_conv2d, quantize_dense
@@ -89,8 +91,6 @@ class QuantSite:
 
 
 def _const(e: Any) -> np.ndarray | None:
-    import tvm
-
     if isinstance(e, tvm.ir.expr.GenericConst) and isinstance(e.value, tvm.runtime.Tensor):
         return e.value.numpy()
     return None
@@ -112,9 +112,6 @@ def _value(e: Any, bindings: dict[Any, Any]) -> np.ndarray | None:
 
 
 def _op(e: Any) -> str | None:
-    import tvm
-    from tvm import relax
-
     if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
         return str(e.op.name)
     return None
@@ -123,7 +120,6 @@ def _op(e: Any) -> str | None:
 def _graph(func: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]], list[Any]]:
     """``func``'s bindings (var -> value), users (var -> vars whose value uses it; the output
     tuple counts as a user) and binding order."""
-    from tvm import relax
 
     bindings: dict[Any, Any] = {}
     users: dict[Any, list[Any]] = {}
@@ -216,7 +212,6 @@ def find_sites(mod: Any) -> list[QuantSite]:
     >>> [(s.name, s.shape, s.bias is not None) for s in find_sites(bb.get())]
     [('dense0', (8, 3), True)]
     """
-    from tvm import relax
 
     bindings, users, order = _graph(mod["main"])
 
@@ -267,7 +262,6 @@ def find_sites(mod: Any) -> list[QuantSite]:
 def _conv_site(val: Any, var: Any, wc: np.ndarray | None, bias_after: Callable,
                name: str) -> QuantSite | None:
     """A conv2d binding qconv2d can compute (weight ``wc``), as a site; None for any other."""
-    from tvm import relax
 
     x = val.args[0]
     a = val.attrs
@@ -296,8 +290,6 @@ def _conv_site(val: Any, var: Any, wc: np.ndarray | None, bias_after: Callable,
 
 def _probe_module(mod: Any, sites: Sequence[QuantSite]) -> Any:
     """``mod`` whose ``main`` returns the inputs of every site (calibration)."""
-    import tvm
-    from tvm import relax
 
     # ToNonDataflow keeps every block and binding in place (dataflow vars become plain
     # vars): find each site input at its position.
@@ -329,10 +321,7 @@ def _probe_module(mod: Any, sites: Sequence[QuantSite]) -> Any:
 
 def _collect(mod: Any, sites: Sequence[QuantSite], batches: Iterable[Sequence[np.ndarray]],
              cfg: QuantConfig, progress: Callable[[int], Any] | None) -> None:
-    import tvm
-    from tvm import relax
-
-    from ..model import compile_model
+    from ..model import compile_model  # heavy: TVM
 
     ex = compile_model(_probe_module(mod, sites), "host").ex  # through the compile cache
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -484,10 +473,7 @@ def sensitivity(sites: Sequence[QuantSite], config: QuantConfig | None = None
 
 
 def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
-    import tvm
-    from tvm import relax, tirx
-
-    from .. import relax as ops
+    from .. import relax as ops  # heavy: TVM
 
     todo = {s.root: s for s in sites if s.name not in cfg.keep_float}
     chains = _chains(mod, sites, cfg)
@@ -591,7 +577,7 @@ def quantize_model(
     >>> qm.quantized, qm.sensitivity()[0]["rel_rmse"] < 0.02
     (['dense0'], True)
     """
-    from ..transform import ChannelsLast
+    from ..transform import ChannelsLast  # heavy: TVM
 
     cfg = config or QuantConfig()
     # Convs in NHWC inside, as opsdk.compile runs the float model (their int8 kernels and

@@ -9,6 +9,7 @@ and ``unregister`` removes it (the trampolines then raise a clear error).
 from __future__ import annotations
 
 import inspect
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -140,7 +141,6 @@ def get_op(name: str) -> OpDef:
 def _module_hint(name: str) -> str:
     """How to load an op that lives in a module nobody imported (e.g. right after
     ``opsdk new-op NAME``, whose ``NAME.py`` is in the current directory)."""
-    import pathlib
 
     here = pathlib.Path.cwd() / f"{name}.py"
     if not here.is_file():

@@ -174,8 +174,8 @@ def runner_for(
     >>> runner_for("arm", rpc="192.168.1.20:9090").device_info()["device"]
     'rpc 192.168.1.20:9090'
     """
-    from .local import LocalRunner, host_arch
-    from .rpc import RPCRunner
+    from .local import LocalRunner, host_arch  # heavy: TVM
+    from .rpc import RPCRunner  # heavy: TVM
 
     arch, default_cpu = _target_arch(target_kind)
     remote_arch = arch or host_arch()

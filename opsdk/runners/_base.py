@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -114,7 +115,7 @@ def check_inputs(func: Any, inputs: Sequence[Any], entry: str = "main") -> None:
     ...     print(e)
     input 'x' (#0 of main): shape [2, 4], the model takes [2, 3] (float32)
     """
-    from tvm import relax, tirx
+    from tvm import relax, tirx  # heavy: TVM
 
     params = list(func.params)
     if len(params) != len(inputs):
@@ -281,7 +282,7 @@ def timing_summary(timing: dict[str, Any]) -> dict[str, Any]:
 
 def to_tensor(array: np.ndarray, dev: Any) -> Any:
     """Copy a numpy array (bfloat16 included) into a new TVM tensor on ``dev``."""
-    import tvm
+    import tvm  # heavy: TVM
 
     array = np.ascontiguousarray(array)
     if _BF16 is not None and array.dtype == _BF16:
@@ -294,15 +295,15 @@ def to_tensor(array: np.ndarray, dev: Any) -> Any:
 
 def empty_tensor(shape: Sequence[int], dtype: str, dev: Any) -> Any:
     """Allocate an output tensor of ``shape`` and ``dtype`` on ``dev``."""
-    import tvm
+    import tvm  # heavy: TVM
 
     return tvm.runtime.empty(tuple(int(s) for s in shape), str(dtype), dev)
 
 
 def to_numpy(value: Any) -> list[np.ndarray]:
     """Flatten a VM/kernel result (tensor, scalar or nested tuple) into numpy arrays."""
-    import tvm
-    import tvm_ffi
+    import tvm  # heavy: TVM
+    import tvm_ffi  # heavy: TVM
 
     if isinstance(value, tvm.runtime.Tensor):
         return [value.numpy()]
@@ -330,7 +331,6 @@ def run_on_device(
     (``repeats`` warm calls, each timed on the device by TVM's time evaluator).
     ``weights`` (VM calls only): see :meth:`Runner.run`.
     """
-    import time
 
     args = [to_tensor(np.asarray(a), dev) for a in inputs]
     if outputs is None:
@@ -359,7 +359,6 @@ def transformed_weights(vm: Any, dev: Any, weights: Sequence[np.ndarray], entry:
                         timing: dict[str, Any] | None = None) -> list[Any]:
     """``<entry>_transform_params(*weights)`` on ``dev``, run on the first call with these
     weights on ``vm`` and kept with it (the uploaded originals are dropped once it ran)."""
-    import time
 
     kept = vm.__dict__.setdefault("_opsdk_weights", {})
     hit = kept.get(entry)

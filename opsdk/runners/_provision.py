@@ -109,7 +109,7 @@ def cross_compiler(arch: str) -> str | None:
     RuntimeError
         When it is not installed, or no cross compiler is known for ``arch``.
     """
-    from .local import host_arch
+    from .local import host_arch  # heavy: TVM
 
     if arch == host_arch():
         return None

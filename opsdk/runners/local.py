@@ -72,7 +72,7 @@ class LocalRunner(Runner):
         self._vms = IdentityCache()  # executable -> VirtualMachine
 
     def device_info(self) -> dict[str, Any]:
-        import tvm
+        import tvm  # heavy: TVM
 
         cpu = tvm.target.codegen.llvm_get_system_cpu()
         arch = host_arch()
@@ -90,7 +90,7 @@ class LocalRunner(Runner):
         timing: dict[str, Any] | None,
         weights: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
-        import tvm
+        import tvm  # heavy: TVM
 
         dev = tvm.cpu()
 

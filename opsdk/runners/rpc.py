@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import weakref
@@ -89,7 +90,6 @@ def _shut_down(fds: set[int]) -> None:
     """Shut the sockets down (not close: TVM still owns the descriptors), so a call blocked
     on one returns with an error instead of holding its session's lock forever; else the
     interpreter hangs at exit freeing that session."""
-    import socket
 
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -269,7 +269,7 @@ class RPCRunner(Runner):
             return path
 
     def _connect(self) -> Any:
-        from tvm import rpc
+        from tvm import rpc  # heavy: TVM
 
         if self._tracker is not None:
             host, port, key = self._tracker
@@ -286,8 +286,6 @@ class RPCRunner(Runner):
         A refused or unroutable address fails in at most 5 s; a port that accepts but never
         speaks TVM RPC (or a tracker with no free device for the key) after ``timeout``.
         """
-        import socket
-        import threading
 
         host, port = (self._tracker[0], self._tracker[1]) if self._tracker else (
             self.host, self.port)
@@ -366,7 +364,7 @@ class RPCRunner(Runner):
             session.loaded[executable] = slot
 
         def vm() -> Any:
-            from tvm import relax
+            from tvm import relax  # heavy: TVM
 
             if slot[1] is None:
                 slot[1] = relax.VirtualMachine(slot[0], session.dev)

@@ -10,8 +10,11 @@ was taken or passed over. The unscheduled generic lowering is always the last re
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib
+import inspect
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.target import Target
+from tvm.target import Target, codegen
 
 from .._opdef import defined_op_names, install_handler
 from .._vecmath import polynomial_math
@@ -193,7 +196,6 @@ def rule(
 def _check_rule_signature(fn: Callable, who: str) -> None:
     """Refuse a rule that cannot be called as ``fn(func, target)``: the driver's call raised
     on every kernel, a warning each time, and the generic lowering ran unverified."""
-    import inspect
 
     try:
         sig = inspect.signature(fn)
@@ -218,7 +220,6 @@ def _check_rule_ops(fn: Callable, who: str, ops: Sequence[str]) -> None:
     for o in ops:
         if o in known:
             continue
-        import difflib
 
         m = difflib.get_close_matches(o, sorted(known), n=1)
         raise ValueError(f"{who}: no op named {o!r} is defined"
@@ -246,8 +247,6 @@ def _known_features(target_key: str) -> frozenset[str] | None:
 
 @functools.cache
 def _features_of(triples: tuple[str, ...]) -> frozenset[str]:
-    from tvm.target import codegen
-
     out: set[str] = set()
     for triple in triples:  # ~200 CPUs, 0.1 s once
         with contextlib.suppress(Exception):  # an LLVM without that backend
@@ -263,9 +262,6 @@ _ARCHES = ("x86_64", "aarch64", "arm", "riscv64", "riscv32", "i386", "powerpc64l
 
 def _check_rule_args(who: str, target_key: str, kinds: Sequence[str],
                      requires: Sequence[str], claims: Sequence[str]) -> None:
-    import difflib
-    import re
-
     def near(x: str, pool: Sequence[str]) -> str:
         m = difflib.get_close_matches(x, pool, n=1)
         return f" (did you mean {m[0]!r}?)" if m else ""

@@ -85,7 +85,7 @@ def fold_cache(store: Any) -> Iterator[FoldStats]:
 def _func_digest(func: tirx.PrimFunc) -> str:
     """The kernel cache's digest of a kernel: structural hash and the text with every name
     numbered by its first appearance (a 64-bit hash alone could collide)."""
-    import tvm_ffi
+    import tvm_ffi  # heavy: TVM
 
     canon = func.with_attr("global_symbol", "opsdk_fold")
     h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
@@ -100,7 +100,6 @@ def _tensor_digest(a: np.ndarray) -> str:
 
 
 def _common_material() -> dict[str, Any]:
-
     return {"format": _FORMAT, "versions": _versions(), "target": "llvm", "opt_level": 3}
 
 

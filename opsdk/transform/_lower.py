@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, te, tirx, topi
 from tvm.target import Target
 
 from ..registry import get_op, is_registered
@@ -84,7 +84,6 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ScheduleKernels")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-
         updates = {}
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc):
@@ -116,7 +115,6 @@ def _scan_te(x, axis: int | None, dtype: str | None, exclusive: bool, product: b
     a block-structured kernel the rules schedule (TOPI's scan is an opaque extern that
     SplitLayoutRewritePreproc and the rules refuse). Quadratic in the axis length, which is
     a sequence length at most (a GPT-2's position ids)."""
-    from tvm import te, topi
 
     if axis is None:
         size = x.shape[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 import tvm
 from tvm import relax, tirx
+from tvm.sym import Analyzer
 
 from .._opdef import OpDef
 from .._tir import tir_pipeline
@@ -113,7 +114,6 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _compile(mod: tvm.IRModule, tgt: Any, warm: bool) -> Any:
-
     ex = tvm.compile(mod, target=tgt, tir_pipeline=tir_pipeline())
     if warm:  # LLVM code is generated lazily, at first load: do it here, in parallel
         relax.VirtualMachine(ex, tvm.cpu())
@@ -209,7 +209,6 @@ def _get_build(d: OpDef, case: Case, tgt: Any, *, generic: bool = True) -> _Buil
 def _eval_shape(b: _Build, shape: Sequence[int], free: Mapping[str, int],
                 out_shape: Sequence[Any] | None = None) -> tuple[int, ...]:
     """An output's shape (the first output's by default) for concrete input dims."""
-    from tvm.sym import Analyzer
 
     an = Analyzer()
     for v, n in zip(b.dims, shape):

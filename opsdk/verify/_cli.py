@@ -14,7 +14,16 @@ import sys
 import time
 from typing import Any, TextIO
 
+import opsdk
+from opsdk.targets import target_spec
+
 from .._cliargs import distinct_outputs, host_port, nonneg_int, output_path
+from .._files import write_text_atomic
+from .._userfile import UserCodeError
+from ..runners import RunnerUnavailable
+from ._engine import _runner_for, run_case, verify
+from ._report import VerifyReport
+from ._strategies import GRID_RECIPES, INT_AUX_RECIPES, RECIPES, SPECIAL_RECIPES, Case, cell_dtypes
 
 __all__ = ["add_verify_arguments", "run_verify_command"]
 
@@ -85,11 +94,9 @@ class _Usage(Exception):
 def _load_modules(modules: list[str] | None) -> None:
     if not modules:
         return
-    import opsdk
 
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from .._userfile import UserCodeError
 
     try:
         opsdk.load_plugins(list(modules))
@@ -99,9 +106,6 @@ def _load_modules(modules: list[str] | None) -> None:
 
 def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | None,
                                                       list[str] | None]:
-    import opsdk
-    from opsdk.targets import target_spec
-
     _load_modules(args.module)
     try:
         tname = target_spec(args.target or "host").name
@@ -122,7 +126,6 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
             raise _Usage(str(e).strip("'\"")) from None
     pool = defs or opsdk.list_ops()
     dtypes, layouts = _split(args.dtypes, "--dtypes"), _split(args.layouts, "--layouts")
-    from ._strategies import cell_dtypes
 
     known_dt = {dt for d in pool for dt in cell_dtypes(d)}
     for dt in dtypes or []:
@@ -181,7 +184,6 @@ def run_verify_command(args: argparse.Namespace) -> int:
     >>> run_verify_command(p.parse_args(["no_such_op", "--quiet"]))
     2
     """
-    from ..runners import RunnerUnavailable
 
     try:
         defs, tname, dtypes, layouts = _check_usage(args)
@@ -190,7 +192,6 @@ def run_verify_command(args: argparse.Namespace) -> int:
     except (_Usage, RunnerUnavailable) as e:
         print(f"opsdk verify: error: {e}", file=sys.stderr)
         return 2
-    from ._engine import verify
 
     progress = _Progress(sys.stderr, args.quiet)
     try:
@@ -233,10 +234,6 @@ def run_verify_command(args: argparse.Namespace) -> int:
 
 
 def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
-    from ._engine import run_case
-    from ._report import VerifyReport
-    from ._strategies import Case
-
     try:
         raw = json.loads(args.case, object_pairs_hook=_no_duplicate_keys)
         if not isinstance(raw, dict):
@@ -257,15 +254,12 @@ def _run_case(args: argparse.Namespace, defs: list[Any], tname: str) -> int:
         resolve_target(case.target)  # an unknown target is a usage error, not a traceback
     except (ValueError, TypeError, KeyError) as e:
         raise _Usage(f"bad --case: {e}") from None
-    import opsdk
 
     try:
         d = opsdk.get_op(case.op)
     except KeyError as e:
         raise _Usage(str(e).strip("'\"")) from None
     _check_case_fields(case, d)
-    from ..runners import RunnerUnavailable
-    from ._engine import _runner_for
 
     try:
         runner = _runner_for(case.target, args.rpc, args.tracker, args.key)
@@ -305,13 +299,6 @@ _MAX_CASE_BYTES = 4 * 2**30
 def _check_case_fields(case: Any, d: Any) -> None:
     """A hand-edited ``--case`` is a usage error (exit 2) naming the field, not a failed case
     (a typo of a layout even passed, as the default layout)."""
-    from ._strategies import (
-        GRID_RECIPES,
-        INT_AUX_RECIPES,
-        RECIPES,
-        SPECIAL_RECIPES,
-        cell_dtypes,
-    )
 
     recipes = {*RECIPES, *INT_AUX_RECIPES, *GRID_RECIPES, *SPECIAL_RECIPES}
     problems = []
@@ -359,8 +346,6 @@ def _check_case_fields(case: Any, d: Any) -> None:
 
 
 def _write(args: argparse.Namespace, report_json: str, junit: str) -> None:
-    from .._files import write_text_atomic
-
     for path, text in ((args.report, report_json), (args.junit, junit)):
         if path:
             write_text_atomic(path, text)

@@ -21,11 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from hypothesis import Phase, example, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.errors import Flaky
-from tvm import relax, tirx
+from tvm import relax, te, tirx
 
 from .._dtypes import accum_dtype, is_float, np_dtype
 from .._opdef import OpDef, as_outputs
@@ -93,7 +94,6 @@ def _target_name(target: str) -> str:
 
 def _runner_for(target_name: str, rpc: str | None = None, tracker: str | None = None,
                 key: str | None = None) -> Any:
-
     runner = runner_for(target_name, rpc=rpc, tracker=tracker, key=key)
     if rpc or tracker:
         try:  # one bounded check up front, not a time-out per example
@@ -343,13 +343,10 @@ def margin_reason(expected: float, got: float, ulps_off: float) -> str:
 
 
 def _smallest_normal(dtype: str) -> float:
-    import ml_dtypes
-
     return float(ml_dtypes.finfo(np_dtype(dtype)).tiny) if is_float(dtype) else 1.0
 
 
 def _unit(dtype: str) -> float:
-
     return unit_roundoff(dtype)
 
 
@@ -501,7 +498,6 @@ def capabilities(d: OpDef, targets: Sequence[str] | None = None, *, rules: bool 
     >>> sorted({c["target"] for c in cells if c["claimed"]})[:2]
     ['arm', 'arm-dotprod']
     """
-    from tvm import te
 
     out = []
     for tname in targets or TARGETS:
@@ -531,8 +527,6 @@ def capabilities(d: OpDef, targets: Sequence[str] | None = None, *, rules: bool 
 
 
 def _placeholders(t: Any) -> list[Any]:
-    from tvm import te
-
     found: list[Any] = []
     stack = [t]
     seen: list[Any] = []
@@ -762,7 +756,6 @@ def verify(
                 runner.__enter__()
             report.device = dict(runner.device_info())
         except (RuntimeError, OSError) as e:
-
             raise RunnerUnavailable(f"cannot start the {tname} runner: {e}") from e
         for d in defs:
             claimed = {(c["dtype"], c["layout"])

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import HealthCheck, Phase, Verbosity, configuration, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .._files import cache_dir
@@ -97,9 +98,6 @@ def _database(database: Any) -> ExampleDatabase | None:
 def _temporary_hypothesis_home() -> Iterator[None]:
     """Hypothesis's storage in a temporary folder for the block (deleted after), unless
     ``$HYPOTHESIS_STORAGE_DIRECTORY`` chooses one."""
-    import tempfile
-
-    from hypothesis import configuration
 
     if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         yield
