@@ -12,7 +12,7 @@ Examples
 --------
 >>> import opsdk
 >>> [d.name for d in opsdk.list_ops()][:3]
-['bias_gelu', 'gelu', 'group_norm']
+['bias_gelu', 'dequantize', 'gelu']
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import tvm
@@ -69,6 +70,18 @@ def _is_kernel(fn: str, prim_name: str) -> bool:
     return prim_name in fn or "parallel_lambda" in fn
 
 
+def _instructions(asm: str, prim_name: str) -> Iterator[tuple[str, str]]:
+    """(mnemonic, operands) of every instruction with operands in the kernel's own functions
+    (its parallel bodies included; directives skipped)."""
+    for name, body in asm_functions(asm).items():
+        if not _is_kernel(name, prim_name):
+            continue
+        for line in body.splitlines():
+            parts = line.strip().split(None, 1)
+            if len(parts) == 2 and not parts[0].startswith("."):
+                yield parts[0], parts[1]
+
+
 _X86_VMOVE = re.compile(r"^vmov(u|a)p[sd]$|^vmovdq[au]\d*$")
 _A64_VMOVE = re.compile(r"^(ld1|st1|ldr|str|ldp|stp)$")
 
@@ -78,19 +91,12 @@ def kernel_vector_moves(asm: str, arch: str, prim_name: str) -> int:
     x86, ``q``/``v`` register loads and stores on aarch64): what a vectorized copy or
     transpose, which does no arithmetic, is made of."""
     n = 0
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) != 2:
-                continue
-            mnem, ops = parts
-            x86 = arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops
-            a64 = arch == "aarch64" and _A64_VMOVE.match(mnem) and (
-                re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops))
-            if x86 or a64:
-                n += 1
+    for mnem, ops in _instructions(asm, prim_name):
+        x86 = arch == "x86_64" and _X86_VMOVE.match(mnem) and "mm" in ops
+        a64 = arch == "aarch64" and _A64_VMOVE.match(mnem) and (
+            re.search(r"\bq\d+\b", ops) or _NEON_OPERAND.search(ops))
+        if x86 or a64:
+            n += 1
     return n
 
 
@@ -101,30 +107,23 @@ def kernel_vector_ops(asm: str, arch: str, prim_name: str) -> dict[str, int]:
     ``ymm`` register in every module).
     """
     counts: Counter = Counter()
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) != 2 or parts[0].startswith("."):
+    for mnem, ops in _instructions(asm, prim_name):
+        if arch == "x86_64":
+            if not mnem.startswith("v") or _X86_NONARITH.match(mnem):
                 continue
-            mnem, ops = parts
-            if arch == "x86_64":
-                if not mnem.startswith("v") or _X86_NONARITH.match(mnem):
-                    continue
-                if "%zmm" in ops:
-                    counts["zmm"] += 1
-                elif "%ymm" in ops:
-                    counts["ymm"] += 1
-                elif "%xmm" in ops and _X86_PACKED.search(mnem):
-                    counts["xmm"] += 1
-            elif arch == "aarch64":
-                if _A64_NONARITH.match(mnem):
-                    continue
-                if _SVE_OPERAND.search(ops):
-                    counts["sve"] += 1
-                elif _NEON_OPERAND.search(ops):
-                    counts["neon"] += 1
+            if "%zmm" in ops:
+                counts["zmm"] += 1
+            elif "%ymm" in ops:
+                counts["ymm"] += 1
+            elif "%xmm" in ops and _X86_PACKED.search(mnem):
+                counts["xmm"] += 1
+        elif arch == "aarch64":
+            if _A64_NONARITH.match(mnem):
+                continue
+            if _SVE_OPERAND.search(ops):
+                counts["sve"] += 1
+            elif _NEON_OPERAND.search(ops):
+                counts["neon"] += 1
     return dict(counts)
 
 
@@ -134,26 +133,23 @@ _CALLS = ("call", "callq", "jmp", "bl", "b")
 
 
 def kernel_math_calls(asm: str, prim_name: str) -> dict[str, int]:
-    """Calls to scalar math-library functions (``expf``, ``erff``, ...) in the kernel's own
+    r"""Calls to scalar math-library functions (``expf``, ``erff``, ...) in the kernel's own
     functions, by name: what TVM's lowering of ``exp`` / ``tanh`` / ``erf`` / ``log`` leaves
     in a loop, whatever it vectorized (:func:`opsdk._vecmath.polynomial_math` replaces exp,
     sigmoid, tanh and erf in scheduled kernels).
 
     Examples
     --------
-    >>> kernel_math_calls("k_compute_:\n\tcallq\texpf@PLT\n\tbl\ttanhf\n", "k")
+    >>> asm = ".type k_compute_,@function\nk_compute_:\n\tcallq\texpf@PLT\n\tbl\ttanhf\n"
+    >>> kernel_math_calls(asm, "k")
     {'expf': 1, 'tanhf': 1}
     """
     counts: Counter = Counter()
-    for name, body in asm_functions(asm).items():
-        if not _is_kernel(name, prim_name):
-            continue
-        for line in body.splitlines():
-            parts = line.strip().split(None, 1)
-            if len(parts) == 2 and parts[0] in _CALLS:
-                callee = parts[1].strip().split("@")[0]
-                if _LIBM.match(callee):
-                    counts[callee] += 1
+    for mnem, ops in _instructions(asm, prim_name):
+        if mnem in _CALLS:
+            callee = ops.strip().split("@")[0]
+            if _LIBM.match(callee):
+                counts[callee] += 1
     return dict(sorted(counts.items()))
 
 

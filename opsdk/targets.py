@@ -117,7 +117,7 @@ def target(name: str | dict | Target) -> Target:
     Examples
     --------
     >>> import opsdk
-    >>> opsdk.target("arm").keys
+    >>> tuple(opsdk.target("arm").keys)
     ('arm_cpu', 'cpu')
     """
     if isinstance(name, Target):
