@@ -9,9 +9,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import tvm
-from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
-from tvm.relax.frontend.onnx import onnx_frontend as fe
-from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from .. import ops as op_library  # the explicit op list, read when used
 from .._userfile import load_onnx_file
@@ -111,6 +108,7 @@ def from_onnx(
     >>> opsdk.transform.op_counts(opsdk.frontend.from_onnx(model))
     {'opsdk.gelu': 1}
     """
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx  # heavy: onnx
 
     if isinstance(model, (str, os.PathLike)):  # a corrupt file: one error naming it
         model = load_onnx_file(model)
@@ -155,6 +153,8 @@ def _op_mappings(enabled: bool = True):
     if not extra:
         yield hits
         return
+    from tvm.relax.frontend.onnx import onnx_frontend as fe  # heavy: onnx
+
     original = fe._get_convert_map
     with _LOCK:
         fe._get_convert_map = lambda: {**original(), **extra}
@@ -168,6 +168,8 @@ _LOCK = threading.Lock()
 
 
 def _converter(d: Any, op_type: str, fn: Any, build: Any, hits: dict[str, int]) -> type:
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter  # heavy: onnx
+
     attr_names = {p.name for p in d.attr_params}
     tensors = [p.name for p in d.tensor_params]
 
