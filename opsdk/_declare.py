@@ -95,6 +95,17 @@ def _check_dtype_rule(opname: str, rule: Any, attr_names: set[str]) -> None:
         )
 
 
+def _dim_multiples(opname: str, dims: Mapping[int, int] | None) -> dict[int, int]:
+    """``dim_multiples=``: axis (int) -> multiple (int >= 1)."""
+    out = {}
+    for axis, m in (dims or {}).items():
+        if not (isinstance(axis, int) and isinstance(m, int) and m >= 1):
+            raise OpDefinitionError(f"op {opname!r}: dim_multiples maps an axis (int) to a "
+                                    f"multiple (int >= 1); got {axis!r}: {m!r}")
+        out[axis] = m
+    return out
+
+
 def _default_examples(ranks: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
     base = (2, 3, 4, 5, 6, 7)
     return tuple(tuple(base[:r]) for r in sorted({ranks[0], min(ranks[1], ranks[0] + 1)}))
@@ -117,6 +128,7 @@ def op(
     name: str | None = None,
     output_dtype: Any = None,
     special_values: bool = False,
+    dim_multiples: Mapping[int, int] | None = None,
 ) -> Callable[[Callable[..., te.Tensor]], OpDef]:
     """Declare an op from its TE compute.
 
@@ -173,6 +185,11 @@ def op(
         and huge inputs (as the float built-ins do, docs/verification.md): verify then draws
         such inputs too (the ``special`` data recipe). Off by default, because a float64
         reference rarely overflows where a float32 kernel must.
+    dim_multiples
+        ``{axis: m}``: the first input's ``axis`` must have a length that is a multiple of
+        ``m`` (``dense_q4``'s K, whole 32-weight blocks; ``check`` or ``input_shapes`` still
+        refuses other lengths with the op's own message). Verify rounds the lengths it draws
+        for that axis up to a multiple of ``m``, so its draws stay valid.
 
     Returns
     -------
@@ -246,6 +263,7 @@ def op(
             module=fn.__module__,
             output_dtype=output_dtype,
             special_values=bool(special_values),
+            dim_multiples=_dim_multiples(opname, dim_multiples),
         )
         _self_check(d)
         return d

@@ -131,6 +131,9 @@ class OpDef:
     # the reference follows the op's documented semantics for inf / NaN / huge inputs, so
     # verify draws them too (the ``special`` data recipe)
     special_values: bool = False
+    # axis of the first input -> the multiple its length must be (a q4_0 K of whole 32-weight
+    # blocks): verify rounds the lengths it draws up to it (see :func:`op`)
+    dim_multiples: dict[int, int] = field(default_factory=dict)
     # outputs of the compute (a tuple of tensors when > 1), found by the definition-time trace
     n_outputs: int = 1
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ._quant import QRANGE
 from .bias_gelu import bias_gelu
+from .dense_q4 import dense_q4
+from .dense_w8 import dense_w8
 from .dequantize import dequantize
 from .gelu import gelu
 from .group_norm import group_norm
@@ -15,11 +17,14 @@ from .requantize import requantize
 from .rms_norm import rms_norm
 from .softmax import softmax
 
-__all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS", "QRANGE"]
+__all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS", "QRANGE", "WEIGHT_ONLY_OPS"]
 
 #: The float ops (float32 / float16 / bfloat16, verified against error models).
 FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)
 #: The INT8 ops (integer and float32 outputs verified bit-exactly).
 INT8_OPS = (quantize, dequantize, requantize, qdense, qconv2d)
+#: The weight-only quantized dense ops (float32 activations, int8 / ggml q4_0 weights,
+#: verified against error models).
+WEIGHT_ONLY_OPS = (dense_w8, dense_q4)
 #: Every built-in op, in registration order. Adding an op means adding it here.
-BUILTIN_OPS = (*FLOAT_OPS, *INT8_OPS)
+BUILTIN_OPS = (*FLOAT_OPS, *INT8_OPS, *WEIGHT_ONLY_OPS)

@@ -365,6 +365,16 @@ def is_valid(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any
     return True
 
 
+def round_dims(d: OpDef, shape: Sequence[int]) -> list[int]:
+    """``shape`` with each axis the op declares ``dim_multiples`` for rounded up to its
+    multiple (a drawn K of 17 is 32 for ``dense_q4``)."""
+    out = list(shape)
+    for axis, m in getattr(d, "dim_multiples", {}).items():
+        if -len(out) <= axis < len(out):
+            out[axis] = max(m, -(-int(out[axis]) // m) * m)
+    return out
+
+
 def _freeze(attrs: Mapping[str, Any]) -> tuple:
     return tuple(sorted(attrs.items()))
 
@@ -599,11 +609,12 @@ def case_strategy(
         else:
             present = tuple(n for n in optional if not draw(st.booleans()))
         probe = next(
-            (p for p in _STATIC_POOL if is_valid(d, (p,) * rank, dtype, attrs, present)), None
+            (round_dims(d, (p,) * rank) for p in _STATIC_POOL
+             if is_valid(d, round_dims(d, (p,) * rank), dtype, attrs, present)), None
         )
         if probe is None:
             reject()
-        fixed = static_axes(d, (probe,) * rank, dtype, attrs, present)
+        fixed = static_axes(d, probe, dtype, attrs, present)
         shape: list[int] = []
         for _ in range(4):  # redraw shapes the op refuses (e.g. groups must divide channels)
             long_draw = draw(st.integers(0, 99)) >= 100 - knobs.p_long
@@ -625,6 +636,7 @@ def case_strategy(
                 shape = _fit_budget(shape, keep, 4 * _LONG[1])
             else:
                 shape = _fit_budget(shape, keep, _BUDGET)
+            shape = round_dims(d, shape)
             if is_valid(d, shape, dtype, attrs, present):
                 break
         else:
@@ -784,16 +796,18 @@ def _static_tail(d: OpDef, dtype: str, layout: str) -> tuple[int, int]:
 def _repair(d: OpDef, shape: list[int], dtype: str, attrs: Mapping[str, Any],
             present: Sequence[str]) -> list[int] | None:
     """Make ``shape`` valid by replacing single dims with friendlier lengths, if needed."""
+    shape = round_dims(d, shape)
     if is_valid(d, shape, dtype, attrs, present):
         return shape
     for fill in (8, 16, 4, 2, 1):
         for i in range(len(shape)):
             s = list(shape)
             s[i] = fill
+            s = round_dims(d, s)
             if is_valid(d, s, dtype, attrs, present):
                 return s
     for fill in (8, 16, 4, 2, 1):
-        if is_valid(d, [fill] * len(shape), dtype, attrs, present):
-            return [fill] * len(shape)
+        if is_valid(d, round_dims(d, [fill] * len(shape)), dtype, attrs, present):
+            return round_dims(d, [fill] * len(shape))
     return None
 

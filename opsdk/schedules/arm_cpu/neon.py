@@ -12,6 +12,7 @@ from .._elementwise import schedule_elementwise
 from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
+from .._wgemm import schedule_wdense
 from .._winograd import schedule_winograd
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
@@ -158,3 +159,19 @@ def _pool(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Max / average pooling: the padding read in place, window loops outside the innermost
     output axis (channels in NHWC), which is vectorized; rows across the cores."""
     return schedule_fallback(func, target)
+
+
+@rule(
+    ["dense_w8", "dense_q4"],
+    "arm_cpu",
+    name="neon.wdense",
+    requires=_NEON,
+    priority=30,
+    claims=("vectorize", "parallel"),
+)
+def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Weight-only int8 / q4_0 dense: weights repacked (N / lanes, K, lanes) at compile
+    time; a few rows as a GEMV unpacking the weights in registers (q4: per-group partial sums
+    scaled once per group), many rows as a GEMM over a dequantized float32 panel per N-tile;
+    parallel over N-tiles; scale, bias and activation fused. 4-lane NEON vectors."""
+    return schedule_wdense(func, target, acc_regs=accumulator_registers(target))

@@ -14,6 +14,7 @@ from .._elementwise import schedule_elementwise
 from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
+from .._wgemm import schedule_wdense
 from .._winograd import schedule_winograd
 
 _X86 = ("kind:llvm", "arch:x86_64")  # the C backend cannot print vector code
@@ -167,3 +168,20 @@ def _winograd(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     12 on AVX2) and output transform in L2; transformed weights packed and folded at compile
     time."""
     return schedule_winograd(func, target, acc_regs=accumulator_registers(target))
+
+
+@rule(
+    ["dense_w8", "dense_q4"],
+    "cpu",
+    name="x86.wdense",
+    requires=_X86,
+    priority=20,
+    claims=("vectorize", "parallel"),
+)
+def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Weight-only int8 / q4_0 dense: weights repacked (N / lanes, K, lanes) at compile
+    time; a few rows as a GEMV unpacking the weights in registers (q4: per-group partial sums
+    scaled once per group), many rows as a GEMM over a dequantized float32 panel per N-tile;
+    parallel over N-tiles; scale, bias and activation fused. AVX-512 or AVX2 vectors by
+    the CPU's features."""
+    return schedule_wdense(func, target, acc_regs=accumulator_registers(target))
