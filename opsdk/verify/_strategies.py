@@ -773,7 +773,19 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         data = {d.primary: "domain", **{n: "domain" for n in aux}}
         out.append(Case(d.name, target, dtype, layout, tuple(shape), dict(base_attrs),
                         tuple(optional), data, len(specs), static=True, free=free))
+    # A dense layer also runs as a GEMV (one row, an LLM's decode step) with a long K, which
+    # rules schedule apart from the many-row kernel above: one static build of that shape too.
+    dec = _repair(d, [1, _DECODE_K], dtype, base_attrs, optional) \
+        if d.kind == "dense" and rank == 2 else None
+    if dec is not None and dec[0] == 1:
+        data = {d.primary: "domain", **{n: "domain" for n in aux}}
+        out.append(Case(d.name, target, dtype, layout, tuple(dec), dict(base_attrs),
+                        tuple(optional), data, len(specs) + 1, static=True, free=free))
     return out
+
+
+#: K of the static decode corner of dense ops (GPT-2's MLP down-projection).
+_DECODE_K = 3072
 
 
 #: (last-axis remainder past 4 vectors, rows past 32) of the static corner, one per cell.
