@@ -122,11 +122,17 @@ def wdense_packed(
             name="dp",
         )
 
-        def nibble(b, kk, l_):  # weight kk of packed row (b, l_) as float32(q - 8)
+        def nibble_at(b, byte_k, high, l_):  # one int4 weight as float32(q - 8)
+            # In the byte domain (a 16-byte vector per `lanes` channels): the shift, mask and
+            # -8 on bytes, then one widening and one convert per vector of weights.
+            byte = wp[b, byte_k, l_]
+            sh = (high * 4).astype("uint8")
+            q = tirx.bitwise_and(tirx.shift_right(byte, sh), tirx.const(15, "uint8"))
+            return (q.astype("int8") - tirx.const(8, "int8")).astype(f32)
+
+        def nibble(b, kk, l_):  # weight kk of packed row (b, l_)
             e = kk % GROUP
-            byte = wp[b, (kk // GROUP) * 16 + e % 16, l_].astype("int32")
-            shift = ((e // 16) * 4).astype("int32")
-            return (tirx.bitwise_and(tirx.shift_right(byte, shift), 15) - 8).astype(f32)
+            return nibble_at(b, (kk // GROUP) * 16 + e % 16, e // 16, l_)
 
     if gemm:
         if q4:
@@ -143,11 +149,14 @@ def wdense_packed(
             name="acc",
         )
     elif q4:
-        rj = te.reduce_axis((dim(0), dim(GROUP)), name="j")
+        # Byte j of a group holds weights j (low nibble) and j + 16 (high): one load each.
+        rj = te.reduce_axis((dim(0), dim(16)), name="j")
+        rh = te.reduce_axis((dim(0), dim(2)), name="h")
         part = te.compute(
             (m, dim(nb * lanes), dim(groups)),
             lambda i, j, g: te.sum(
-                x[i, g * GROUP + rj] * nibble(j // lanes, g * GROUP + rj, j % lanes), axis=rj),
+                x[i, g * GROUP + rh * 16 + rj]
+                * nibble_at(j // lanes, g * 16 + rj, rh, j % lanes), axis=[rj, rh]),
             name="part",
         )
         rg = te.reduce_axis((dim(0), dim(groups)), name="g")
@@ -283,12 +292,12 @@ def schedule_wdense(func: tirx.PrimFunc, target: Target, *, acc_regs: int
             sch.compute_at(part, r)
             sch.set_scope(part, 0, "local")
             by_var = _loops_by_iter(sch, part, _loops_after(sch, part, r))
-            pi, pj, pr = by_var.get(0), by_var[1], by_var[3]
+            pi, pj, pr, ph = by_var.get(0), by_var[1], by_var[3], by_var[4]
             pv, pl = sch.split(pj, [None, lanes])
-            sch.reorder(*[lp for lp in (pr, pi, pv, pl) if lp is not None])
-            if pi is not None:
-                sch.unroll(pi)
-            sch.unroll(pv)
+            sch.reorder(*[lp for lp in (pr, ph, pi, pv, pl) if lp is not None])
+            for lp in (ph, pi, pv):
+                if lp is not None:
+                    sch.unroll(lp)
             sch.vectorize(pl)
             sch.decompose_reduction(part, pr)
     sch.unroll(mi)
