@@ -184,18 +184,27 @@ def wdense_packed(
 
 def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,
           q4: bool) -> tuple[int, int]:
-    """(rows, vectors) of a register tile: GEMV tiles hold accumulators (and q4's group
-    partial sums, as many again); GEMM tiles are :func:`._gemm.tile_m` rows of up to 4
-    vectors. Vector counts that divide N's vectors come first (no padded tile)."""
+    """(rows, vectors) of a register tile.
+
+    GEMV: up to 8 vectors of channels per row, holding the accumulators (and q4's group
+    partial sums, as many again): a one-row GEMV has one dependent FMA chain per vector, so
+    it needs several to hide the FMA latency (2 chains held the tied LM head, N = 50257, at
+    half the rate of 4). GEMM: :func:`._gemm.tile_m` rows of up to 4 vectors. Tiles that
+    divide N's vectors, or pad them by at most 1/16, come first; a GEMV keeps at least 8
+    tiles for the cores while it can.
+    """
     nvec = _cdiv(n, lanes)
     best = None
-    for nv in (4, 3, 2, 1):
-        if nv > nvec:
-            continue
+    # A symbolic M (decode and prefill in one function) keeps room for several rows.
+    for nv in range(min(4 if gemm or m is None else 8, nvec), 0, -1):
         per_row = nv * (2 if (q4 and not gemm) else 1)
+        if per_row > acc_regs and nv > 1:
+            continue
         top = max(1, min(8, acc_regs // per_row))
         mr = tile_m(m, top) if m is not None else top
-        key = (nvec % nv == 0, mr * nv, nv)
+        tiles = _cdiv(nvec, nv)
+        little_waste = (tiles * nv - nvec) * 16 <= nvec
+        key = (little_waste, gemm or tiles >= 8 or nv == 1, mr * nv, nv)
         if best is None or key > best[0]:
             best = (key, mr, nv)
     assert best is not None

@@ -294,7 +294,9 @@ def test_qdense_k_not_a_multiple_of_4_or_16():
     for lanes in (64, 16):  # x86 AVX-512, aarch64 NEON
         shapes = []
         for dt, ly in cells:
-            (static,) = [c for c in corner_cases(d, "x86", dt, ly, lanes) if c.static]
+            # The many-row static corner, then the decode one (a dense op's GEMV: 1 x 3072).
+            static, decode = [c for c in corner_cases(d, "x86", dt, ly, lanes) if c.static]
+            assert decode.shape == (1, 3072) and decode.free == static.free
             shapes.append((static.shape[1], static.free["N"]))
         (k0, _), rest = shapes[0], shapes[1:]
         assert k0 % 16 == 0, shapes
