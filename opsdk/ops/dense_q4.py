@@ -32,7 +32,13 @@ from .._declare import op
 from .._domains import log_uniform
 from .._errmodel import ModelInput, error_model, gamma
 from .._opdef import Tensor
-from .dense_w8 import ACTIVATIONS, WeightActivation, activation_error, activation_reference
+from .dense_w8 import (
+    ACTIVATIONS,
+    WeightActivation,
+    activation_error,
+    activation_reference,
+    epilogue_fusions,
+)
 from .dense_w8 import activation_te as _activation_te
 
 __all__ = [
@@ -256,3 +262,6 @@ def dense_q4(
 
     attrs = {"activation": activation, "has_bias": bias is not None}
     return te.compute((m, n), body, name="dense_q4", attrs={ATTRS_KEY: attrs})
+
+
+dense_q4.fusion()(epilogue_fusions(dense_q4))

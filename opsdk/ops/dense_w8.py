@@ -23,15 +23,18 @@ and a register-tiled float32 GEMM for many.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .._declare import op
 from .._domains import log_uniform
 from .._errmodel import MATH_ULPS, ModelInput, error_model, gamma
-from .._opdef import Tensor
+from .._opdef import OpDef, Tensor
+from .._patterns import call_attr, param_of, shape_of
 from .._vecmath import sigmoid_f32
 from .gelu import gelu_error, gelu_expr, gelu_reference
 
@@ -43,6 +46,7 @@ __all__ = [
     "activation_reference",
     "activation_te",
     "dense_w8",
+    "epilogue_fusions",
     "quantize_w8",
 ]
 
@@ -185,3 +189,63 @@ def quantize_w8(w_float: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
     q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
     return q, scale
+
+
+# The activations a model spells after a dense layer, and the `activation` each becomes
+# (None: opsdk.gelu, whose `approximate` attribute decides).
+_ACT_OPS = {"relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu",
+            "relax.nn.relu": "relu", "opsdk.gelu": None}
+
+
+def epilogue_fusions(d: OpDef) -> Callable[[], list[tuple[DFPattern, Any]]]:
+    """The fusion rules of a weight-only dense op ``d`` (``x, w, scale`` and no bias, no
+    activation): ``+ bias`` (a per-feature constant or tensor), an activation after it or
+    alone, and ``opsdk.bias_gelu`` of its output, all become ``d``'s own ``bias`` and
+    ``activation``, so they run in its kernel's write-back. (The pipeline's kernel fusion
+    does not fuse elementwise ops into an opsdk op's kernel: it lowers as an opaque kernel.)"""
+
+    def rules() -> list[tuple[DFPattern, Any]]:
+        x, w, s, b = wildcard(), wildcard(), wildcard(), wildcard()
+        dense = is_op(f"opsdk.{d.name}")(x, w, s)
+        add = is_op("relax.add")(dense, b) | is_op("relax.add")(b, dense)
+
+        def build(m: Any, bias_pat: Any, act: str) -> relax.Expr | None:
+            call = m[dense]
+            if str(call_attr(call, "activation", "none")) != "none":
+                return None
+            bias = None
+            if bias_pat is not None:
+                shp = shape_of(call)
+                if shp is None:
+                    return None
+                bias = param_of(m[bias_pat], (shp[-1],))
+                if bias is None or str(bias.ty.dtype) != "float32":
+                    return None
+            return d(m[x], m[w], m[s], bias, activation=act)
+
+        # Longest first: each pair is a rewrite of its own, run in this order.
+        out: list[tuple[DFPattern, Any]] = []
+        acts = []
+        for op_name, act in _ACT_OPS.items():
+
+            def mode(orig: relax.Call, act: str | None = act) -> str:
+                if act is not None:
+                    return act
+                tanh = str(call_attr(orig, "approximate", "none")) == "tanh"
+                return "gelu_tanh" if tanh else "gelu"
+
+            acts.append((op_name, mode))
+        for op_name, mode in acts:
+            out.append((is_op(op_name)(add), lambda orig, m, mode=mode: build(m, b, mode(orig))))
+        out.append((is_op("opsdk.bias_gelu")(dense, b),
+                    lambda orig, m: build(m, b, acts[-1][1](orig))))
+        for op_name, mode in acts:
+            out.append((is_op(op_name)(dense),
+                        lambda orig, m, mode=mode: build(m, None, mode(orig))))
+        out.append((add, lambda orig, m: build(m, b, "none")))
+        return out
+
+    return rules
+
+
+dense_w8.fusion()(epilogue_fusions(dense_w8))

@@ -99,7 +99,7 @@ def test_static_gemv_and_gemm_verify(op: str, shape, n: int, act: str) -> None:
     assert res.rule.endswith(".wdense")
 
 
-def test_model_path_folds_the_packing_and_fuses_the_activation() -> None:
+def test_model_path_fuses_bias_and_activation_and_folds_the_packing() -> None:
     rng = np.random.default_rng(0)
     k, n = 256, 40
     wf = rng.standard_normal((n, k)).astype("float32")
@@ -110,12 +110,19 @@ def test_model_path_folds_the_packing_and_fuses_the_activation() -> None:
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(opsdk.relax.dense_q4(x, relax.const(qs), relax.const(d), relax.const(b),
-                                             activation="gelu_tanh"))
+            # A model's spelling: the bias add and the activation as TVM ops after the layer.
+            y = bb.emit(opsdk.relax.dense_q4(x, relax.const(qs), relax.const(d)))
+            y = bb.emit(relax.op.nn.gelu_tanh(relax.op.add(y, relax.const(b))))
             z = bb.emit(opsdk.relax.dense_w8(y, relax.const(w8), relax.const(s8)))
             bb.emit_output(z)
         bb.emit_func_output(z)
-    mod = bb.get()
+    # The pipeline's kernel fusion leaves an opsdk op's kernel whole; the ops' own fusion
+    # rules (the model path's "fuse" step) take the bias and activation in.
+    mod = opsdk.transform.FuseIntoOps()(bb.get())
+    counts = opsdk.transform.op_counts(mod, "")
+    assert counts.get("opsdk.dense_q4") == 1 and counts.get("opsdk.dense_w8") == 1, counts
+    assert not any(k.startswith("relax.nn") or k == "relax.add" or k == "opsdk.bias_gelu"
+                   for k in counts), counts
     t = opsdk.target("x86")
     with t:
         low = opsdk.pipeline(t)(mod)
