@@ -204,7 +204,8 @@ def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,
         mr = tile_m(m, top) if m is not None else top
         tiles = _cdiv(nvec, nv)
         little_waste = (tiles * nv - nvec) * 16 <= nvec
-        key = (little_waste, gemm or tiles >= 8 or nv == 1, mr * nv, nv)
+        # Ties: the fewest loads per FMA (a weight vector counting twice a broadcast of x).
+        key = (little_waste, gemm or tiles >= 8 or nv == 1, mr * nv, -(2 / mr + 1 / nv), nv)
         if best is None or key > best[0]:
             best = (key, mr, nv)
     assert best is not None

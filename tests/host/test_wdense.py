@@ -140,3 +140,33 @@ def test_model_path_fuses_bias_and_activation_and_folds_the_packing() -> None:
     want = opsdk.get_op("dense_w8").run_reference({"x": y, "w": w8, "w_scale": s8},
                                                    {"activation": "none"})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("mcpu", ["znver3", "znver4"])  # AVX2 (8 lanes), AVX-512 (16)
+@pytest.mark.parametrize(("m", "n"), [(1, 33), (2, 768), (20, 40)])
+def test_vector_width_comes_from_the_target(mcpu: str, m: int, n: int) -> None:
+    from tvm import te
+
+    from opsdk.schedules._core import accumulator_registers, vector_lanes
+    from opsdk.schedules._wgemm import schedule_wdense
+
+    tgt = opsdk.target({"kind": "llvm", "mcpu": mcpu})
+    k = 96
+    rng = np.random.default_rng(m * n)
+    qs, d = quantize_q4_0(rng.standard_normal((n, k)).astype("float32"))
+    xv = rng.uniform(-2, 2, (m, k)).astype("float32")
+    x = te.placeholder((m, k), "float32", name="x")
+    ins = [x, te.placeholder(qs.shape, "uint8", name="qs"),
+           te.placeholder(d.shape, "float16", name="d")]
+    op = opsdk.get_op("dense_q4")
+    y = op.call_compute([*ins, None], {"activation": "silu"})
+    sch = schedule_wdense(tvm.te.create_prim_func([*ins, y]), tgt,
+                          acc_regs=accumulator_registers(tgt))
+    mr, nv, lanes, gemm = (int(v) for v in sch.mod["main"].attrs["opsdk.wdense_tile"])
+    assert lanes == vector_lanes(tgt) == (8 if mcpu == "znver3" else 16)
+    assert nv * mr * (1 if gemm else 2) <= accumulator_registers(tgt) and gemm == (m >= 16)
+    ex = tvm.compile(sch.mod, target=tgt)
+    out = tvm.runtime.empty((m, n), "float32")
+    ex["main"](*[tvm.runtime.tensor(a) for a in (xv, qs, d)], out)
+    want = op.run_reference({"x": xv, "qs": qs, "d": d}, {"activation": "silu"})
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
