@@ -116,7 +116,7 @@ def quantize_q4_0(w_float: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     >>> w = np.zeros((1, 32), "float32"); w[0, 0] = -4.0; w[0, 1] = 2.0; w[0, 17] = 1.0
     >>> qs, d = quantize_q4_0(w)
     >>> float(d[0, 0]), hex(qs[0, 0]), hex(qs[0, 1]), hex(qs[0, 2])
-    (0.5, '0x80', '0xa4', '0x88')
+    (0.5, '0x80', '0xac', '0x88')
     """
     w = np.asarray(w_float, dtype=np.float32)
     if w.ndim != 2 or w.shape[1] % GROUP:
