@@ -1,0 +1,91 @@
+"""Time dense_q4 / dense_w8 against a float32 dense under opsdk's matmul rule, kernel alone.
+
+Each candidate is a one-op Relax module with random constant weights compiled by
+``opsdk.compile`` (the packing folded at compile time, as in a model), timed through the VM
+(``time_evaluator`` on ``main``: the VM call adds ~1-3 us to every number alike). Prints
+microseconds per call (median over interleaved rounds), GB/s of weight bytes, GFLOP/s and
+the speed-up over float32 (``x f32``).
+
+    .venv/bin/python scripts/bench_wdense.py [--target x86] [--rows 1 64] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import opsdk
+from opsdk.ops.dense_q4 import quantize_q4_0
+from opsdk.ops.dense_w8 import quantize_w8
+
+#: GPT-2 small: attention qkv, attention out, MLP up, MLP down, tied LM head.
+SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257)]
+
+
+def _module(kind: str, m: int, k: int, n: int, rng: np.random.Generator):
+    wf = (rng.standard_normal((n, k)) * 0.05).astype("float32")
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "q4":
+                qs, d = quantize_q4_0(wf)
+                y = opsdk.relax.dense_q4(x, relax.const(qs), relax.const(d))
+                wbytes = qs.nbytes + d.nbytes
+            elif kind == "w8":
+                q, s = quantize_w8(wf)
+                y = opsdk.relax.dense_w8(x, relax.const(q), relax.const(s))
+                wbytes = q.nbytes + s.nbytes
+            else:
+                y = relax.op.matmul(x, relax.const(np.ascontiguousarray(wf.T)))
+                wbytes = wf.nbytes
+            out = bb.emit_output(bb.emit(y))
+        bb.emit_func_output(out)
+    return bb.get(), wbytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="x86")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median taken)")
+    ap.add_argument("--head-prefill", action="store_true", help="also M > 1 for the LM head")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    dev = tvm.cpu()
+    # Build everything first, then time the candidates of a shape interleaved, round after
+    # round: a shared machine's load changes between rounds, not within one.
+    print(f"load before: {os.getloadavg()}")
+    print(f"{'M':>3} {'K':>5} {'N':>6} {'kind':>4} {'us':>9} {'GB/s':>7} {'GFLOP/s':>8}"
+          f" {'x f32':>6}")
+    for m in args.rows:
+        for k, n in SHAPES:
+            if m > 1 and n > 10000 and not args.head_prefill:
+                continue
+            cands = {}
+            for kind in ("q4", "w8", "f32"):
+                mod, wbytes = _module(kind, m, k, n, rng)
+                vm = relax.VirtualMachine(opsdk.compile(mod, args.target), dev)
+                xv = tvm.runtime.tensor(rng.uniform(-1, 1, (m, k)).astype("float32"), dev)
+                vm["main"](xv)
+                per = max(1, int(2e5 / max(1, m * k * n / 1e3)))  # ~1-2 ms per repeat
+                cands[kind] = (vm.time_evaluator("main", dev, number=per, repeat=3), xv, wbytes)
+            times: dict[str, list[float]] = {kind: [] for kind in cands}
+            for _ in range(args.rounds):
+                for kind, (f, xv, _) in cands.items():
+                    times[kind] += list(f(xv).results)
+            med = {kind: statistics.median(t) * 1e6 for kind, t in times.items()}
+            for kind, us in med.items():
+                wbytes = cands[kind][2]
+                print(f"{m:>3} {k:>5} {n:>6} {kind:>4} {us:>9.1f} {wbytes / us / 1e3:>7.1f} "
+                      f"{2 * m * k * n / us / 1e3:>8.1f} {med['f32'] / us:>6.2f}", flush=True)
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
