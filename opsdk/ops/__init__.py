@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._quant import QRANGE
+from .attention import attention
 from .bias_gelu import bias_gelu
 from .dense_q4 import dense_q4
 from .dense_w8 import dense_w8
@@ -20,7 +21,7 @@ from .softmax import softmax
 __all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS", "QRANGE", "WEIGHT_ONLY_OPS"]
 
 #: The float ops (float32 / float16 / bfloat16, verified against error models).
-FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm)
+FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm, attention)
 #: The INT8 ops (integer and float32 outputs verified bit-exactly).
 INT8_OPS = (quantize, dequantize, requantize, qdense, qconv2d)
 #: The weight-only quantized dense ops (float32 activations, int8 / ggml q4_0 weights,

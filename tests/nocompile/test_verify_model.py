@@ -101,7 +101,36 @@ def _emulate(d, inputs, attrs, rng):
         t = (v * F(1 / math.sqrt(2))).astype(F)
         f = _perturb(_erf64(t.astype(np.float64)), MATH_ULPS["erf"], rng)
         return (F(0.5) * v * (F(1) + f)).astype(F)
+    if d.name == "attention":
+        return _attention_f32(inputs, attrs, rng)
     raise AssertionError(d.name)
+
+
+def _attention_f32(inputs, attrs, rng):
+    """The kernel's float32 steps: sequential dot products over the head dim and over the
+    keys, the scale, the max subtraction, exp at its worst, one reciprocal per row."""
+    bhsd = attrs["layout"] == "BHSD"
+    q, k, v = (inputs[n].astype(F) if bhsd else inputs[n].astype(F).transpose(0, 2, 1, 3)
+               for n in "qkv")
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    n, m, dim = q.shape[2], k.shape[2], q.shape[3]
+    f = F(attrs["scale"] or 1 / math.sqrt(dim))
+    s = _seq_sum(q[:, :, :, None, :] * k[:, :, None, :, :])[..., 0]  # (B, H, n, m)
+    s = (s * f).astype(F)
+    seen = np.ones((n, m), bool)
+    if attrs["causal"]:
+        seen = np.arange(m)[None, :] <= (m - n + np.arange(n))[:, None]
+    mx = np.where(seen, s, -np.inf).max(-1, keepdims=True)
+    a = (s - np.where(np.isfinite(mx), mx, F(0))).astype(F)
+    with np.errstate(under="ignore"):
+        e = _perturb(np.exp(a.astype(np.float64)), MATH_ULPS["exp"], rng)
+    e = np.where(seen & (a >= F(-87.33654475)), e, F(0))
+    tot = _seq_sum(e)
+    pv = _seq_sum(np.moveaxis(e[..., None] * v[:, :, None, :, :], -2, -1))[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(tot > 0, (pv * (F(1) / tot)).astype(F), F(0))
+    return y if bhsd else y.transpose(0, 2, 1, 3)
 
 
 def _case_data(d, case):

@@ -6,6 +6,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
+from .._attention import schedule_attention
 from .._conv import schedule_conv2d
 from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
@@ -175,3 +176,17 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     scaled once per group), many rows as a GEMM over a dequantized float32 panel per N-tile;
     parallel over N-tiles; scale, bias and activation fused. 4-lane NEON vectors."""
     return schedule_wdense(func, target, acc_regs=accumulator_registers(target))
+
+
+@rule(
+    "attention",
+    "arm_cpu",
+    name="neon.attention",
+    requires=_NEON,
+    priority=22,
+    claims=("vectorize", "parallel"),
+)
+def _attention(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Fused attention: one (batch, query, head) row per task, scores in vector partial sums,
+    vectorized exponentials, value rows accumulated with the head dim in vectors."""
+    return schedule_attention(func, target)

@@ -8,6 +8,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .. import rule
+from .._attention import schedule_attention
 from .._conv import schedule_conv2d
 from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
@@ -185,3 +186,17 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     parallel over N-tiles; scale, bias and activation fused. AVX-512 or AVX2 vectors by
     the CPU's features."""
     return schedule_wdense(func, target, acc_regs=accumulator_registers(target))
+
+
+@rule(
+    "attention",
+    "cpu",
+    name="x86.attention",
+    requires=_X86,
+    priority=12,
+    claims=("vectorize", "parallel"),
+)
+def _attention(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Fused attention: one (batch, query, head) row per task, scores in vector partial sums,
+    vectorized exponentials, value rows accumulated with the head dim in vectors."""
+    return schedule_attention(func, target)
