@@ -382,6 +382,8 @@ COMMANDS: dict[str, str] = {
     "build": "compile a model into a deployable artifact (library, manifest, checks)",
     "run": "run an artifact on a board (--rpc), the emulator (--emulate) or the host; check "
            "and time it",
+    "generate": "decode with a GPT-2-style model (KV cache, float32 / int8 / int4 weights): "
+                "prefill and tokens/s, logits checked",
     "setup": "prepare an execution environment (arm: cross compiler + qemu)",
 }
 
@@ -468,6 +470,7 @@ _LAZY_COMMANDS = {
     "build": ("opsdk.deploy._cli", "add_build_arguments", "run_build_command"),
     "run": ("opsdk.deploy._cli", "add_run_arguments", "run_run_command"),
     "quantize": ("opsdk.quant._cli", "add_quantize_arguments", "run_quantize_command"),
+    "generate": ("opsdk.llm._cli", "add_generate_arguments", "run_generate_command"),
 }
 
 
@@ -488,7 +491,7 @@ _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
 
 
 #: Commands that compile whole models through the compile cache (opsdk._modelcache).
-_CACHED_COMMANDS = ("explain", "bench", "drift", "build", "quantize")
+_CACHED_COMMANDS = ("explain", "bench", "drift", "build", "quantize", "generate")
 _NO_CACHE_HELP = ("compile afresh: neither read nor write the compile caches of built models "
                   "and kernels (also OPSDK_NO_CACHE=1)")
 

@@ -413,8 +413,8 @@ def schedule_matmul(
     # compute 198; 7 rows keep the predicated last tile) and the copy of a row tile serves
     # several column tiles: with one (P @ V's 64 columns) the copy cost more than the
     # predicate (measured 6 %).
-    pad_m = (i_last is not None and m_ext is not None and m_ext % mr != 0
-             and m_ext >= 4 * mr and (n_ext is None or n_ext > nr))
+    pad_m = (i_last is not None and (n_ext is None or n_ext > nr)
+             and (m_ext is None or (m_ext % mr != 0 and m_ext >= 4 * mr)))
     a_pad = b_pad = final = None
     if pad_n or pad_m:
         # The block computes whole tiles of zero-padded A and B (copies), so no predicate is

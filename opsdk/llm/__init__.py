@@ -1,0 +1,42 @@
+"""Language-model decoding: a GPT-2-style decoder with a KV cache in the Relax VM.
+
+One compiled module serves the prompt and every decode step (symbolic sequence lengths);
+linear layers are float32 or weight-only int8 / int4 (q4_0) built-ins. ``opsdk generate``
+is the command.
+
+Examples
+--------
+>>> from opsdk.llm import Decoder, DecoderConfig, compile_decoder, random_weights
+>>> cfg = DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16)
+>>> dec = Decoder(compile_decoder(random_weights(cfg), cache=False), cfg)
+>>> dec.forward([1, 2, 3]).shape
+(50,)
+"""
+
+from __future__ import annotations
+
+from ._decoder import (
+    WEIGHT_MODES,
+    DecoderConfig,
+    DecoderWeights,
+    build_decoder,
+    dequantized_weights,
+    gpt2_weights,
+    random_weights,
+    reference_logits,
+)
+from ._runtime import Decoder, GenerateStats, compile_decoder
+
+__all__ = [
+    "WEIGHT_MODES",
+    "Decoder",
+    "DecoderConfig",
+    "DecoderWeights",
+    "GenerateStats",
+    "build_decoder",
+    "compile_decoder",
+    "dequantized_weights",
+    "gpt2_weights",
+    "random_weights",
+    "reference_logits",
+]

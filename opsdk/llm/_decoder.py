@@ -1,0 +1,452 @@
+"""A GPT-2-style decoder as one Relax module: prefill and token-by-token decode through the
+same function, with a KV cache of symbolic length.
+
+The module has two functions:
+
+- ``create_cache(capacity: R.Shape([c]))`` makes one cache per layer and per K / V
+  (TVM's runtime ``AttentionKVCache``: rows appended in place, grown by doubling past
+  ``capacity``);
+- ``forward(tokens: (1, n) int32, total: R.Shape([m]), *caches)`` appends the ``n`` new
+  tokens' keys and values, attends over all ``m`` cached positions (causal within the new
+  tokens) and returns ``(logits of the last token (1, vocab), *caches)``. ``n`` and ``m`` are
+  symbolic: one compiled module serves the prompt (``n`` = its length) and every decode step
+  (``n`` = 1), at any length, without recompiling.
+
+Linear layers are float32 matmuls, or weight-only quantized (:data:`WEIGHT_MODES`): int8 per
+channel (``opsdk.dense_w8``) or int4 in ggml's q4_0 groups (``opsdk.dense_q4``), with the
+token embedding stored once (the LM head reads the same matrix: GPT-2 ties them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax import op as R
+
+from .. import relax as opsdk_relax
+from ..ops.dense_q4 import dequantize_q4_0, quantize_q4_0
+from ..ops.dense_w8 import quantize_w8
+from ..registry import load_builtin_ops
+
+__all__ = ["WEIGHT_MODES", "DecoderConfig", "DecoderWeights", "build_decoder",
+           "dequantized_weights", "gpt2_weights",
+           "random_weights", "reference_logits"]
+
+#: How linear layers hold their weights: float32, int8 per output channel (``dense_w8``), or
+#: int4 in 32-weight groups with a float16 scale, ggml q4_0's layout (``dense_q4``).
+WEIGHT_MODES = ("float32", "int8", "int4")
+
+_CACHE_FUNCS = ("vm.builtin.attention_kv_cache_create", "vm.builtin.attention_kv_cache_append",
+                "vm.builtin.attention_kv_cache_view")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The shape of a GPT-2-style decoder (pre-LayerNorm blocks, learned positions, GELU-tanh
+    MLP of 4x width, LM head tied to the token embedding).
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig
+    >>> DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=64).head_dim
+    32
+    """
+
+    vocab: int
+    width: int
+    layers: int
+    heads: int
+    positions: int
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    def weight_count(self) -> int:
+        """Parameters, the tied embedding counted once."""
+        e = self.width
+        per_layer = 4 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) \
+            + (4 * e * e + e)
+        return self.vocab * e + self.positions * e + self.layers * per_layer + 2 * e
+
+
+@dataclass
+class DecoderWeights:
+    """A decoder's weights as float32 numpy arrays; linear layers ``(out, in)`` like
+    ``torch.nn.Linear``. Names: ``wte``, ``wpe``, ``ln_f.{weight,bias}`` and per layer ``i``
+    ``h.{i}.{ln_1,ln_2}.{weight,bias}``, ``h.{i}.{attn.c_attn,attn.c_proj,mlp.c_fc,
+    mlp.c_proj}.{weight,bias}``."""
+
+    config: DecoderConfig
+    tensors: dict[str, np.ndarray]
+
+
+def gpt2_weights(model: Any) -> DecoderWeights:
+    """The weights of a Hugging Face ``GPT2LMHeadModel`` (any size) as
+    :class:`DecoderWeights` (its Conv1D weights, stored ``(in, out)``, transposed).
+
+    Examples
+    --------
+    >>> from opsdk.frontend import prepare_model_imports
+    >>> prepare_model_imports()
+    >>> import torch, transformers
+    >>> _ = torch.manual_seed(0)
+    >>> cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, n_positions=32,
+    ...                               vocab_size=100)
+    >>> w = gpt2_weights(transformers.GPT2LMHeadModel(cfg))
+    >>> w.config.head_dim, w.tensors["h.0.attn.c_attn.weight"].shape
+    (32, (192, 64))
+    """
+    c = model.config
+    if getattr(c, "model_type", "gpt2") != "gpt2":
+        raise ValueError(f"gpt2_weights: a {c.model_type!r} model is not GPT-2; opsdk.llm "
+                         "reads GPT-2-style checkpoints (GPT2LMHeadModel)")
+    if getattr(c, "activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"gpt2_weights: activation {c.activation_function!r} is not the "
+                         "GELU-tanh that GPT-2 uses; only that one is built")
+    inner = c.n_inner if getattr(c, "n_inner", None) else 4 * c.n_embd
+    if inner != 4 * c.n_embd:
+        raise ValueError(f"gpt2_weights: n_inner={inner} is not 4 x n_embd; not supported")
+    cfg = DecoderConfig(vocab=c.vocab_size, width=c.n_embd, layers=c.n_layer, heads=c.n_head,
+                        positions=c.n_positions, eps=float(c.layer_norm_epsilon))
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    out: dict[str, np.ndarray] = {}
+    for k, v in sd.items():
+        if not k.startswith("transformer."):
+            continue  # lm_head.weight: tied to wte
+        name = k.removeprefix("transformer.").replace("wte.weight", "wte") \
+            .replace("wpe.weight", "wpe")
+        conv1d = name.endswith(".weight") and v.ndim == 2 and ("attn." in name or "mlp." in name)
+        out[name] = np.ascontiguousarray(v.T if conv1d else v, dtype=np.float32)
+    return DecoderWeights(cfg, out)
+
+
+# ------------------------------------------------------------------------ building the module
+def _const(a: np.ndarray) -> relax.Constant:
+    return relax.const(np.ascontiguousarray(a))
+
+
+class _Builder:
+    """Emits the decoder's layers into a BlockBuilder, weights as constants."""
+
+    def __init__(self, weights: DecoderWeights, mode: str, fused_attention: bool) -> None:
+        if mode not in WEIGHT_MODES:
+            raise ValueError(f"build_decoder: weights={mode!r}; choose one of "
+                             f"{', '.join(WEIGHT_MODES)}")
+        self.weights = weights
+        self._consts: dict[str, relax.Constant] = {}
+        self.w, self.cfg, self.mode = weights.tensors, weights.config, mode
+        self.bb = relax.BlockBuilder()
+        load_builtin_ops()
+        self.ops = opsdk_relax  # the builders of the registered ops
+        self.fused_attention = fused_attention
+
+    def const(self, key: str, make: Any) -> relax.Constant:
+        """The constant ``key`` (``make()`` the first time): both entry points share it, so
+        the module holds each weight once."""
+        if key not in self._consts:
+            self._consts[key] = _const(make())
+        return self._consts[key]
+
+    def emit(self, e: relax.Expr) -> relax.Var:
+        return self.bb.emit(e)
+
+    def layer_norm(self, x: relax.Expr, name: str) -> relax.Var:
+        g = self.const(name + ".weight", lambda: self.w[name + ".weight"])
+        b = self.const(name + ".bias", lambda: self.w[name + ".bias"])
+        return self.emit(R.nn.layer_norm(x, g, b, [-1], self.cfg.eps))
+
+    def linear(self, x: relax.Expr, name: str, activation: str = "none") -> relax.Var:
+        """``act(x @ W.T + b)`` with W held as the weight mode says."""
+        return self.dense(x, name + ".weight", name + ".bias", activation)
+
+    def dense(self, x: relax.Expr, w_name: str, b_name: str | None,
+              activation: str = "none") -> relax.Var:
+        w = self.w[w_name]
+        bias = None if b_name is None else self.const(b_name, lambda: self.w[b_name])
+        if self.mode == "float32":  # bias and GELU join the matmul's kernel (fusion step)
+            y = R.matmul(x, self.const(w_name + ".T", lambda: np.ascontiguousarray(w.T)))
+            y = y if bias is None else R.add(y, bias)
+            return self.emit(R.nn.gelu_tanh(y) if activation == "gelu_tanh" else y)
+        # the weight-only ops compute bias and activation in their own write-back
+        if self.mode == "int8":
+            q, s = self._quantized(w_name, quantize_w8)
+            return self.emit(self.ops.dense_w8(x, q, s, bias, activation=activation))
+        qs, d = self._quantized(w_name, quantize_q4_0)
+        return self.emit(self.ops.dense_q4(x, qs, d, bias, activation=activation))
+
+    def _quantized(self, w_name: str, quantize: Any) -> tuple[relax.Constant, ...]:
+        key = f"{w_name}.{self.mode}"
+        if key not in self._consts:
+            for i, a in enumerate(quantize(self.w[w_name])):
+                self._consts[f"{key}.{i}"] = _const(a)
+            self._consts[key] = self._consts[f"{key}.0"]
+        return self._consts[f"{key}.0"], self._consts[f"{key}.1"]
+
+    def embed(self, tokens: relax.Expr) -> relax.Var:
+        """Token embedding rows. Quantized modes gather rows of the LM head's quantized
+        matrix and dequantize them (the float matrix is not kept: GPT-2 ties the two)."""
+        if self.mode == "float32":
+            return self.emit(R.take(self.const("wte", lambda: self.w["wte"]), tokens, axis=0))
+        if self.mode == "int8":
+            q, s = self._quantized("wte", quantize_w8)
+            rows = R.astype(R.take(q, tokens, axis=0), "float32")
+            return self.emit(R.multiply(rows, R.expand_dims(R.take(s, tokens, axis=0), 1)))
+        qs, d = self._quantized("wte", quantize_q4_0)
+        return self.bb.emit_te(_q4_rows, self.emit(R.take(qs, tokens, axis=0)),
+                               self.emit(R.take(d, tokens, axis=0)))
+
+    def attention(self, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> relax.Var:
+        """Causal attention of ``n`` new queries ``(n, H, D)`` over ``m`` cached keys and
+        values ``(m, H, D)`` (query ``i`` at position ``m - n + i``): ``opsdk.attention``, one
+        kernel reading the cache rows where they are."""
+        if not self.fused_attention:
+            return self._attention_unfused(q, k, v)
+        one = [self.emit(R.reshape(t, [1, *t.ty.shape])) for t in (q, k, v)]
+        o = self.emit(self.ops.attention(*one, causal=True, layout="BSHD"))
+        return self.emit(R.reshape(o, list(q.ty.shape)))
+
+    def _attention_unfused(self, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> relax.Var:
+        d = self.cfg.head_dim
+        s = self.emit(R.matmul(R.permute_dims(q, [1, 0, 2]), R.permute_dims(k, [1, 2, 0])))
+        s = self.bb.emit_te(_causal_scale, s, 1.0 / float(np.sqrt(d)))
+        p = self.emit(R.nn.softmax(s, axis=-1))
+        o = self.emit(R.matmul(p, R.permute_dims(v, [1, 0, 2])))  # (H, n, D)
+        return self.emit(R.permute_dims(o, [1, 0, 2]))
+
+
+def _q4_rows(qs: te.Tensor, d: te.Tensor) -> te.Tensor:
+    """Dequantized q4_0 rows ``(n, K)`` from their bytes ``(n, K / 2)`` and scales
+    ``(n, K / 32)`` (:func:`opsdk.ops.dense_q4.dequantize_q4_0`'s layout)."""
+    k = qs.shape[1] * 2
+
+    def row(i, c):
+        g, e = c // 32, c % 32
+        byte = qs[i, g * 16 + e % 16].astype("int32")
+        nib = tirx.bitwise_and(tirx.shift_right(byte, ((e // 16) * 4).astype("int32")), 15)
+        return d[i, g].astype("float32") * (nib - 8).astype("float32")
+
+    return te.compute((qs.shape[0], k), row, name="q4_rows")
+
+
+def _causal_scale(s: te.Tensor, scale: float) -> te.Tensor:
+    """Scores ``(H, n, m)`` scaled, with key ``j`` hidden from query ``i`` past its position
+    ``m - n + i`` (the lowest float32, so softmax gives it exactly 0)."""
+    n, m = s.shape[1], s.shape[2]
+    return te.compute(
+        s.shape,
+        lambda h, i, j: tirx.Select(j <= m - n + i, s[h, i, j] * tirx.const(scale, "float32"),
+                                    tirx.min_value("float32")),
+        name="causal_scale")
+
+
+def _emit_forward(b: _Builder, name: str, n: tirx.PrimExpr) -> None:
+    """One forward function: ``n`` new tokens (symbolic, or 1) over ``m`` cached positions."""
+    cfg, bb, weights = b.cfg, b.bb, b.weights
+    h_, d_ = cfg.heads, cfg.head_dim
+    m = tirx.Var("m", "int64")
+    tokens = relax.Var("tokens", relax.TensorType((1, n), "int32"))
+    total = relax.Var("total", relax.ShapeType([m]))
+    caches = [relax.Var(f"{kv}_cache{i}", relax.ObjectType())
+              for i in range(cfg.layers) for kv in ("k", "v")]
+    kv_type = relax.TensorType([m, h_, d_], "float32")
+    with bb.function(name, [tokens, total, *caches]):
+        # One dataflow block: kernel fusion and view-only reshapes work inside one; the
+        # cache calls are ordered by their data (a view reads the appended cache).
+        with bb.dataflow():
+            x = b.embed(R.reshape(tokens, [n]))
+            pos = b.emit(R.arange(relax.prim_value(m - n), relax.prim_value(m), dtype="int64"))
+            wpe = b.const("wpe", lambda: weights.tensors["wpe"])
+            x = b.emit(R.add(x, R.take(wpe, pos, axis=0)))
+            new_caches = []
+            for i in range(cfg.layers):
+                p = f"h.{i}."
+                h = b.layer_norm(x, p + "ln_1")
+                qkv = b.linear(h, p + "attn.c_attn")
+                q, k, v = (b.emit(R.reshape(R.strided_slice(qkv, [1], [j * cfg.width],
+                                                            [(j + 1) * cfg.width]), [n, h_, d_]))
+                           for j in range(3))
+                views = []
+                for cache, new in ((caches[2 * i], k), (caches[2 * i + 1], v)):
+                    c = b.emit(R.call_pure_packed(_CACHE_FUNCS[1], cache, new,
+                                                  ty_args=relax.ObjectType()))
+                    new_caches.append(c)
+                    views.append(b.emit(R.call_pure_packed(
+                        _CACHE_FUNCS[2], c, relax.ShapeExpr([m, h_, d_]), ty_args=kv_type)))
+                o = b.attention(q, *views)
+                o = b.linear(b.emit(R.reshape(o, [n, cfg.width])), p + "attn.c_proj")
+                x = b.emit(R.add(x, o))
+                h = b.layer_norm(x, p + "ln_2")
+                f = b.linear(h, p + "mlp.c_fc", "gelu_tanh")
+                x = b.emit(R.add(x, b.linear(f, p + "mlp.c_proj")))
+            # the last token's row, (1, width) with a static 1 (not n - (n - 1))
+            last = b.emit(R.reshape(R.strided_slice(x, [0], [n - 1], [n]), [1, cfg.width]))
+            h = b.layer_norm(last, "ln_f")
+            logits = b.dense(h, "wte", None)  # tied LM head
+            out = bb.emit_output(relax.Tuple([logits, *new_caches]))
+        bb.emit_func_output(out)
+
+
+
+def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
+                  fused_attention: bool = True) -> tvm.IRModule:
+    """The decoder as a Relax module with ``create_cache`` and ``forward`` (module doc).
+
+    Parameters
+    ----------
+    weights
+        Float32 weights (:func:`gpt2_weights`).
+    weights_mode
+        One of :data:`WEIGHT_MODES`: how every linear layer and the LM head hold weights.
+    fused_attention
+        Attention as one ``opsdk.attention`` kernel (default), or decomposed into batched
+        matmuls, a mask and a softmax (the baseline it is measured against).
+
+    Returns
+    -------
+    tvm.IRModule
+        To compile with :func:`opsdk.model.compile_model` after
+        :class:`opsdk.transform.FuseIntoOps` (:func:`opsdk.llm.compile_decoder` does both).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.llm import DecoderConfig, DecoderWeights, build_decoder, random_weights
+    >>> w = random_weights(DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16))
+    >>> mod = build_decoder(w)
+    >>> sorted(gv.name_hint for gv in mod.functions if gv.name_hint != "causal_scale")
+    ['create_cache', 'decode', 'prefill']
+    """
+    b = _Builder(weights, weights_mode, fused_attention)
+    cfg, bb = b.cfg, b.bb
+    # Two entry points over the same weights: ``prefill`` for any number of new tokens and
+    # ``decode`` for exactly one, so the decode step's kernels are scheduled for one row (a
+    # matrix-vector product) and the prompt's for many (register-tiled GEMMs).
+    _emit_forward(b, "prefill", tirx.Var("n", "int64"))
+    _emit_forward(b, "decode", tirx.IntImm("int64", 1))
+    h_, d_ = cfg.heads, cfg.head_dim
+    cap = tirx.Var("c", "int64")
+    capacity = relax.Var("capacity", relax.ShapeType([cap]))
+    # Impure: the caches are distinct objects (a pure call with equal arguments may be merged).
+    with bb.function("create_cache", [capacity], pure=False):
+        shape = relax.ShapeExpr([cap, h_, d_])
+        made = [bb.emit(relax.Call(relax.ExternFunc(_CACHE_FUNCS[0]),
+                                   [R.zeros(shape, "float32"), shape, relax.prim_value(0)],
+                                   ty_args=[relax.ObjectType()]))
+                for _ in range(2 * cfg.layers)]
+        bb.emit_func_output(relax.Tuple(made))
+    return bb.get()
+
+
+def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
+    """GPT-2's initialization (normal, std 0.02; LayerNorm weight 1, biases 0) in numpy, for
+    tests and benchmarks that need no torch.
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig, random_weights
+    >>> w = random_weights(DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16))
+    >>> w.tensors["h.0.mlp.c_fc.weight"].shape
+    (128, 32)
+    """
+    rng = np.random.default_rng(seed)
+    e = config.width
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    t = {"wte": normal(config.vocab, e), "wpe": normal(config.positions, e),
+         "ln_f.weight": np.ones(e, np.float32), "ln_f.bias": np.zeros(e, np.float32)}
+    for i in range(config.layers):
+        p = f"h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            t[p + ln + ".weight"] = np.ones(e, np.float32)
+            t[p + ln + ".bias"] = np.zeros(e, np.float32)
+        for name, (o, i_) in {"attn.c_attn": (3 * e, e), "attn.c_proj": (e, e),
+                              "mlp.c_fc": (4 * e, e), "mlp.c_proj": (e, 4 * e)}.items():
+            t[p + name + ".weight"] = normal(o, i_)
+            t[p + name + ".bias"] = normal(o)
+    return DecoderWeights(config, t)
+
+
+def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray) -> np.ndarray:
+    """The float64 logits ``(len(tokens), vocab)`` of the whole sequence, from the float32
+    weights: what the decoder's numerics are judged against.
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig, random_weights, reference_logits
+    >>> w = random_weights(DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16))
+    >>> reference_logits(w, [1, 2, 3]).shape
+    (3, 50)
+    """
+    t = {k: v.astype(np.float64) for k, v in weights.tensors.items()}
+    cfg = weights.config
+    ids = np.asarray(tokens, dtype=np.int64)
+    n, hd = ids.size, cfg.head_dim
+
+    def ln(x: np.ndarray, name: str) -> np.ndarray:
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + cfg.eps) * t[name + ".weight"] + t[name + ".bias"]
+
+    def lin(x: np.ndarray, name: str) -> np.ndarray:
+        return x @ t[name + ".weight"].T + t[name + ".bias"]
+
+    x = t["wte"][ids] + t["wpe"][np.arange(n)]
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for i in range(cfg.layers):
+        p = f"h.{i}."
+        q, k, v = np.split(lin(ln(x, p + "ln_1"), p + "attn.c_attn"), 3, axis=-1)
+        q, k, v = (a.reshape(n, cfg.heads, hd).transpose(1, 0, 2) for a in (q, k, v))
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        o = (s / s.sum(-1, keepdims=True)) @ v
+        x = x + lin(o.transpose(1, 0, 2).reshape(n, cfg.width), p + "attn.c_proj")
+        f = lin(ln(x, p + "ln_2"), p + "mlp.c_fc")
+        f = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f ** 3)))
+        x = x + lin(f, p + "mlp.c_proj")
+    return ln(x, "ln_f") @ t["wte"].T
+
+
+def dequantized_weights(weights: DecoderWeights, weights_mode: str) -> DecoderWeights:
+    """The float32 weights a weight mode actually computes with: every linear layer's and the
+    LM head's matrix quantized and dequantized (exactly, in float32). Their
+    :func:`reference_logits` is what the quantized decoder must match to float32 accuracy;
+    the float weights' logits measure the quantization itself.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.llm import DecoderConfig, dequantized_weights, random_weights
+    >>> w = random_weights(DecoderConfig(vocab=64, width=32, layers=1, heads=2, positions=16))
+    >>> q = dequantized_weights(w, "int4")
+    >>> bool(np.array_equal(q.tensors["wpe"], w.tensors["wpe"]))  # not a linear layer
+    True
+    >>> 0 < np.abs(q.tensors["wte"] - w.tensors["wte"]).max() < 0.01
+    True
+    """
+    if weights_mode == "float32":
+        return weights
+    out = dict(weights.tensors)
+    for name in _linear_weights(weights.config):
+        w = weights.tensors[name]
+        if weights_mode == "int8":
+            q, s = quantize_w8(w)
+            out[name] = (q.astype(np.float32) * s[:, None]).astype(np.float32)
+        else:
+            out[name] = dequantize_q4_0(*quantize_q4_0(w))
+    return DecoderWeights(weights.config, out)
+
+
+def _linear_weights(cfg: DecoderConfig) -> list[str]:
+    names = ["wte"]  # the tied LM head; the embedding reads the same matrix
+    for i in range(cfg.layers):
+        names += [f"h.{i}.{n}.weight" for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                "mlp.c_proj")]
+    return names

@@ -1,0 +1,129 @@
+"""Compiling a decoder and running it: prefill, greedy decode, timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .._pipeline import CompiledModel, compile_model
+from ..transform import FuseIntoOps
+from ._decoder import DecoderConfig, DecoderWeights, build_decoder
+
+__all__ = ["Decoder", "GenerateStats", "compile_decoder"]
+
+
+def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
+                    target: Any = "x86", cache: Any = None,
+                    fused_attention: bool = True) -> CompiledModel:
+    """:func:`~opsdk.llm.build_decoder`, the fusion step, and :func:`opsdk.model.compile_model`
+    (through its compile cache: ``cache`` as there). Arguments as for
+    :func:`~opsdk.llm.build_decoder`.
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig, compile_decoder, random_weights
+    >>> w = random_weights(DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16))
+    >>> cm = compile_decoder(w, cache=False)
+    >>> sum(cm.rule_counts().values()) > 0
+    True
+    """
+    mod = FuseIntoOps()(build_decoder(weights, weights_mode=weights_mode,
+                                      fused_attention=fused_attention))
+    return compile_model(mod, target, cache=cache)
+
+
+@dataclass
+class GenerateStats:
+    """What one :meth:`Decoder.generate` took: ``prefill_ms`` for the prompt, then the
+    milliseconds of each decode step."""
+
+    prompt_tokens: int
+    prefill_ms: float
+    step_ms: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode speed from the median step (robust to a preempted step)."""
+        return 1e3 / float(np.median(self.step_ms)) if self.step_ms else float("nan")
+
+
+class Decoder:
+    """A compiled decoder on a device: its KV caches, the position, and the steps.
+
+    Parameters
+    ----------
+    executable
+        What :func:`compile_decoder` built (a :class:`~opsdk.model.CompiledModel` or its
+        ``ex``), for this machine's CPU.
+    config
+        The decoder's shape (for the vocabulary and the position limit).
+    capacity
+        Cache rows allocated up front (the caches grow past it by doubling).
+
+    Examples
+    --------
+    >>> from opsdk.llm import Decoder, DecoderConfig, compile_decoder, random_weights
+    >>> cfg = DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16)
+    >>> dec = Decoder(compile_decoder(random_weights(cfg), cache=False), cfg)
+    >>> tokens, stats = dec.generate([1, 2, 3], 4)
+    >>> len(tokens), stats.prompt_tokens
+    (4, 3)
+    """
+
+    def __init__(self, executable: Any, config: DecoderConfig, *, capacity: int | None = None,
+                 device: Any = None) -> None:
+        ex = getattr(executable, "ex", executable)
+        self.config = config
+        self.device = device or tvm.cpu()
+        self.vm = relax.VirtualMachine(ex, self.device)
+        self._prefill, self._decode = self.vm["prefill"], self.vm["decode"]
+        self.capacity = capacity or min(config.positions, 256)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the caches: the next call is a new prompt."""
+        self.caches = list(self.vm["create_cache"](tvm.runtime.ShapeTuple([self.capacity])))
+        self.length = 0
+
+    def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Append ``tokens`` to the sequence; the logits after the last one, ``(vocab,)``."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("Decoder.forward: no tokens given")
+        if ids.min() < 0 or ids.max() >= self.config.vocab:
+            raise ValueError(f"Decoder.forward: token ids must lie in [0, {self.config.vocab})"
+                             f"; got {int(ids.min())}..{int(ids.max())}")
+        total = self.length + ids.size
+        if total > self.config.positions:
+            raise ValueError(f"Decoder.forward: {total} positions exceed the model's "
+                             f"{self.config.positions}; reset() and start a shorter sequence")
+        run = self._decode if ids.size == 1 else self._prefill
+        out = run(tvm.runtime.tensor(ids.astype(np.int32)[None], self.device),
+                  tvm.runtime.ShapeTuple([total]), *self.caches)
+        self.caches = [out[i] for i in range(1, len(out))]
+        self.length = total
+        return out[0].numpy()[0]
+
+    def generate(self, prompt: list[int] | np.ndarray, tokens: int) -> tuple[list[int],
+                                                                             GenerateStats]:
+        """Greedy decoding: the prompt in one prefill, then ``tokens`` single steps, each
+        feeding the previous argmax. Returns the generated ids and the timings."""
+        self.reset()
+        t0 = time.perf_counter()
+        logits = self.forward(prompt)
+        stats = GenerateStats(len(prompt), (time.perf_counter() - t0) * 1e3)
+        out: list[int] = []
+        for _ in range(tokens):
+            nxt = int(np.argmax(logits))
+            out.append(nxt)
+            if len(out) == tokens:
+                break
+            t0 = time.perf_counter()
+            logits = self.forward([nxt])
+            stats.step_ms.append((time.perf_counter() - t0) * 1e3)
+        return out, stats
