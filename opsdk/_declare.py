@@ -95,11 +95,11 @@ def _check_dtype_rule(opname: str, rule: Any, attr_names: set[str]) -> None:
         )
 
 
-def _dim_multiples(opname: str, dims: Mapping[int, int] | None) -> dict[int, int]:
-    """``dim_multiples=``: axis (int) -> multiple (int >= 1)."""
+def _dim_multiples(opname: str, dims: Mapping[int, Any] | None) -> dict[int, Any]:
+    """``dim_multiples=``: axis (int) -> multiple (int >= 1, or ``f(attrs) -> int``)."""
     out = {}
     for axis, m in (dims or {}).items():
-        if not (isinstance(axis, int) and isinstance(m, int) and m >= 1):
+        if not (isinstance(axis, int) and (callable(m) or (isinstance(m, int) and m >= 1))):
             raise OpDefinitionError(f"op {opname!r}: dim_multiples maps an axis (int) to a "
                                     f"multiple (int >= 1); got {axis!r}: {m!r}")
         out[axis] = m
@@ -189,7 +189,9 @@ def op(
         ``{axis: m}``: the first input's ``axis`` must have a length that is a multiple of
         ``m`` (``dense_q4``'s K, whole 32-weight blocks; ``check`` or ``input_shapes`` still
         refuses other lengths with the op's own message). Verify rounds the lengths it draws
-        for that axis up to a multiple of ``m``, so its draws stay valid.
+        for that axis up to a multiple of ``m``, so its draws stay valid. ``m`` may be a
+        function of the attributes, ``f(attrs) -> int`` (``dense_w8``: 32 with
+        ``activations="q8_0"``, else 1).
 
     Returns
     -------

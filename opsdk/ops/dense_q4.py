@@ -18,6 +18,16 @@ dot-product bound ``gamma_(K+2) * (sum_k |x| |w_dequant| + |bias|)`` for any ord
 sums (the same bound holds for a kernel that dequantizes first and runs one float32 dot
 product of length K), then the activation's (as :mod:`.dense_w8`).
 
+``activations="q8_0"`` is llama.cpp's ``q4_0 x q8_0`` numerics: ``x`` quantized per row and
+32-block to int8 with a float16-rounded scale ``dx16[m, g]``
+(:func:`~opsdk.ops.dense_w8.quantize_q8_0`, bit for bit), the block sums exact in int32,
+``isum[m, n, g] = sum_j xq * (nibble - 8)``, and
+``y = act(sum_g isum[m, n, g] * (float32(d[n, g]) * dx16[m, g]) + bias[n])``. The reference
+repeats the quantization's float32 / float16 steps exactly and sums the integers exactly; the
+error model covers the float part only: per block the scale product and the term product
+(one rounding each), the sum over the ``K / 32`` blocks and the bias add,
+``gamma_(K/32 + 2) * (sum_g |isum| |d| dx16 + |bias|)``, then the activation's.
+
 The compute below is the definition (and the generic lowering); the rules in
 :mod:`opsdk.schedules._wgemm` rebuild it from the attributes the output block records under
 :data:`ATTRS_KEY`.
@@ -35,9 +45,13 @@ from .._opdef import Tensor
 from .dense_w8 import (
     ACTIVATIONS,
     WeightActivation,
+    WeightActivations,
     activation_error,
     activation_reference,
     epilogue_fusions,
+    q8_0_error,
+    q8_0_te,
+    quantize_q8_0,
 )
 from .dense_w8 import activation_te as _activation_te
 
@@ -47,6 +61,7 @@ __all__ = [
     "dense_q4",
     "dequantize_q4_0",
     "q4_0_from_blocks",
+    "q4_0_ints",
     "quantize_q4_0",
 ]
 
@@ -176,9 +191,36 @@ def q4_0_from_blocks(raw: np.ndarray | bytes, rows: int | None = None) -> tuple[
     return qs, d
 
 
-def _reference(x, qs, d, bias=None, *, activation="none"):
-    w = dequantize_q4_0(qs.astype(np.uint8), d).astype(np.float64)
-    y = x @ w.T
+def q4_0_ints(qs: np.ndarray) -> np.ndarray:
+    """The int4 weights ``nibble - 8`` ``(N, K)`` (int8) of q4_0 bytes ``qs`` ``(N, K / 2)``."""
+    qs = np.asarray(qs, dtype=np.uint8)
+    n, half = qs.shape
+    b = qs.reshape(n, half // 16, 16)
+    return (np.concatenate([b & 15, b >> 4], axis=2).astype(np.int8) - np.int8(8)).reshape(
+        n, half * 2)
+
+
+def _q8_0_terms(x, qs, d, absolute: bool = False) -> np.ndarray:
+    """``sum_g isum * d * dx16`` in float64 (exact: int64 block sums; fp16 x fp16 scales are
+    exact in float64, float32 ones nearly), or of ``|isum|`` with ``absolute``."""
+    xq, d16 = quantize_q8_0(x)
+    m, k = xq.shape
+    g = k // GROUP
+    xb = xq.astype(np.int64).reshape(m, g, GROUP)
+    wb = q4_0_ints(qs).astype(np.int64).reshape(-1, g, GROUP)
+    isum = np.einsum("mgj,ngj->mng", xb, wb).astype(np.float64)
+    scale = np.asarray(d).astype(np.float64)[None, :, :] * d16.astype(np.float64)[:, None, :]
+    if absolute:
+        isum, scale = np.abs(isum), np.abs(scale)
+    return (isum * scale).sum(axis=2)
+
+
+def _reference(x, qs, d, bias=None, *, activation="none", activations="float32"):
+    if activations == "q8_0":
+        y = _q8_0_terms(x, qs, d)
+    else:
+        w = dequantize_q4_0(qs.astype(np.uint8), d).astype(np.float64)
+        y = x @ w.T
     if bias is not None:
         y = y + bias
     return activation_reference(y, activation)
@@ -189,15 +231,20 @@ def _error(m: ModelInput) -> np.ndarray:
     """float32 sums over K exact dequantized weights (in groups or not), the group-scale
     multiply and the bias add: gamma_(K+2) of the sum of |x w| + |bias|."""
     x, qs, d, b = (m.inputs[k] for k in ("x", "qs", "d", "bias"))
-    w = dequantize_q4_0(qs.astype(np.uint8), d).astype(np.float64)
-    mag = np.abs(x) @ np.abs(w).T
-    if b is not None:
-        mag = mag + np.abs(b)
-    e = gamma(x.shape[-1] + 2, m.u) * mag
+    numerics = m.attrs.get("activations", "float32")
+    if numerics == "q8_0":  # exact integer block sums: only the float sum over blocks rounds
+        e = q8_0_error(_q8_0_terms(x, qs, d, absolute=True), b, x.shape[-1] // GROUP, m.u)
+    else:
+        w = dequantize_q4_0(qs.astype(np.uint8), d).astype(np.float64)
+        mag = np.abs(x) @ np.abs(w).T
+        if b is not None:
+            mag = mag + np.abs(b)
+        e = gamma(x.shape[-1] + 2, m.u) * mag
     act = m.attrs["activation"]
     if act in ("none", "relu"):
         return e
-    return activation_error(_reference(x, qs, d, b, activation="none"), e, act, m.u)
+    pre = _reference(x, qs, d, b, activation="none", activations=numerics)
+    return activation_error(pre, e, act, m.u)
 
 
 def _check(shapes, dtypes, attrs):
@@ -222,6 +269,7 @@ def _check(shapes, dtypes, attrs):
         "bias": (-1.0, 1.0),
     },
     attr_domain={"activation": list(ACTIVATIONS)},
+    layouts={"float32": {"activations": "float32"}, "q8_0": {"activations": "q8_0"}},
     kind="dense",
     examples=[(4, 64)],
 )
@@ -232,35 +280,53 @@ def dense_q4(
     bias: Tensor | None = None,
     *,
     activation: WeightActivation = "none",
+    activations: WeightActivations = "float32",
 ) -> te.Tensor:
     """ggml q4_0 weight-only dense ``act(x @ dequant(qs, d).T + bias)`` (x: ``(M, K)`` float32,
-    K a multiple of 32; qs: ``(N, K / 2)`` uint8; d: ``(N, K / 32)`` float16 / float32)."""
+    K a multiple of 32; qs: ``(N, K / 2)`` uint8; d: ``(N, K / 32)`` float16 / float32).
+    ``activations="q8_0"``: x quantized to int8 per 32-block first (ggml q8_0, nearbyint),
+    integer block sums (see the module)."""
     m, k = x.shape
     n = qs.shape[0]
     rg = te.reduce_axis((0, k // GROUP), name="g")
     rj = te.reduce_axis((0, GROUP), name="j")
 
-    def weight(j, kk):  # the int4 value (nibble - 8) as float32
+    def weight(j, kk, dtype="float32"):  # the int4 value (nibble - 8)
         g, e = kk // GROUP, kk % GROUP
         byte = qs[j, g * 16 + e % 16].astype("int32")
         nib = tirx.bitwise_and(tirx.shift_right(byte, ((e // 16) * 4).astype("int32")), 15)
-        return (nib - 8).astype("float32")
+        return (nib - 8).astype(dtype)
 
-    part = te.compute(
-        (m, n, k // GROUP),
-        lambda i, j, g: te.sum(x[i, g * GROUP + rj] * weight(j, g * GROUP + rj), axis=rj),
-        name="part",
-    )
-    acc = te.compute(
-        (m, n), lambda i, j: te.sum(part[i, j, rg] * d[j, rg].astype("float32"), axis=rg),
-        name="acc",
-    )
+    if activations == "q8_0":
+        xq, xd = q8_0_te(x)
+        isum = te.compute(
+            (m, n, k // GROUP),
+            lambda i, j, g: te.sum(xq[i, g * GROUP + rj].astype("int32")
+                                   * weight(j, g * GROUP + rj, "int32"), axis=rj),
+            name="isum",
+        )
+        acc = te.compute(
+            (m, n), lambda i, j: te.sum(
+                isum[i, j, rg].astype("float32") * (d[j, rg].astype("float32") * xd[i, rg]),
+                axis=rg),
+            name="acc",
+        )
+    else:
+        part = te.compute(
+            (m, n, k // GROUP),
+            lambda i, j, g: te.sum(x[i, g * GROUP + rj] * weight(j, g * GROUP + rj), axis=rj),
+            name="part",
+        )
+        acc = te.compute(
+            (m, n), lambda i, j: te.sum(part[i, j, rg] * d[j, rg].astype("float32"), axis=rg),
+            name="acc",
+        )
 
     def body(i, j):
         v = acc[i, j] if bias is None else acc[i, j] + bias[j]
         return _activation_te(v, activation)
 
-    attrs = {"activation": activation, "has_bias": bias is not None}
+    attrs = {"activation": activation, "has_bias": bias is not None, "activations": activations}
     return te.compute((m, n), body, name="dense_q4", attrs={ATTRS_KEY: attrs})
 
 

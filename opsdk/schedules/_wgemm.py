@@ -58,7 +58,7 @@ __all__ = [
 #: From this many (static) rows a dense layer runs as a GEMM over a dequantized panel.
 GEMM_ROWS = 16
 
-_TYPES = (("activation", str), ("has_bias", bool))
+_TYPES = (("activation", str), ("has_bias", bool), ("activations", str))
 
 
 def wdense_attrs(func: tirx.PrimFunc) -> tuple[str, dict[str, Any]] | None:
@@ -219,6 +219,8 @@ def rebuild_wdense(func: tirx.PrimFunc, target: Target, acc_regs: int) -> tirx.P
     if found is None:
         return None
     op, attrs = found
+    if attrs["activations"] != "float32":  # q8_0 activations: the integer rules (_qwgemm)
+        return None
     has_bias = attrs["has_bias"]
     bufs = op_buffers(func, has_bias, rank=2)
     if bufs is None:

@@ -365,11 +365,17 @@ def is_valid(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any
     return True
 
 
-def round_dims(d: OpDef, shape: Sequence[int]) -> list[int]:
+def round_dims(d: OpDef, shape: Sequence[int],
+               attrs: Mapping[str, Any] | None = None) -> list[int]:
     """``shape`` with each axis the op declares ``dim_multiples`` for rounded up to its
-    multiple (a drawn K of 17 is 32 for ``dense_q4``)."""
+    multiple (a drawn K of 17 is 32 for ``dense_q4``); a multiple that is a function of the
+    attributes is applied only where ``attrs`` are given."""
     out = list(shape)
     for axis, m in getattr(d, "dim_multiples", {}).items():
+        if callable(m):
+            if attrs is None:
+                continue
+            m = int(m(attrs))
         if -len(out) <= axis < len(out):
             out[axis] = max(m, -(-int(out[axis]) // m) * m)
     return out
@@ -609,8 +615,8 @@ def case_strategy(
         else:
             present = tuple(n for n in optional if not draw(st.booleans()))
         probe = next(
-            (round_dims(d, (p,) * rank) for p in _STATIC_POOL
-             if is_valid(d, round_dims(d, (p,) * rank), dtype, attrs, present)), None
+            (round_dims(d, (p,) * rank, attrs) for p in _STATIC_POOL
+             if is_valid(d, round_dims(d, (p,) * rank, attrs), dtype, attrs, present)), None
         )
         if probe is None:
             reject()
@@ -636,7 +642,7 @@ def case_strategy(
                 shape = _fit_budget(shape, keep, 4 * _LONG[1])
             else:
                 shape = _fit_budget(shape, keep, _BUDGET)
-            shape = round_dims(d, shape)
+            shape = round_dims(d, shape, attrs)
             if is_valid(d, shape, dtype, attrs, present):
                 break
         else:
@@ -808,18 +814,18 @@ def _static_tail(d: OpDef, dtype: str, layout: str) -> tuple[int, int]:
 def _repair(d: OpDef, shape: list[int], dtype: str, attrs: Mapping[str, Any],
             present: Sequence[str]) -> list[int] | None:
     """Make ``shape`` valid by replacing single dims with friendlier lengths, if needed."""
-    shape = round_dims(d, shape)
+    shape = round_dims(d, shape, attrs)
     if is_valid(d, shape, dtype, attrs, present):
         return shape
     for fill in (8, 16, 4, 2, 1):
         for i in range(len(shape)):
             s = list(shape)
             s[i] = fill
-            s = round_dims(d, s)
+            s = round_dims(d, s, attrs)
             if is_valid(d, s, dtype, attrs, present):
                 return s
     for fill in (8, 16, 4, 2, 1):
-        if is_valid(d, round_dims(d, [fill] * len(shape)), dtype, attrs, present):
-            return round_dims(d, [fill] * len(shape))
+        if is_valid(d, round_dims(d, [fill] * len(shape), attrs), dtype, attrs, present):
+            return round_dims(d, [fill] * len(shape), attrs)
     return None
 

@@ -92,7 +92,7 @@ _SHAPES = [((1, 768), 67, "gelu_tanh"), ((4, 3072), 24, "silu"), ((64, 768), 80,
 @pytest.mark.parametrize(("shape", "n", "act"), _SHAPES)
 def test_static_gemv_and_gemm_verify(op: str, shape, n: int, act: str) -> None:
     d = opsdk.get_op(op)
-    case = Case(op, "host", "float32", "default", shape, {**d.default_attrs(), "activation": act},
+    case = Case(op, "host", "float32", "float32", shape, {**d.default_attrs(), "activation": act},
                 ("bias",), {}, 0, static=True, free={"N": n})
     res = run_case(case)
     assert res.status == "pass", res.message
