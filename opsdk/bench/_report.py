@@ -264,10 +264,21 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "(see --zoo list)",
     )
     parser.add_argument(
+        "--decode", metavar="MODEL",
+        help="benchmark LLM decode (opsdk generate's models: gpt2, gpt2-medium, gpt2-tiny): "
+        "prefill ms and decode tokens/s of opsdk's int4 / int8 weights against llama.cpp's "
+        "q4_0 / q8_0 and torch, interleaved rounds (--repeats), --threads threads",
+    )
+    parser.add_argument(
+        "--decode-weights", metavar="LIST", default="int4,int8",
+        help="with --decode: opsdk weight modes, separated by commas (default int4,int8; "
+        "also float32)",
+    )
+    parser.add_argument(
         "--peers", metavar="LIST",
         help="with --zoo: runtimes to compare with, separated by commas (default: "
-        "onnxruntime,openvino,executorch,torch,torch_compile; also tvm_default); a peer "
-        "that is not installed is skipped",
+        "onnxruntime,openvino,executorch,torch,torch_compile; also tvm_default); with "
+        "--decode: llamacpp,torch (default); a peer that is not installed is skipped",
     )
     parser.add_argument(
         "--use-cache", action="store_true",
@@ -317,6 +328,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         except (ImportError, TypeError, ValueError, UserCodeError) as e:
             print(f"opsdk bench: error: cannot load op modules: {e}", file=sys.stderr)
             return 2
+    if getattr(args, "decode", None):
+        return _bench_decode(args)
     if getattr(args, "zoo", None) is not None:
         return _bench_zoo(args)
     if getattr(args, "model", None) or getattr(args, "examples", False) or \
@@ -497,6 +510,28 @@ def _bench_models(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         write_text_atomic(args.json, json.dumps(out, indent=2))
+    return 0
+
+
+def _bench_decode(args: argparse.Namespace) -> int:
+    """``opsdk bench --decode MODEL``: opsdk.bench._decode."""
+    from ..llm import WEIGHT_MODES  # heavy: TVM
+    from ._decode import bench_decode, print_decode_report  # heavy: TVM
+
+    modes = [m.strip() for m in args.decode_weights.split(",") if m.strip()]
+    peers = ["llamacpp", "torch"] if args.peers is None else [
+        p.strip() for p in args.peers.split(",") if p.strip()]
+    bad = [m for m in modes if m not in WEIGHT_MODES] + [
+        p for p in peers if p not in ("llamacpp", "torch")]
+    if bad or not modes:
+        print(f"opsdk bench: error: --decode: unknown {', '.join(bad) or 'empty list'}; "
+              f"weights: {', '.join(WEIGHT_MODES)}; peers: llamacpp, torch", file=sys.stderr)
+        return 2
+    rep = bench_decode(args.decode, weights_modes=modes, peers=peers, rounds=args.repeats,
+                       threads=args.threads or 2)
+    print_decode_report(rep)
+    if args.json:
+        write_text_atomic(args.json, json.dumps(rep, indent=2) + "\n")
     return 0
 
 

@@ -211,6 +211,9 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     # digest)
     tensor_digests: dict[Any, tuple[Any, str]] = {}
     failed: set[str] = set()
+    # Folded values by content: two kernels packing a weight the same way (a decoder's
+    # prefill and decode steps) share one constant, so the module holds it once.
+    same: dict[tuple, relax.Expr] = {}
     for _ in range(_MAX_ROUNDS):
         calls = [c for c in _calls(mod) if c.args[0].name_hint not in failed]
         if not calls:
@@ -229,7 +232,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
                     if key:
                         keys[c.__chandle__()] = key
                     continue
-                values[c.__chandle__()] = _as_const(got, specs, c)
+                values[c.__chandle__()] = _as_const(got, specs, c, same)
                 stats.reused += 1
         if todo:
             names = sorted({c.args[0].name_hint for c in todo})
@@ -256,7 +259,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
                 key = keys.get(c.__chandle__())
                 if key:
                     _write_value(store, key, outs)
-                values[c.__chandle__()] = _as_const(outs, specs, c)
+                values[c.__chandle__()] = _as_const(outs, specs, c, same)
                 stats.computed += 1
             if lib is None:
                 failed.update(c.args[0].name_hint for c in todo)
@@ -277,8 +280,16 @@ def _out_specs(call: relax.Call) -> list[Any]:
     return list(outs.fields) if isinstance(outs, relax.TupleType) else [outs]
 
 
-def _as_const(outs: list[np.ndarray], specs: list[Any], call: relax.Call) -> relax.Expr:
-    consts = [relax.const(a, o.dtype) for a, o in zip(outs, specs)]
+def _as_const(outs: list[np.ndarray], specs: list[Any], call: relax.Call,
+              same: dict[tuple, relax.Expr]) -> relax.Expr:
+    consts = []
+    for a, o in zip(outs, specs):
+        a = np.ascontiguousarray(a)
+        key = (str(o.dtype), a.shape, hashlib.blake2b(a.view(np.uint8).reshape(-1),
+                                                      digest_size=16).digest())
+        if key not in same:
+            same[key] = relax.const(a, o.dtype)
+        consts.append(same[key])
     return relax.Tuple(consts) if isinstance(call.ty_args[0], relax.TupleType) else consts[0]
 
 

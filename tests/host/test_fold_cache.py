@@ -117,3 +117,31 @@ def test_folds_and_kernels_stay_within_their_bounds(folds, monkeypatch):
     for root, bound in ((folds, 0.002), (folds.parent, 0.01)):
         size = sum(f.stat().st_size for p in _entries(root) for f in p.iterdir())
         assert size <= bound * 1024**2
+
+
+def test_equal_folded_values_share_one_constant():
+    """Two functions whose kernels fold the same weight to the same bytes (a decoder's
+    prefill and decode steps) end up holding one constant, not two copies."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from opsdk.transform._fold import fold_constants
+
+    w = relax.const(np.arange(12, dtype="float32").reshape(4, 3))
+    bb = relax.BlockBuilder()
+    for name, op in (("prefill", relax.op.add), ("decode", relax.op.multiply)):
+        x = relax.Var("x", relax.TensorType((3, 4), "float32"))
+        with bb.function(name, [x]):
+            with bb.dataflow():
+                y = bb.emit_output(op(x, relax.op.permute_dims(w)))
+            bb.emit_func_output(y)
+    mod = fold_constants(relax.transform.LegalizeOps()(bb.get()))
+    found = []
+    for gv in ("prefill", "decode"):
+        relax.analysis.post_order_visit(
+            mod[gv].body,
+            lambda e: found.append(e) if isinstance(e, tvm.ir.expr.Constant)
+            and hasattr(e.value, "numpy") else None)
+    assert len(found) == 2 and found[0].same_as(found[1])
+    assert np.array_equal(found[0].value.numpy(), np.arange(12, dtype="float32").reshape(4, 3).T)
