@@ -29,8 +29,9 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
+from .._qwgemm import QKernel, schedule_qwdense
 
-__all__ = ["NEON_SMULL", "SDOT"]
+__all__ = ["NEON_SMULL", "Q8_SDOT", "SDOT"]
 
 _NEON = ("kind:llvm", "arch:aarch64", "neon")
 ROWS, COLS = 4, 16
@@ -61,6 +62,34 @@ def _smull(acc: tirx.PrimExpr, a: tirx.PrimExpr, load_b: Callable) -> tirx.PrimE
 SDOT = Microkernel("sdot", 4, _sdot)
 #: NEON without dot product: ``smull`` + ``saddlp`` + ``addp`` for the same 4 x 4 step.
 NEON_SMULL = Microkernel("smull", 4, _smull)
+
+
+def _q8_sdot(acc: tirx.PrimExpr, w: tirx.PrimExpr, xword: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.call_llvm_pure_intrin(
+        "int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc, w, splat4(xword, "int8x16", 4))
+
+
+#: ``sdot v.4s`` for the q8_0 weight-only kernels (s8 x s8: q4 nibbles 0..15 and int8
+#: weights as they are).
+Q8_SDOT = QKernel("sdot", 4, "int8", 0, _q8_sdot)
+
+
+@rule(
+    ["dense_q4", "dense_w8"],
+    "arm_cpu",
+    name="neon.qwdense_dotprod",
+    requires=(*_NEON, "dotprod"),
+    priority=35,
+    claims=("vectorize", "parallel", "insn:sdot"),
+)
+def _qwdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """activations="q8_0" weight-only dense on sdot: x quantized per (row, 32-block) to int8
+    in one pass, weights packed 4 channels x 4 bytes (folded at compile time), per block
+    exact int32 sums (q4: and / shift of the nibbles and a -8 * sum(xq) start) scaled once
+    into float32 accumulators; 1-2 row x 16-channel tiles for a decode GEMV, 4 x 8
+    otherwise, in parallel; scale, bias and activation fused. Declines
+    activations="float32"."""
+    return schedule_qwdense(func, target, Q8_SDOT)
 
 
 @rule(

@@ -17,8 +17,9 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
+from .._qwgemm import QKernel, schedule_qwdense
 
-__all__ = ["COLS", "ROWS", "VNNI"]
+__all__ = ["COLS", "Q8_VNNI", "ROWS", "VNNI"]
 
 _X86_VNNI = ("kind:llvm", "arch:x86_64", "avx512vnni")
 # 6 rows x 4 zmm of 16 channels = 24 accumulators; with the 4 weight vectors and the activation
@@ -49,6 +50,34 @@ def _qdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """int8 GEMM on vpdpbusd: uint8-shifted activations, packed weights, zero-point
     compensation, 6 x 64 register tiles in parallel, fused requantize epilogue."""
     return schedule_qdense(func, target, VNNI, act_dtype="uint8", rows=ROWS, cols=COLS)
+
+
+def _q8_vnni(acc: tirx.PrimExpr, w: tirx.PrimExpr, xword: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.call_llvm_pure_intrin(
+        "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, w, splat4(xword, "int8x64", 16))
+
+
+#: ``vpdpbusd zmm`` for the q8_0 weight-only kernels: the weights are the unsigned operand
+#: (q4 nibbles, int8 weights + 128), the q8_0 activations the signed one.
+Q8_VNNI = QKernel("vpdpbusd", 16, "uint8", 128, _q8_vnni)
+
+
+@rule(
+    ["dense_q4", "dense_w8"],
+    "cpu",
+    name="x86.qwdense_vnni",
+    requires=_X86_VNNI,
+    priority=25,
+    claims=("vectorize", "parallel", "insn:vpdpbusd"),
+)
+def _qwdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """activations="q8_0" weight-only dense on vpdpbusd: x quantized per (row, 32-block) to
+    int8 in one pass, weights packed 16 channels x 4 bytes (folded at compile time), per
+    block exact int32 sums (q4: and / shift of the nibbles, -8 * sum(xq) start; w8: weights
+    + 128, -128 * sum(xq) start) scaled once into float32 accumulators; 1-2 row x 64-channel
+    tiles for a decode GEMV, 4 x 32 otherwise (a symbolic M padded to whole row tiles), in
+    parallel; scale, bias and activation fused. Declines activations="float32"."""
+    return schedule_qwdense(func, target, Q8_VNNI)
 
 
 @rule(

@@ -1,0 +1,391 @@
+"""Integer kernels of the weight-only dense ops with ``activations="q8_0"`` (llama.cpp's
+``q4_0 x q8_0`` / ``q8_0 x q8_0`` path): ``dense_q4`` and ``dense_w8`` on dot-product
+instructions (x86 ``vpdpbusd``, ARM ``sdot``). The target files (``cpu/vnni.py``,
+``arm_cpu/dotprod.py``) only register rules with their :class:`QKernel`.
+
+A rule rebuilds the op from the attributes on its output block (:func:`qwdense_packed`, the
+same integers and the same float32 operations per block as the definition):
+
+- ``xamax`` / ``xid`` / ``xq`` / ``xd`` quantize ``x`` per (row, 32-block) exactly as
+  :func:`~opsdk.ops.dense_w8.q8_0_te` (so the same bits), rows zero padded to whole row
+  tiles (a symbolic M: the prefill of an LLM); ``xsum`` the per-(row, block) sum of ``xq``;
+- ``wp``: the weights packed ``(Np / L, bytes / 4, L * 4)``: one vector load is ``L`` output
+  channels x 4 bytes of K, what one ``vpdpbusd`` (L = 16, 64 bytes) or ``sdot`` (L = 4)
+  multiplies with one broadcast 32-bit word of ``xq``. q4: those 4 bytes hold 8 weights,
+  4 in the low nibbles (k = 32 g + 4 q + i) and 4 in the high ones (k + 16), so one load
+  feeds two instructions after an ``and`` / a shift. The nibbles enter as unsigned 0..15
+  (``vpdpbusd`` takes u8 x s8; on ``sdot`` they are valid s8), and the identity
+  ``sum_j (nib_j - 8) xq_j = dot(nib, xq) - 8 * xsum`` makes the block sum exact: the
+  kernel starts each block's int32 accumulator at ``-8 * xsum``. w8 on ``vpdpbusd``: the
+  weights are stored as ``w + 128`` (u8) and the accumulator starts at ``-128 * xsum``;
+  on ``sdot`` (s8 x s8) the weights go as they are. The packing reads only the weight, so a
+  constant weight's packing is folded at compile time (``layout_rewrite_preproc``, as
+  :func:`._qgemm.pack_at_compile_time`); ``dp`` the q4 block scales ``(Np / L, K / 32, L)``
+  in their own dtype (float16 stays 2 bytes per block);
+- ``acc``: the register tile (:func:`tile_kernel`, written as TIR with
+  ``call_llvm_pure_intrin``: ``sch.tensorize`` crashes in this TVM build, see
+  :mod:`._qgemm`): ``rows x nv`` vectors of int32 block sums, per block converted once and
+  scaled into float32 accumulators (``acc += float(isum) * (d_w * dx16)``; w8:
+  ``acc += float(isum) * dx16``, ``w_scale`` in the epilogue);
+- ``ytile`` the epilogue (w8 scale, bias, activation) on whole tiles, ``dense_*`` the copy
+  of the ``(M, N)`` part.
+
+Tiles: a decode GEMV (static M <= 2) takes ``M`` rows x 4 vectors of channels (one row:
+two int32 chains per vector, the low and the high nibbles, to hide the instruction's latency);
+otherwise 4 rows x 2 vectors (8 int32 + 8 float32 accumulators; the unpacked weights shared
+by the 4 rows). Tiles ``(row tile, channel tile)`` run fused in one parallel loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import s_tir, te, tirx
+from tvm.target import Target
+
+from ..ops.dense_w8 import QBLOCK, activation_te
+from ._core import replace_block_body
+from ._gemm import is_layout_free
+from ._qgemm import op_buffers, recompute, region, schedule_tile_epilogue
+from ._wgemm import wdense_attrs
+
+__all__ = ["QKernel", "qwdense_packed", "rebuild_qwdense", "schedule_qwdense", "tile_kernel"]
+
+
+@dataclass(frozen=True)
+class QKernel:
+    """A dot-product instruction for the q8_0 kernels: ``fn(acc, w, xword)`` returns
+    ``acc[L] + sum_4 w[L, 4] * xq[4]`` (int32), ``w`` the ``4 L`` weight bytes as
+    ``wdtype`` (``uint8``: ``vpdpbusd``'s unsigned operand; ``int8``: ``sdot``), ``xword``
+    one row's 4 activation bytes (int8x4). ``w8_offset``: what dense_w8's packing adds to
+    the int8 weights to make them ``wdtype`` (128 or 0)."""
+
+    name: str
+    lanes: int
+    wdtype: str
+    w8_offset: int
+    fn: Callable[[tirx.PrimExpr, tirx.PrimExpr, tirx.PrimExpr], tirx.PrimExpr]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tile(m: int | None, n: int, lanes: int) -> tuple[int, int]:
+    """(rows, vectors) of the register tile (see the module)."""
+    rows, nv = (m, 4) if m is not None and m <= 2 else (4, 2)
+    return rows, max(1, min(nv, _cdiv(n, lanes)))
+
+
+def qwdense_packed(
+    op: str, x: te.Tensor, w: te.Tensor, scale: te.Tensor, bias: te.Tensor | None, *,
+    kernel: QKernel, rows: int, nv: int, activation: str = "none",
+) -> te.Tensor:
+    """``dense_q4`` / ``dense_w8`` with ``activations="q8_0"`` in packed form (see the
+    module for the blocks). The block sums are the definition's integers; per block the same
+    float32 scale product; only the order of the float sum over blocks may differ."""
+    m, k_dim = x.shape
+    n_dim = w.shape[0]
+    if not isinstance(k_dim, tirx.IntImm) or not isinstance(n_dim, tirx.IntImm):
+        raise ValueError(f"{op}: K and N must be static for the packed kernel")
+    k, n = int(k_dim), int(n_dim)
+    if k % QBLOCK:
+        raise ValueError(f"{op}: K = {k} is not a multiple of {QBLOCK}")
+    idx = str(m.ty.dtype)
+    f32 = "float32"
+    lanes = kernel.lanes
+    q4 = op == "dense_q4"
+    groups = k // QBLOCK
+
+    def dim(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    cols = lanes * nv
+    np_ = _cdiv(n, cols) * cols
+    mp = tirx.floordiv(m + (rows - 1), rows) * rows
+
+    # Activation quantization (the same float32 operations as q8_0_te; padded rows are 0).
+    def xat(i, kk):
+        return tirx.if_then_else(i < m, x[i, kk], tirx.const(0.0, f32))
+
+    rj = te.reduce_axis((dim(0), dim(QBLOCK)), name="jq")
+    amax = te.compute((mp, dim(groups)),
+                      lambda i, b: te.max(tirx.abs(xat(i, b * QBLOCK + rj)), axis=rj),
+                      name="xamax")
+
+    def inv(i, b):
+        dx = amax[i, b] / tirx.const(127.0, f32)
+        return tirx.if_then_else(dx != tirx.const(0.0, f32), tirx.const(1.0, f32) / dx,
+                                 tirx.const(0.0, f32))
+
+    xid = te.compute((mp, dim(groups)), inv, name="xid")
+    xq = te.compute((mp, dim(k)), lambda i, kk: tirx.round(xat(i, kk) * xid[i, kk // QBLOCK])
+                    .astype("int8"), name="xq")
+    xd = te.compute((mp, dim(groups)),
+                    lambda i, b: (amax[i, b] / tirx.const(127.0, f32)).astype("float16")
+                    .astype(f32), name="xd")
+    rs = te.reduce_axis((dim(0), dim(QBLOCK)), name="js")
+    xsum = te.compute((mp, dim(groups)),
+                      lambda i, b: te.sum(xq[i, b * QBLOCK + rs].astype("int32"), axis=rs),
+                      name="xsum")
+
+    # Weights: (Np / L, bytes / 4, L * 4), zero padded channels.
+    nbytes = k // 2 if q4 else k
+    off = 0 if q4 else kernel.w8_offset
+    wdt = "uint8" if q4 else kernel.wdtype
+
+    def wp_f(t, kq, e):
+        nn, kk = t * lanes + e // 4, kq * 4 + e % 4
+        v = w[nn, kk] if off == 0 else (w[nn, kk].astype("int32") + off)
+        return tirx.if_then_else(nn < n, v.astype(wdt), tirx.const(0, wdt))
+
+    wp = te.compute((dim(np_ // lanes), dim(nbytes // 4), dim(lanes * 4)), wp_f, name="wp")
+    if q4:
+        dp = te.compute(
+            (dim(np_ // lanes), dim(groups), dim(lanes)),
+            lambda t, g, c: tirx.if_then_else(t * lanes + c < n, scale[t * lanes + c, g],
+                                              tirx.const(0, scale.dtype)),
+            name="dp")
+    corr = 8 if q4 else off  # the accumulator starts at -corr * xsum
+
+    def wval(j, kk):  # the unsigned / signed weight the instruction multiplies, as int32
+        t, c = j // lanes, j % lanes
+        if q4:
+            g, e = kk // QBLOCK, kk % QBLOCK
+            byte = g * 16 + e % 16
+            b = wp[t, byte // 4, c * 4 + byte % 4]
+            sh = (e // 16 * 4).astype("uint8")
+            return tirx.bitwise_and(tirx.shift_right(b, sh), tirx.const(15, "uint8")).astype(
+                "int32")
+        return wp[t, kk // 4, c * 4 + kk % 4].astype("int32")
+
+    rk = te.reduce_axis((dim(0), dim(k)), name="k")
+
+    def acc_f(i, j):
+        g = rk // QBLOCK
+        prod = xq[i, rk].astype("int32") * wval(j, rk)
+        if corr:
+            prod = prod - tirx.if_then_else(rk % QBLOCK == 0, xsum[i, g] * corr,
+                                            tirx.const(0, "int32"))
+        s = xd[i, g]
+        if q4:
+            s = dp[j // lanes, g, j % lanes].astype(f32) * s
+        return te.sum(prod.astype(f32) * s, axis=rk)
+
+    acc = te.compute((mp, dim(np_)), acc_f, name="acc")
+
+    def padded(v: te.Tensor, name: str) -> te.Tensor:
+        return te.compute((dim(np_),), lambda j: tirx.if_then_else(
+            j < n, v[j], tirx.const(0.0, f32)), name=name)
+
+    sp = None if q4 else padded(scale, "sp")
+    bp = None if bias is None else padded(bias, "bp")
+
+    def body(i, j):
+        v = acc[i, j]
+        if sp is not None:
+            v = v * sp[j]
+        if bp is not None:
+            v = v + bp[j]
+        return activation_te(v, activation)
+
+    tile = te.compute((mp, dim(np_)), body, name="ytile")
+    return te.compute((m, dim(n)), lambda i, j: tile[i, j], name=op)
+
+
+def rebuild_qwdense(func: tirx.PrimFunc, kernel: QKernel) -> tirx.PrimFunc | None:
+    """``func`` (a legalized dense_q4 / dense_w8 with ``activations="q8_0"``) recomputed as
+    :func:`qwdense_packed`, same signature; None when it is not one or K / N are symbolic."""
+    found = wdense_attrs(func)
+    if found is None:
+        return None
+    op, attrs = found
+    if attrs["activations"] != "q8_0":
+        return None
+    has_bias = attrs["has_bias"]
+    bufs = op_buffers(func, has_bias, rank=2)
+    if bufs is None:
+        return None
+    x, w = bufs[0], bufs[1]
+    if not all(isinstance(e, tirx.IntImm) for e in (x.shape[1], w.shape[0])):
+        return None
+    if int(x.shape[1]) % QBLOCK:
+        return None
+    mdim = x.shape[0]
+    m = int(mdim.value) if isinstance(mdim, tirx.IntImm) else None
+    rows, nv = _tile(m, int(w.shape[0]), kernel.lanes)
+    new = recompute(func, bufs, has_bias, lambda *ins: qwdense_packed(
+        op, *ins, kernel=kernel, rows=rows, nv=nv, activation=attrs["activation"]))
+    return new.with_attr("opsdk.qwdense_tile", [rows, nv]).with_attr("opsdk.wdense_op", op)
+
+
+def tile_kernel(sch: s_tir.Schedule, block: Any, kernel: QKernel, q4: bool) -> None:
+    """Replace the blockized ``rows x cols`` tile of ``acc`` (all of K) by the register
+    kernel: per 32-block, int32 accumulators started at ``-corr * xsum``, one ``kernel``
+    instruction per (row, vector, 4 bytes of weights) (q4: two per load, the low and the
+    high nibbles), then one convert and one multiply-add into the float32 accumulators."""
+    blk = sch.get(block)
+    c, xqr, wr = region(blk, "acc"), region(blk, "xq"), region(blk, "wp")
+    (r_rng, c_rng) = c.region
+    rows, cols = int(r_rng.extent), int(c_rng.extent)
+    lanes = kernel.lanes
+    nv = cols // lanes
+    row0, col0, t0 = r_rng.min, c_rng.min, wr.region[0].min
+    idx = str(row0.ty.dtype) if hasattr(row0, "ty") else "int32"
+    k = int(xqr.region[1].extent)
+    groups = k // QBLOCK
+    xq_buf, wp_buf = xqr.source, wr.source
+    xd_buf = region(blk, "xd").source
+    names = {r.source.name for r in blk.reads}
+    xsum_buf = region(blk, "xsum").source if "xsum" in names else None
+    dp_buf = region(blk, "dp").source if q4 else None
+    corr = 8 if q4 else kernel.w8_offset
+    chains = 2 if rows == 1 else 1
+    f32v = f"float32x{lanes}"
+    wbytes = f"{kernel.wdtype}x{lanes * 4}"
+    quads = 4 if q4 else QBLOCK // 4  # weight loads per 32-block per vector
+
+    def c_(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    def vec(v: int) -> tirx.Ramp:
+        return tirx.Ramp(c_(v * lanes), 1, lanes)
+
+    facc = [tirx.decl_buffer((cols,), "float32", name=f"facc_r{r}") for r in range(rows)]
+    iacc = [[tirx.decl_buffer((cols,), "int32", name=f"iacc_r{r}_{h}") for h in range(chains)]
+            for r in range(rows)]
+    g = tirx.Var("g", idx)
+
+    def xword(r: int, kk: tirx.PrimExpr) -> tirx.PrimExpr:
+        return tirx.BufferLoad(xq_buf, [row0 + r, tirx.Ramp(kk, 1, 4)])
+
+    def dot(r: int, h: int, v: int, wv: tirx.PrimExpr, kk: tirx.PrimExpr) -> tirx.Stmt:
+        cur = tirx.BufferLoad(iacc[r][h], [vec(v)])
+        return tirx.BufferStore(iacc[r][h], kernel.fn(cur, wv, xword(r, kk)), [vec(v)])
+
+    per_g: list[tirx.Stmt] = []
+    for r in range(rows):  # start each block's sums at the compensation
+        for h in range(chains):
+            if h == 0 and xsum_buf is not None:
+                start = tirx.Broadcast(
+                    tirx.BufferLoad(xsum_buf, [row0 + r, g]) * tirx.IntImm("int32", -corr),
+                    lanes)
+            else:
+                start = tirx.Broadcast(tirx.IntImm("int32", 0), lanes)
+            for v in range(nv):
+                per_g.append(tirx.BufferStore(iacc[r][h], start, [vec(v)]))
+    for q in range(quads):
+        wvars = [tirx.Var(f"w{v}", wbytes if not q4 else f"uint8x{lanes * 4}")
+                 for v in range(nv)]
+        steps: list[tirx.Stmt] = []
+        lets: list[tuple[tirx.Var, tirx.PrimExpr]] = []
+        for v in range(nv):
+            load = tirx.BufferLoad(wp_buf, [t0 + v, g * quads + q,
+                                            tirx.Ramp(c_(0), 1, lanes * 4)])
+            lets.append((wvars[v], load))
+            if q4:
+                lo = tirx.Var(f"lo{v}", wbytes)
+                hi = tirx.Var(f"hi{v}", wbytes)
+                lo_v = tirx.bitwise_and(wvars[v], tirx.Broadcast(tirx.IntImm("uint8", 15),
+                                                                 lanes * 4))
+                hi_v = tirx.shift_right(wvars[v], tirx.Broadcast(tirx.IntImm("uint8", 4),
+                                                                 lanes * 4))
+                if kernel.wdtype != "uint8":
+                    lo_v, hi_v = tirx.reinterpret(wbytes, lo_v), tirx.reinterpret(wbytes, hi_v)
+                lets += [(lo, lo_v), (hi, hi_v)]
+        for r in range(rows):
+            for v in range(nv):
+                if q4:
+                    lo, hi = lets[3 * v + 1][0], lets[3 * v + 2][0]
+                    steps.append(dot(r, 0, v, lo, g * QBLOCK + 4 * q))
+                    steps.append(dot(r, chains - 1, v, hi, g * QBLOCK + 16 + 4 * q))
+                else:
+                    steps.append(dot(r, q % chains, v, wvars[v], g * QBLOCK + 4 * q))
+        # TVM 0.27's Bind (LetStmt) has no body: the value is visible to what follows it.
+        per_g.append(tirx.SeqStmt([*(tirx.Bind(var, val) for var, val in lets), *steps]))
+    for v in range(nv):  # once per block: convert, scale, accumulate in float32
+        dsc = None
+        if dp_buf is not None:
+            dsc = tirx.BufferLoad(dp_buf, [t0 + v, g, vec(0)]).astype(f32v)
+        for r in range(rows):
+            isum: tirx.PrimExpr = tirx.BufferLoad(iacc[r][0], [vec(v)])
+            if chains == 2:
+                isum = isum + tirx.BufferLoad(iacc[r][1], [vec(v)])
+            xs = tirx.Broadcast(tirx.BufferLoad(xd_buf, [row0 + r, g]), lanes)
+            s = xs if dsc is None else dsc * xs
+            new = tirx.BufferLoad(facc[r], [vec(v)]) + isum.astype(f32v) * s
+            per_g.append(tirx.BufferStore(facc[r], new, [vec(v)]))
+    loop = tirx.For(g, c_(0), c_(groups), tirx.ForKind.SERIAL, tirx.SeqStmt(per_g))
+    zero = tirx.Broadcast(tirx.FloatImm("float32", 0.0), lanes)
+    tiles = [(r, v) for r in range(rows) for v in range(nv)]
+    body = [
+        *(tirx.AllocBuffer(b) for b in facc),
+        *(tirx.AllocBuffer(b) for row in iacc for b in row),
+        *(tirx.BufferStore(facc[r], zero, [vec(v)]) for r, v in tiles),
+        loop,
+        *(tirx.BufferStore(c.source, tirx.BufferLoad(facc[r], [vec(v)]),
+                           [row0 + r, tirx.Ramp(col0 + v * lanes, 1, lanes)]) for r, v in tiles),
+    ]
+    replace_block_body(sch, block, body)
+
+
+def schedule_qwdense(func: tirx.PrimFunc, target: Target, kernel: QKernel
+                     ) -> s_tir.Schedule | None:
+    """A q8_0 rule's body: :func:`rebuild_qwdense`, then the tiles in parallel around
+    :func:`tile_kernel`; None when ``func`` is not a q8_0 dense_q4 / dense_w8 with static K
+    and N."""
+    packed = rebuild_qwdense(func, kernel)
+    if packed is None:
+        return None
+    rows, nv = (int(v) for v in packed.attrs["opsdk.qwdense_tile"])
+    op = str(packed.attrs["opsdk.wdense_op"])
+    q4 = op == "dense_q4"
+    lanes = kernel.lanes
+    cols = nv * lanes
+    sch = s_tir.Schedule(packed)
+    out = sch.get_sblock("ytile")
+    i, j = sch.get_loops(out)
+    mo, mi = sch.split(i, [None, rows])
+    no, nj = sch.split(j, [None, cols])
+    sch.reorder(mo, no, mi, nj)
+    tile = sch.fuse(mo, no)
+    sch.parallel(tile)
+    acc = sch.get_sblock("acc")
+    sch.compute_at(acc, tile)
+    inner = sch.get_loops(acc)
+    at = next(n for n, lp in enumerate(inner) if sch.get(lp).same_as(sch.get(tile)))
+    # The tile's rows, channels and K (a one-row tile's unit row loop is left out).
+    tile_kernel(sch, sch.blockize(inner[at + 1]), kernel, q4)
+    schedule_tile_epilogue(sch, tile, mi, nj, cols, lanes * 32, op)
+
+    # The activation quantization: one pass per row (its block maxima, inverses, int8 values,
+    # scales and sums), rows across the cores unless it is a decode step's few rows.
+    row = sch.get_loops(sch.get_sblock("xamax"))[0]
+    for name in ("xid", "xd", "xq", "xsum"):
+        if name == "xsum" and not _has_block(sch, name):
+            continue
+        sch.reverse_compute_at(sch.get_sblock(name), row)
+    _, kl = sch.split(sch.get_loops(sch.get_sblock("xq"))[-1], [None, QBLOCK])
+    sch.vectorize(kl)
+    m = packed.params[0].shape[0]
+    if not (isinstance(m, tirx.IntImm) and int(m) <= 2):
+        sch.parallel(row)
+    names = ["wp", "dp"] if q4 else ["wp", "sp"]
+    names.append("bp")
+    for name in names:
+        if not _has_block(sch, name):  # no bias
+            continue
+        blk = sch.get_sblock(name)
+        src = {"wp": 1, "dp": 2, "sp": 2, "bp": 3}[name]
+        if is_layout_free(packed, packed.params[src]):
+            sch.annotate(blk, "meta_schedule.layout_rewrite_preproc", True)
+        elif name == "wp":
+            sch.parallel(sch.get_loops(blk)[0])
+    return sch
+
+
+def _has_block(sch: s_tir.Schedule, name: str) -> bool:
+    return any(sch.get(b).name_hint == name
+               for b in sch.get_child_blocks(sch.get_sblock("root")))
