@@ -25,7 +25,7 @@ from ._decoder import (
     random_weights,
     reference_logits,
 )
-from ._runtime import Decoder, GenerateStats, compile_decoder
+from ._runtime import Decoder, GenerateStats, check_on_target, compile_decoder
 
 __all__ = [
     "WEIGHT_MODES",
@@ -34,6 +34,7 @@ __all__ = [
     "DecoderWeights",
     "GenerateStats",
     "build_decoder",
+    "check_on_target",
     "compile_decoder",
     "dequantized_weights",
     "gpt2_weights",

@@ -22,7 +22,7 @@ from ._decoder import (
     random_weights,
     reference_logits,
 )
-from ._runtime import Decoder, compile_decoder
+from ._runtime import Decoder, check_on_target, compile_decoder
 
 __all__ = ["MODELS", "add_generate_arguments", "load_decoder_weights", "run_generate_command"]
 
@@ -49,6 +49,10 @@ def add_generate_arguments(s: argparse.ArgumentParser) -> None:
                    help="compare every step's logits with float64 references: of the weights "
                    "the kernels use (dequantized; float32 accuracy expected) and of the float "
                    "weights (the quantization's effect; int8 within 1 %%)")
+    s.add_argument("--target", metavar="TARGET",
+                   help="build for TARGET (arm, arm-dotprod, x86, ...) and run the decode "
+                   "loop on its runner (the emulator for arm on an x86 host: numerics, not "
+                   "speed), comparing every step's logits with the host's")
     s.add_argument("--seed", type=int, default=0, help="random weights' and prompt's seed")
     s.add_argument("--json", metavar="PATH", type=output_path, help="write the report as JSON")
     s.set_defaults(fn=run_generate_command)
@@ -136,6 +140,25 @@ def _check(args: argparse.Namespace, weights: DecoderWeights, prompt: list[int],
     return int(rc)
 
 
+def _on_target(args: argparse.Namespace, weights: DecoderWeights, prompt: list[int]) -> int:
+    follow = np.random.default_rng(args.seed + 2).integers(
+        0, weights.config.vocab, args.tokens).tolist()
+    try:
+        res = check_on_target(weights, args.target, prompt, follow, weights_mode=args.weights)
+    except ValueError as e:  # an unknown target names itself
+        raise UsageError(str(e)) from None
+    ok = res["target_vs_host"] <= KERNEL_BOUND and res["target_vs_reference"] <= KERNEL_BOUND
+    print(f"{args.model} ({args.weights} weights) on {args.target} ({res['device']}): prefill "
+          f"{len(prompt)} tokens + {len(follow)} decode steps; logits vs the host's: relative "
+          f"RMSE {res['target_vs_host']:.2e}, vs the float64 reference: "
+          f"{res['target_vs_reference']:.2e} {'ok' if ok else f'FAIL (> {KERNEL_BOUND:g})'}")
+    if args.json:
+        write_text_atomic(Path(args.json), json.dumps(
+            {"model": args.model, "weights": args.weights, "target": args.target, **res},
+            indent=2) + "\n")
+    return 0 if ok else 1
+
+
 def run_generate_command(args: argparse.Namespace) -> int:
     """Run ``opsdk generate``; 0 on success, 1 when ``--check`` fails."""
     weights = load_decoder_weights(args.model, args.seed)
@@ -144,6 +167,8 @@ def run_generate_command(args: argparse.Namespace) -> int:
     if len(prompt) + args.tokens > cfg.positions:
         raise UsageError(f"prompt ({len(prompt)}) + --tokens ({args.tokens}) exceed the "
                          f"model's {cfg.positions} positions")
+    if args.target:
+        return _on_target(args, weights, prompt)
     t0 = time.perf_counter()
     cm = compile_decoder(weights, weights_mode=args.weights)
     compile_s = time.perf_counter() - t0

@@ -450,3 +450,41 @@ def _linear_weights(cfg: DecoderConfig) -> list[str]:
         names += [f"h.{i}.{n}.weight" for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
                                                 "mlp.c_proj")]
     return names
+
+
+def add_check_entry(mod: tvm.IRModule, config: DecoderConfig, prompt_len: int,
+                    steps: int) -> tvm.IRModule:
+    """``mod`` (from :func:`build_decoder`) with one more function, ``check(prompt (1, P)
+    int32, follow (1, S) int32) -> logits (1 + S, vocab)``: fresh caches, the prompt's
+    prefill, then ``S`` decode steps feeding ``follow``, every step's logits. A stateless
+    call of the whole decode loop, so any runner (the emulator, a board over RPC) can run it
+    and compare with the host.
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig, build_decoder, random_weights
+    >>> from opsdk.llm._decoder import add_check_entry
+    >>> cfg = DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16)
+    >>> mod = add_check_entry(build_decoder(random_weights(cfg)), cfg, 4, 2)
+    >>> mod["check"].ret_ty.shape
+    R.shape([3, 50])
+    """
+    bb = relax.BlockBuilder(mod)
+    prompt = relax.Var("prompt", relax.TensorType((1, prompt_len), "int32"))
+    follow = relax.Var("follow", relax.TensorType((1, steps), "int32"))
+    n_caches = 2 * config.layers
+    with bb.function("check", [prompt, follow], pure=False):
+        made = bb.emit(relax.Call(mod.get_global_var("create_cache"),
+                                  [relax.ShapeExpr([prompt_len + steps])]))
+        caches = [bb.emit(relax.TupleGetItem(made, i)) for i in range(n_caches)]
+        out = bb.emit(relax.Call(mod.get_global_var("prefill"),
+                                 [prompt, relax.ShapeExpr([prompt_len]), *caches]))
+        logits = [bb.emit(relax.TupleGetItem(out, 0))]
+        for s in range(steps):
+            caches = [bb.emit(relax.TupleGetItem(out, 1 + i)) for i in range(n_caches)]
+            tok = bb.emit(R.strided_slice(follow, [1], [s], [s + 1]))
+            out = bb.emit(relax.Call(mod.get_global_var("decode"),
+                                     [tok, relax.ShapeExpr([prompt_len + s + 1]), *caches]))
+            logits.append(bb.emit(relax.TupleGetItem(out, 0)))
+        bb.emit_func_output(bb.emit(R.concat(logits, axis=0)))
+    return bb.get()

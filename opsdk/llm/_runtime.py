@@ -11,10 +11,20 @@ import tvm
 from tvm import relax
 
 from .._pipeline import CompiledModel, compile_model
+from ..runners import LocalRunner, runner_for
+from ..targets import target as resolve_target
+from ..targets import target_arch
 from ..transform import FuseIntoOps
-from ._decoder import DecoderConfig, DecoderWeights, build_decoder
+from ._decoder import (
+    DecoderConfig,
+    DecoderWeights,
+    add_check_entry,
+    build_decoder,
+    dequantized_weights,
+    reference_logits,
+)
 
-__all__ = ["Decoder", "GenerateStats", "compile_decoder"]
+__all__ = ["Decoder", "GenerateStats", "check_on_target", "compile_decoder"]
 
 
 def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
@@ -127,3 +137,53 @@ class Decoder:
             logits = self.forward([nxt])
             stats.step_ms.append((time.perf_counter() - t0) * 1e3)
         return out, stats
+
+
+def check_on_target(weights: DecoderWeights, target: str, prompt: list[int],
+                    follow: list[int], *, weights_mode: str = "float32",
+                    cache: Any = None, runner: Any = None) -> dict[str, Any]:
+    """Run the decode loop (prefill of ``prompt``, one step per token of ``follow``) built for
+    ``target`` on its runner (the emulator for ``arm`` on an x86 host, or ``runner``) and on
+    the host, and compare every step's logits.
+
+    Returns
+    -------
+    dict
+        ``target_vs_host`` and ``target_vs_reference`` (relative RMSE against the float64
+        reference of the weights the kernels use), ``steps``, ``device``.
+
+    Examples
+    --------
+    >>> from opsdk.llm import DecoderConfig, check_on_target, random_weights
+    >>> w = random_weights(DecoderConfig(vocab=50, width=32, layers=1, heads=2, positions=16))
+    >>> r = check_on_target(w, "x86", [1, 2, 3], [4, 5], cache=False)
+    >>> r["steps"], r["target_vs_host"] < 1e-6
+    (3, True)
+    """
+    cfg = weights.config
+    mod = add_check_entry(build_decoder(weights, weights_mode=weights_mode), cfg,
+                          len(prompt), len(follow))
+    mod = FuseIntoOps()(mod)
+    inputs = [np.asarray([prompt], np.int32), np.asarray([follow], np.int32)]
+    tgt, host = resolve_target(target), resolve_target("host")
+    on_host = target_arch(tgt) == target_arch(host)
+    host_cm = compile_model(mod, host, cache=cache)
+    cm = host_cm if on_host and str(tgt) == str(host) else compile_model(mod, tgt, cache=cache)
+    with LocalRunner() as local:
+        want = local.run(host_cm.ex, inputs, entry="check")[0]
+    own = runner is None
+    run = runner if runner is not None else runner_for(target)
+    try:
+        got = run.run(cm.ex, inputs, entry="check")[0]
+        device = run.device_info().get("device", str(run))
+    finally:
+        if own:
+            run.close()
+    ref = reference_logits(dequantized_weights(weights, weights_mode),
+                           list(prompt) + list(follow))[len(prompt) - 1:]
+
+    def rel(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
+
+    return {"target_vs_host": rel(got, want), "target_vs_reference": rel(got, ref),
+            "steps": int(got.shape[0]), "device": device}
