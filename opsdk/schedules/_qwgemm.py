@@ -51,7 +51,12 @@ from ._gemm import is_layout_free
 from ._qgemm import op_buffers, recompute, region, schedule_tile_epilogue
 from ._wgemm import wdense_attrs
 
-__all__ = ["QKernel", "qwdense_packed", "rebuild_qwdense", "schedule_qwdense", "tile_kernel"]
+__all__ = ["Q4_ZERO", "QKernel", "qwdense_packed", "rebuild_qwdense", "schedule_qwdense",
+           "tile_kernel"]
+
+#: The q4_0 nibbles' zero point: a weight is ``nibble - Q4_ZERO``; the kernels multiply the
+#: nibbles and start each block's sum at ``-Q4_ZERO * sum(xq)``.
+Q4_ZERO = 8
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def qwdense_packed(
             lambda t, g, c: tirx.if_then_else(t * lanes + c < n, scale[t * lanes + c, g],
                                               tirx.const(0, scale.dtype)),
             name="dp")
-    corr = 8 if q4 else off  # the accumulator starts at -corr * xsum
+    corr = Q4_ZERO if q4 else off  # the accumulator starts at -corr * xsum
 
     def wval(j, kk):  # the unsigned / signed weight the instruction multiplies, as int32
         t, c = j // lanes, j % lanes
@@ -241,7 +246,7 @@ def tile_kernel(sch: s_tir.Schedule, block: Any, kernel: QKernel, q4: bool) -> N
     names = {r.source.name for r in blk.reads}
     xsum_buf = region(blk, "xsum").source if "xsum" in names else None
     dp_buf = region(blk, "dp").source if q4 else None
-    corr = 8 if q4 else kernel.w8_offset
+    corr = Q4_ZERO if q4 else kernel.w8_offset
     chains = 2 if rows == 1 else 1
     f32v = f"float32x{lanes}"
     wbytes = f"{kernel.wdtype}x{lanes * 4}"

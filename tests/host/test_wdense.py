@@ -172,3 +172,185 @@ def test_vector_width_comes_from_the_target(mcpu: str, m: int, n: int) -> None:
     ex["main"](*[tvm.runtime.tensor(a) for a in (xv, qs, d)], out)
     want = op.run_reference({"x": xv, "qs": qs, "d": d}, {"activation": "silu"})
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- activations="q8_0"
+
+
+def _has_vnni() -> bool:
+    from opsdk.targets import target_features
+
+    return "avx512vnni" in target_features(opsdk.target("x86"))
+
+
+_VNNI = pytest.mark.skipif(not _has_vnni(), reason="the host has no AVX-512 VNNI: the "
+                           "x86.qwdense_vnni kernels cannot run here")
+
+
+def _hard_rows(k: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows of activations with the quantizer's corner cases: a zero block, a constant
+    block, exact ties of x / d (k + 1/2), tiny and large magnitudes, one huge outlier."""
+    x = (rng.standard_normal((6, k)) * 10.0 ** rng.uniform(-4, 3, (6, 1))).astype("float32")
+    x[0, :32] = 0
+    x[1, 32:64] = -0.75
+    x[2, :32] = (np.arange(32) - 15.5) / 127 * 4  # amax 62/127: x / d = 2 * (j - 15.5)
+    x[2, 0] = 2.0  # d = 2 / 127: x * id hits k + 1/2 ties (modulo the float32 rounding)
+    x[3, :32] *= 1e-30
+    x[4, 5] = 3e4
+    return x
+
+
+def test_q8_0_quantization_is_bit_exact_against_the_reference() -> None:
+    from tvm import te
+
+    from opsdk.ops.dense_w8 import q8_0_te, quantize_q8_0
+
+    rng = np.random.default_rng(3)
+    k = 128
+    x = te.placeholder((6, k), "float32", name="x")
+    xq, xd = q8_0_te(x)
+    f = tvm.compile(te.create_prim_func([x, xq, xd]), target=opsdk.target("x86"))
+    for _ in range(5):
+        xv = _hard_rows(k, rng)
+        got_q = tvm.runtime.empty((6, k), "int8")
+        got_d = tvm.runtime.empty((6, k // 32), "float32")
+        f["main"](tvm.runtime.tensor(xv), got_q, got_d)
+        want_q, want_d = quantize_q8_0(xv)
+        np.testing.assert_array_equal(got_q.numpy(), want_q)
+        np.testing.assert_array_equal(got_d.numpy().view("uint32"), want_d.view("uint32"))
+    assert (want_d == want_d.astype("float16").astype("float32")).all()  # fp16 values
+
+
+def test_quantize_q8_0_matches_gguf_off_ties() -> None:
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed: the "
+                               "check against gguf.quants' Q8_0 is skipped")
+    from gguf.quants import quantize
+
+    from opsdk.ops.dense_w8 import quantize_q8_0
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, 256)).astype("float32")
+    x[0, :32] = 0
+    raw = quantize(x, gguf.GGMLQuantizationType.Q8_0).reshape(9, 8, 34)
+    d = np.ascontiguousarray(raw[:, :, :2]).view("<f2").reshape(9, 8)
+    qs = raw[:, :, 2:].view("int8").reshape(9, 256)
+    xq, d16 = quantize_q8_0(x)
+    # ggml rounds ties away from zero, opsdk to even: equal wherever x * id is no exact tie.
+    np.testing.assert_array_equal(d.astype("float32"), d16)
+    np.testing.assert_array_equal(xq, qs)
+
+
+def _bound(op: str, inputs: dict, attrs: dict, ref: np.ndarray) -> np.ndarray:
+    from opsdk._errmodel import MODELS, ModelInput
+
+    d = opsdk.get_op(op)
+    ins = {k: (None if v is None else np.asarray(v).astype(np.float64)
+               if np.asarray(v).dtype.kind == "f" else np.asarray(v)) for k, v in inputs.items()}
+    u = 2.0 ** -24
+    return MODELS[d.reference](ModelInput(d, ins, dict(attrs), ref, u)) + u * np.abs(ref)
+
+
+def _q8_case(op: str, m: int, k: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    wf = (rng.standard_normal((n, k)) * 0.05).astype("float32")
+    a, b = quantize_q4_0(wf) if op == "dense_q4" else quantize_w8(wf)
+    x = _hard_rows(k, rng)
+    x = np.concatenate([x, rng.uniform(-2, 2, (max(0, m - 6), k)).astype("float32")])[:m]
+    names = [p.name for p in opsdk.get_op(op).tensor_params]
+    return dict(zip(names, (x, a, b, rng.uniform(-1, 1, n).astype("float32"))))
+
+
+@_VNNI
+@pytest.mark.parametrize("op", ["dense_q4", "dense_w8"])
+@pytest.mark.parametrize(("shape", "n", "act"), [((1, 768), 67, "gelu_tanh"),
+                                                 ((1, 3072), 24, "none"),
+                                                 ((64, 768), 80, "silu"),
+                                                 ((17, 96), 33, "relu")])
+def test_q8_0_static_decode_and_prefill_verify(op: str, shape, n: int, act: str) -> None:
+    d = opsdk.get_op(op)
+    case = Case(op, "host", "float32", "q8_0", shape,
+                {**d.default_attrs(), "activation": act, "activations": "q8_0"},
+                ("bias",), {}, 0, static=True, free={"N": n})
+    res = run_case(case)
+    assert res.status == "pass", res.message
+    assert res.rule == "x86.qwdense_vnni"
+
+
+@_VNNI
+@pytest.mark.parametrize("op", ["dense_q4", "dense_w8"])
+@pytest.mark.parametrize("rows", [1, 64])
+def test_q8_0_symbolic_rows_through_the_rule(op: str, rows: int) -> None:
+    """The prefill of opsdk.llm has a symbolic row count: the rule pads it to whole row
+    tiles (a decode step's one row and a 64-token prefill through the same kernel)."""
+    from tvm import te
+
+    from opsdk.schedules._qwgemm import schedule_qwdense
+    from opsdk.schedules.cpu.vnni import Q8_VNNI
+
+    k, n = 256, 70
+    ins = _q8_case(op, rows, k, n, rows)
+    tgt = opsdk.target("x86")
+    mvar = te.var("m", "int64")
+    phs = [te.placeholder((mvar, k), "float32", name="x"),
+           *(te.placeholder(v.shape, str(v.dtype), name=nm) for nm, v in list(ins.items())[1:])]
+    d = opsdk.get_op(op)
+    attrs = {"activation": "gelu", "activations": "q8_0"}
+    y = d.call_compute(phs, attrs)
+    sch = schedule_qwdense(te.create_prim_func([*phs, y]), tgt, Q8_VNNI)
+    assert [int(v) for v in sch.mod["main"].attrs["opsdk.qwdense_tile"]] == [4, 2]
+    ex = tvm.compile(sch.mod, target=tgt)
+    out = tvm.runtime.empty((rows, n), "float32")
+    ex["main"](*[tvm.runtime.tensor(v) for v in ins.values()], out)
+    want = d.run_reference(ins, attrs)
+    err = np.abs(out.numpy() - want)
+    assert (err <= _bound(op, ins, attrs, want)).all(), err.max()
+
+
+@_VNNI
+def test_q8_0_rule_without_the_nibble_offset_fails_verify(monkeypatch) -> None:
+    """A planted bug: the q4 kernel without its ``-8 * sum(xq)`` start (sum of nibble * xq,
+    the nibbles' offset forgotten) must fail verify, and pass again when restored."""
+    from opsdk.schedules import _qwgemm
+
+    d = opsdk.get_op("dense_q4")
+    case = Case("dense_q4", "host", "float32", "q8_0", (1, 768),
+                {**d.default_attrs(), "activations": "q8_0"}, ("bias",), {}, 0, static=True,
+                free={"N": 40})
+    from opsdk.verify import _builds
+
+    monkeypatch.setattr(_builds, "_BUILDS", type(_builds._BUILDS)())  # build afresh
+    monkeypatch.setattr(_qwgemm, "Q4_ZERO", 0)
+    res = run_case(case)
+    assert res.status == "mismatch" and res.rule == "x86.qwdense_vnni", res.status
+    monkeypatch.setattr(_builds, "_BUILDS", type(_builds._BUILDS)())
+    monkeypatch.setattr(_qwgemm, "Q4_ZERO", 8)
+    assert run_case(case).status == "pass"
+
+
+def test_q8_0_w8_refuses_k_not_whole_blocks() -> None:
+    x = relax.Var("x", relax.TensorType((2, 40), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 40), "int8"))
+    s = relax.Var("s", relax.TensorType((8,), "float32"))
+    bb = relax.BlockBuilder()
+    bb.normalize(opsdk.relax.dense_w8(x, w, s))  # float32 activations: any K
+    with pytest.raises(ValueError, match=r"dense_w8.*'x'.*K = 40.*multiple of 32.*"
+                       r"activations='float32'"):
+        bb.normalize(opsdk.relax.dense_w8(x, w, s, activations="q8_0"))
+
+
+def test_without_vnni_q8_0_takes_the_generic_lowering() -> None:
+    """x86.wdense declines activations="q8_0" (it computes float32 numerics) and the VNNI
+    rule needs the feature: an AVX2 CPU gets the generic lowering, which is correct."""
+    from tvm import te
+
+    from opsdk.schedules import choose
+
+    op = opsdk.get_op("dense_q4")
+    x = te.placeholder((1, 64), "float32", name="x")
+    ins = [x, te.placeholder((8, 32), "uint8", name="qs"),
+           te.placeholder((8, 2), "float16", name="d")]
+    for acts, rule in (("q8_0", "generic"), ("float32", "x86.wdense")):
+        y = op.call_compute([*ins, None], {"activation": "none", "activations": acts})
+        ch = choose(op, tvm.te.create_prim_func([*ins, y]),
+                    opsdk.target({"kind": "llvm", "mcpu": "znver3"}))  # AVX2, no VNNI
+        assert ch.rule == rule, ch.reasons
