@@ -32,9 +32,11 @@ from opsdk.ops.dense_w8 import quantize_w8
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257)]
 
 
-def _module(kind: str, m: int, k: int, n: int, rng: np.random.Generator):
+def _module(kind: str, m: int, k: int, n: int, rng: np.random.Generator,
+            symbolic: bool = False):
     wf = (rng.standard_normal((n, k)) * 0.05).astype("float32")
-    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    rows = tvm.tirx.Var("n", "int64") if symbolic else m  # opsdk.llm's prefill: n symbolic
+    x = relax.Var("x", relax.TensorType((rows, k), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -61,6 +63,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median taken)")
     ap.add_argument("--head-prefill", action="store_true", help="also M > 1 for the LM head")
+    ap.add_argument("--symbolic", action="store_true",
+                    help="compile with a symbolic row count (as opsdk.llm's prefill), run M rows")
     ap.add_argument("--kinds", nargs="+", default=["q4q8", "q4", "w8q8", "w8", "f32"],
                     help="candidates (f32 is the baseline of the 'x f32' column)")
     ap.add_argument("--shapes", nargs="+", type=int, default=None,
@@ -79,7 +83,7 @@ def main() -> None:
                 continue
             cands = {}
             for kind in args.kinds:
-                mod, wbytes = _module(kind, m, k, n, rng)
+                mod, wbytes = _module(kind, m, k, n, rng, args.symbolic)
                 vm = relax.VirtualMachine(opsdk.compile(mod, args.target), dev)
                 xv = tvm.runtime.tensor(rng.uniform(-1, 1, (m, k)).astype("float32"), dev)
                 vm["main"](xv)

@@ -142,21 +142,21 @@ def qwdense_packed(
     wdt = "uint8" if q4 else kernel.wdtype
 
     def wp_f(t, kq, e):
-        nn, kk = t * lanes + e // 4, kq * 4 + e % 4
+        nn, kk = t * cols + e // 4, kq * 4 + e % 4
         v = w[nn, kk] if off == 0 else (w[nn, kk].astype("int32") + off)
         return tirx.if_then_else(nn < n, v.astype(wdt), tirx.const(0, wdt))
 
-    wp = te.compute((dim(np_ // lanes), dim(nbytes // 4), dim(lanes * 4)), wp_f, name="wp")
+    wp = te.compute((dim(np_ // cols), dim(nbytes // 4), dim(cols * 4)), wp_f, name="wp")
     if q4:
         dp = te.compute(
-            (dim(np_ // lanes), dim(groups), dim(lanes)),
-            lambda t, g, c: tirx.if_then_else(t * lanes + c < n, scale[t * lanes + c, g],
+            (dim(np_ // cols), dim(groups), dim(cols)),
+            lambda t, g, c: tirx.if_then_else(t * cols + c < n, scale[t * cols + c, g],
                                               tirx.const(0, scale.dtype)),
             name="dp")
     corr = Q4_ZERO if q4 else off  # the accumulator starts at -corr * xsum
 
     def wval(j, kk):  # the unsigned / signed weight the instruction multiplies, as int32
-        t, c = j // lanes, j % lanes
+        t, c = j // cols, j % cols
         if q4:
             g, e = kk // QBLOCK, kk % QBLOCK
             byte = g * 16 + e % 16
@@ -176,7 +176,7 @@ def qwdense_packed(
                                             tirx.const(0, "int32"))
         s = xd[i, g]
         if q4:
-            s = dp[j // lanes, g, j % lanes].astype(f32) * s
+            s = dp[j // cols, g, j % cols].astype(f32) * s
         return te.sum(prod.astype(f32) * s, axis=rk)
 
     acc = te.compute((mp, dim(np_)), acc_f, name="acc")
@@ -287,8 +287,8 @@ def tile_kernel(sch: s_tir.Schedule, block: Any, kernel: QKernel, q4: bool) -> N
         steps: list[tirx.Stmt] = []
         lets: list[tuple[tirx.Var, tirx.PrimExpr]] = []
         for v in range(nv):
-            load = tirx.BufferLoad(wp_buf, [t0 + v, g * quads + q,
-                                            tirx.Ramp(c_(0), 1, lanes * 4)])
+            load = tirx.BufferLoad(wp_buf, [t0, g * quads + q,
+                                            tirx.Ramp(c_(v * lanes * 4), 1, lanes * 4)])
             lets.append((wvars[v], load))
             if q4:
                 lo = tirx.Var(f"lo{v}", wbytes)
@@ -313,7 +313,7 @@ def tile_kernel(sch: s_tir.Schedule, block: Any, kernel: QKernel, q4: bool) -> N
     for v in range(nv):  # once per block: convert, scale, accumulate in float32
         dsc = None
         if dp_buf is not None:
-            dsc = tirx.BufferLoad(dp_buf, [t0 + v, g, vec(0)]).astype(f32v)
+            dsc = tirx.BufferLoad(dp_buf, [t0, g, vec(v)]).astype(f32v)
         for r in range(rows):
             isum: tirx.PrimExpr = tirx.BufferLoad(iacc[r][0], [vec(v)])
             if chains == 2:
