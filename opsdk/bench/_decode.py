@@ -61,9 +61,11 @@ def gpt2_torch_model(weights: DecoderWeights) -> Any:
 
 
 class _Opsdk:
-    def __init__(self, weights: DecoderWeights, mode: str, capacity: int) -> None:
+    def __init__(self, weights: DecoderWeights, mode: str, capacity: int,
+                 activations: str) -> None:
         t0 = time.perf_counter()
-        self.cm = compile_decoder(weights, weights_mode=mode)
+        self.cm = compile_decoder(weights, weights_mode=mode,
+                                  activations="float32" if mode == "float32" else activations)
         self.compile_s = time.perf_counter() - t0
         self.dec = Decoder(self.cm, weights.config, capacity=capacity)
 
@@ -128,10 +130,12 @@ def _peak_rss_child(library: str, weights: DecoderWeights, prompt: list[int],
 def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4", "int8"),
                  peers: Sequence[str] = ("llamacpp", "torch"), prompt_len: int = 64,
                  tokens: int = 64, rounds: int = 5, threads: int = 2, seed: int = 0,
-                 log: Any = print) -> dict[str, Any]:
+                 activations: str = "q8_0", log: Any = print) -> dict[str, Any]:
     """Interleaved decode benchmark (module docstring); returns the report as a dict.
 
     Peers that cannot run (not installed) are skipped with one line through ``log``.
+    ``activations``: what opsdk's quantized layers multiply (``q8_0``, llama.cpp's numerics,
+    or ``float32``).
     """
     from ._llamacpp import available, bench_llamacpp, quantize_gguf, write_gpt2_gguf
 
@@ -144,7 +148,7 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     runners: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for mode in weights_modes:
-        r = _Opsdk(weights, mode, prompt_len + tokens + 1)
+        r = _Opsdk(weights, mode, prompt_len + tokens + 1, activations)
         runners[f"opsdk {mode}"] = r.round
         meta[f"opsdk {mode}"] = {"compile_s": round(r.compile_s, 1),
                                  "library": str(r.cm.library) if r.cm.library else None}
@@ -187,6 +191,7 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     report: dict[str, Any] = {
         "model": model, "params": cfg.weight_count(), "prompt_tokens": prompt_len,
         "decode_tokens": tokens, "rounds": rounds, "threads": threads,
+        "activations": activations,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "runtimes": {}, "ratios": {}}
     for name, t in times.items():

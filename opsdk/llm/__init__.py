@@ -16,6 +16,7 @@ Examples
 from __future__ import annotations
 
 from ._decoder import (
+    ACTIVATION_MODES,
     WEIGHT_MODES,
     DecoderConfig,
     DecoderWeights,
@@ -28,6 +29,7 @@ from ._decoder import (
 from ._runtime import Decoder, GenerateStats, check_on_target, compile_decoder
 
 __all__ = [
+    "ACTIVATION_MODES",
     "WEIGHT_MODES",
     "Decoder",
     "DecoderConfig",

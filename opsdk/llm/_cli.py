@@ -15,6 +15,7 @@ from .._cliargs import output_path, positive_int
 from .._files import write_text_atomic
 from ..cli import UsageError
 from ._decoder import (
+    ACTIVATION_MODES,
     WEIGHT_MODES,
     DecoderConfig,
     DecoderWeights,
@@ -45,6 +46,10 @@ def add_generate_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--weights", choices=WEIGHT_MODES, default="float32",
                    help="linear layers in float32, int8 per channel or int4 q4_0 groups "
                    "(weight-only; default float32)")
+    s.add_argument("--activations", choices=ACTIVATION_MODES,
+                   help="with int8 / int4 weights: q8_0 (default: inputs of each linear layer "
+                   "quantized to int8 per 32 values, integer dot products, llama.cpp's "
+                   "numerics) or float32 (weights dequantized in registers)")
     s.add_argument("--check", action="store_true",
                    help="compare every step's logits with float64 references: of the weights "
                    "the kernels use (dequantized; float32 accuracy expected) and of the float "
@@ -86,6 +91,15 @@ def load_decoder_weights(model: str, seed: int = 0) -> DecoderWeights:
         raise UsageError(str(e)) from None
 
 
+def _activations(args: argparse.Namespace) -> str:
+    """q8_0 for quantized weights unless told; float32 weights keep float32 inputs."""
+    if args.weights == "float32":
+        if args.activations == "q8_0":
+            raise UsageError("--activations q8_0 needs --weights int8 or int4")
+        return "float32"
+    return args.activations or "q8_0"
+
+
 def _prompt(args: argparse.Namespace, cfg: DecoderConfig) -> list[int]:
     if args.prompt:
         try:
@@ -121,7 +135,8 @@ def _check(args: argparse.Namespace, weights: DecoderWeights, prompt: list[int],
     got = np.stack(logits)
     ref_float = reference_logits(weights, seq)[len(prompt) - 1:]
     ref_own = ref_float if args.weights == "float32" else \
-        reference_logits(dequantized_weights(weights, args.weights), seq)[len(prompt) - 1:]
+        reference_logits(dequantized_weights(weights, args.weights), seq,
+                         activations=_activations(args))[len(prompt) - 1:]
     kernels = _rel_rmse(got, ref_own)
     quant = _rel_rmse(got, ref_float)
     agree = float(np.mean(np.argmax(ref_float, -1) == np.argmax(got, -1)))
@@ -144,7 +159,8 @@ def _on_target(args: argparse.Namespace, weights: DecoderWeights, prompt: list[i
     follow = np.random.default_rng(args.seed + 2).integers(
         0, weights.config.vocab, args.tokens).tolist()
     try:
-        res = check_on_target(weights, args.target, prompt, follow, weights_mode=args.weights)
+        res = check_on_target(weights, args.target, prompt, follow, weights_mode=args.weights,
+                              activations=_activations(args))
     except ValueError as e:  # an unknown target names itself
         raise UsageError(str(e)) from None
     ok = res["target_vs_host"] <= KERNEL_BOUND and res["target_vs_reference"] <= KERNEL_BOUND
@@ -170,7 +186,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
     if args.target:
         return _on_target(args, weights, prompt)
     t0 = time.perf_counter()
-    cm = compile_decoder(weights, weights_mode=args.weights)
+    cm = compile_decoder(weights, weights_mode=args.weights, activations=_activations(args))
     compile_s = time.perf_counter() - t0
     dec = Decoder(cm, cfg, capacity=len(prompt) + args.tokens)
     dec.generate(prompt, min(args.tokens, 4))  # warm-up: first-touch of weights and caches
@@ -185,7 +201,8 @@ def run_generate_command(args: argparse.Namespace) -> int:
     dec.forward = recording  # type: ignore[method-assign]
     generated, stats = dec.generate(prompt, args.tokens)
     report: dict[str, Any] = {
-        "model": args.model, "weights": args.weights, "params": cfg.weight_count(),
+        "model": args.model, "weights": args.weights, "activations": _activations(args),
+        "params": cfg.weight_count(),
         "prompt_tokens": len(prompt), "generated": generated, "compile_s": round(compile_s, 2),
         "prefill_ms": round(stats.prefill_ms, 2),
         "decode_ms_per_token": round(float(np.median(stats.step_ms)), 3) if stats.step_ms

@@ -29,16 +29,19 @@ from tvm.relax import op as R
 
 from .. import relax as opsdk_relax
 from ..ops.dense_q4 import dequantize_q4_0, quantize_q4_0
-from ..ops.dense_w8 import quantize_w8
+from ..ops.dense_w8 import quantize_q8_0, quantize_w8
 from ..registry import load_builtin_ops
 
-__all__ = ["WEIGHT_MODES", "DecoderConfig", "DecoderWeights", "build_decoder",
+__all__ = ["ACTIVATION_MODES", "WEIGHT_MODES", "DecoderConfig", "DecoderWeights", "build_decoder",
            "dequantized_weights", "gpt2_weights",
            "random_weights", "reference_logits"]
 
 #: How linear layers hold their weights: float32, int8 per output channel (``dense_w8``), or
 #: int4 in 32-weight groups with a float16 scale, ggml q4_0's layout (``dense_q4``).
 WEIGHT_MODES = ("float32", "int8", "int4")
+#: What a quantized linear layer multiplies: float32 inputs, or inputs quantized to ggml q8_0
+#: blocks (int8 per 32 values with a float16 scale; integer dot products).
+ACTIVATION_MODES = ("float32", "q8_0")
 
 _CACHE_FUNCS = ("vm.builtin.attention_kv_cache_create", "vm.builtin.attention_kv_cache_append",
                 "vm.builtin.attention_kv_cache_view")
@@ -134,7 +137,8 @@ def _const(a: np.ndarray) -> relax.Constant:
 class _Builder:
     """Emits the decoder's layers into a BlockBuilder, weights as constants."""
 
-    def __init__(self, weights: DecoderWeights, mode: str, fused_attention: bool) -> None:
+    def __init__(self, weights: DecoderWeights, mode: str, fused_attention: bool,
+                 activations: str = "float32") -> None:
         if mode not in WEIGHT_MODES:
             raise ValueError(f"build_decoder: weights={mode!r}; choose one of "
                              f"{', '.join(WEIGHT_MODES)}")
@@ -145,6 +149,11 @@ class _Builder:
         load_builtin_ops()
         self.ops = opsdk_relax  # the builders of the registered ops
         self.fused_attention = fused_attention
+        if activations not in ACTIVATION_MODES or (activations != "float32"
+                                                   and mode == "float32"):
+            raise ValueError(f"build_decoder: activations={activations!r}; choose "
+                             f"{', '.join(ACTIVATION_MODES)} (q8_0 with int8 / int4 weights)")
+        self.activations = activations
 
     def const(self, key: str, make: Any) -> relax.Constant:
         """The constant ``key`` (``make()`` the first time): both entry points share it, so
@@ -176,9 +185,11 @@ class _Builder:
         # the weight-only ops compute bias and activation in their own write-back
         if self.mode == "int8":
             q, s = self._quantized(w_name, quantize_w8)
-            return self.emit(self.ops.dense_w8(x, q, s, bias, activation=activation))
+            return self.emit(self.ops.dense_w8(x, q, s, bias, activation=activation,
+                                               activations=self.activations))
         qs, d = self._quantized(w_name, quantize_q4_0)
-        return self.emit(self.ops.dense_q4(x, qs, d, bias, activation=activation))
+        return self.emit(self.ops.dense_q4(x, qs, d, bias, activation=activation,
+                                           activations=self.activations))
 
     def _quantized(self, w_name: str, quantize: Any) -> tuple[relax.Constant, ...]:
         key = f"{w_name}.{self.mode}"
@@ -294,7 +305,8 @@ def _emit_forward(b: _Builder, name: str, n: tirx.PrimExpr) -> None:
 
 
 def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
-                  fused_attention: bool = True) -> tvm.IRModule:
+                  fused_attention: bool = True, activations: str = "float32"
+                  ) -> tvm.IRModule:
     """The decoder as a Relax module with ``create_cache`` and ``forward`` (module doc).
 
     Parameters
@@ -306,6 +318,10 @@ def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
     fused_attention
         Attention as one ``opsdk.attention`` kernel (default), or decomposed into batched
         matmuls, a mask and a softmax (the baseline it is measured against).
+    activations
+        With int8 / int4 weights: ``"q8_0"`` quantizes each linear layer's input to int8 in
+        32-blocks and multiplies in integers (llama.cpp's numerics, VNNI / sdot kernels);
+        ``"float32"`` keeps it float (weights dequantized in registers).
 
     Returns
     -------
@@ -322,7 +338,7 @@ def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
     >>> sorted(gv.name_hint for gv in mod.functions if gv.name_hint != "causal_scale")
     ['create_cache', 'decode', 'prefill']
     """
-    b = _Builder(weights, weights_mode, fused_attention)
+    b = _Builder(weights, weights_mode, fused_attention, activations)
     cfg, bb = b.cfg, b.bb
     # Two entry points over the same weights: ``prefill`` for any number of new tokens and
     # ``decode`` for exactly one, so the decode step's kernels are scheduled for one row (a
@@ -374,9 +390,12 @@ def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
     return DecoderWeights(config, t)
 
 
-def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray) -> np.ndarray:
+def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray, *,
+                     activations: str = "float32") -> np.ndarray:
     """The float64 logits ``(len(tokens), vocab)`` of the whole sequence, from the float32
-    weights: what the decoder's numerics are judged against.
+    weights: what the decoder's numerics are judged against. ``activations="q8_0"``: every
+    linear layer's input quantized to q8_0 blocks first (bit-exactly as the kernels do), so
+    only float rounding separates a quantized decoder from this reference.
 
     Examples
     --------
@@ -395,8 +414,14 @@ def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray) ->
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
         return (x - mu) / np.sqrt(var + cfg.eps) * t[name + ".weight"] + t[name + ".bias"]
 
+    def act_in(x: np.ndarray) -> np.ndarray:  # what the matmul reads of its input
+        if activations == "float32":
+            return x
+        xq, dx = quantize_q8_0(x.astype(np.float32))  # bit-exact, as the kernels quantize
+        return (xq.reshape(len(x), -1, 32) * dx[:, :, None].astype(np.float64)).reshape(x.shape)
+
     def lin(x: np.ndarray, name: str) -> np.ndarray:
-        return x @ t[name + ".weight"].T + t[name + ".bias"]
+        return act_in(x) @ t[name + ".weight"].T + t[name + ".bias"]
 
     x = t["wte"][ids] + t["wpe"][np.arange(n)]
     mask = np.triu(np.full((n, n), -np.inf), 1)
@@ -411,7 +436,7 @@ def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray) ->
         f = lin(ln(x, p + "ln_2"), p + "mlp.c_fc")
         f = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f ** 3)))
         x = x + lin(f, p + "mlp.c_proj")
-    return ln(x, "ln_f") @ t["wte"].T
+    return act_in(ln(x, "ln_f")) @ t["wte"].T
 
 
 def dequantized_weights(weights: DecoderWeights, weights_mode: str) -> DecoderWeights:

@@ -29,7 +29,8 @@ __all__ = ["Decoder", "GenerateStats", "check_on_target", "compile_decoder"]
 
 def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
                     target: Any = "x86", cache: Any = None,
-                    fused_attention: bool = True) -> CompiledModel:
+                    fused_attention: bool = True, activations: str = "float32"
+                    ) -> CompiledModel:
     """:func:`~opsdk.llm.build_decoder`, the fusion step, and :func:`opsdk.model.compile_model`
     (through its compile cache: ``cache`` as there). Arguments as for
     :func:`~opsdk.llm.build_decoder`.
@@ -43,7 +44,8 @@ def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
     True
     """
     mod = FuseIntoOps()(build_decoder(weights, weights_mode=weights_mode,
-                                      fused_attention=fused_attention))
+                                      fused_attention=fused_attention,
+                                      activations=activations))
     return compile_model(mod, target, cache=cache)
 
 
@@ -141,7 +143,8 @@ class Decoder:
 
 def check_on_target(weights: DecoderWeights, target: str, prompt: list[int],
                     follow: list[int], *, weights_mode: str = "float32",
-                    cache: Any = None, runner: Any = None) -> dict[str, Any]:
+                    activations: str = "float32", cache: Any = None,
+                    runner: Any = None) -> dict[str, Any]:
     """Run the decode loop (prefill of ``prompt``, one step per token of ``follow``) built for
     ``target`` on its runner (the emulator for ``arm`` on an x86 host, or ``runner``) and on
     the host, and compare every step's logits.
@@ -161,7 +164,8 @@ def check_on_target(weights: DecoderWeights, target: str, prompt: list[int],
     (3, True)
     """
     cfg = weights.config
-    mod = add_check_entry(build_decoder(weights, weights_mode=weights_mode), cfg,
+    mod = add_check_entry(build_decoder(weights, weights_mode=weights_mode,
+                                        activations=activations), cfg,
                           len(prompt), len(follow))
     mod = FuseIntoOps()(mod)
     inputs = [np.asarray([prompt], np.int32), np.asarray([follow], np.int32)]
@@ -180,7 +184,8 @@ def check_on_target(weights: DecoderWeights, target: str, prompt: list[int],
         if own:
             run.close()
     ref = reference_logits(dequantized_weights(weights, weights_mode),
-                           list(prompt) + list(follow))[len(prompt) - 1:]
+                           list(prompt) + list(follow),
+                           activations=activations)[len(prompt) - 1:]
 
     def rel(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))

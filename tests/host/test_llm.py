@@ -38,11 +38,14 @@ def weights():
     return random_weights(CFG, seed=3)
 
 
-@pytest.mark.parametrize("mode", ["float32", "int8", "int4"])
-def test_prefill_then_decode_match_reference(weights, mode):
-    dec = Decoder(compile_decoder(weights, weights_mode=mode, cache=False), CFG, capacity=4)
+@pytest.mark.parametrize("mode, activations", [
+    ("float32", "float32"), ("int8", "float32"), ("int4", "float32"), ("int8", "q8_0"),
+    ("int4", "q8_0")])
+def test_prefill_then_decode_match_reference(weights, mode, activations):
+    cm = compile_decoder(weights, weights_mode=mode, activations=activations, cache=False)
+    dec = Decoder(cm, CFG, capacity=4)
     ids = np.random.default_rng(0).integers(0, CFG.vocab, 20).tolist()
-    ref = reference_logits(dequantized_weights(weights, mode), ids)
+    ref = reference_logits(dequantized_weights(weights, mode), ids, activations=activations)
     got = [dec.forward(ids[:9])]  # prefill past the cache's capacity of 4: it grows
     got += [dec.forward([t]) for t in ids[9:]]  # decode steps, one token each
     got = np.stack(got)
@@ -80,6 +83,8 @@ def test_errors_name_the_problem(weights):
         dec.forward(list(range(9)))
     with pytest.raises(ValueError, match="weights='int3'"):
         compile_decoder(weights, weights_mode="int3", cache=False)
+    with pytest.raises(ValueError, match="q8_0 with int8 / int4 weights"):
+        compile_decoder(weights, activations="q8_0", cache=False)
 
 
 def test_generate_command(tmp_path, capsys):
@@ -99,6 +104,7 @@ def test_generate_command(tmp_path, capsys):
     (["generate", "gpt2-tiny", "--prompt", "1,x"], "token ids separated by commas"),
     (["generate", "gpt2-tiny", "--prompt", "1,5000"], r"must lie in \[0, 1000\)"),
     (["generate", "gpt2-tiny", "--prompt-len", "250", "--tokens", "10"], "exceed the model's"),
+    (["generate", "gpt2-tiny", "--activations", "q8_0"], "needs --weights int8 or int4"),
 ])
 def test_generate_usage_errors(argv, message, capsys):
     assert main(argv) == 2
