@@ -354,3 +354,50 @@ def test_without_vnni_q8_0_takes_the_generic_lowering() -> None:
         ch = choose(op, tvm.te.create_prim_func([*ins, y]),
                     opsdk.target({"kind": "llvm", "mcpu": "znver3"}))  # AVX2, no VNNI
         assert ch.rule == rule, ch.reasons
+
+
+@_VNNI
+@pytest.mark.parametrize("rows", [1, None])  # a decode step; a symbolic prefill (64 rows)
+def test_q8_0_model_path_folds_the_packing_and_keeps_the_numerics(rows) -> None:
+    """As opsdk.llm calls them: the fusion rules keep ``activations``, the packing of the
+    constant weights, scales and bias is folded at compile time, and the kernels run the
+    VNNI rule."""
+    rng = np.random.default_rng(5)
+    k, n, n2 = 256, 64, 40
+    qs, d = quantize_q4_0((rng.standard_normal((n, k)) * 0.1).astype("float32"))
+    w8, s8 = quantize_w8((rng.standard_normal((n2, n)) * 0.1).astype("float32"))
+    b = rng.uniform(-1, 1, n).astype("float32")
+    x = relax.Var("x", relax.TensorType((rows or tvm.tirx.Var("n", "int64"), k), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(opsdk.relax.dense_q4(x, relax.const(qs), relax.const(d),
+                                             activations="q8_0"))
+            y = bb.emit(relax.op.nn.gelu_tanh(relax.op.add(y, relax.const(b))))
+            z = bb.emit(opsdk.relax.dense_w8(y, relax.const(w8), relax.const(s8),
+                                             activations="q8_0"))
+            bb.emit_output(z)
+        bb.emit_func_output(z)
+    mod = opsdk.transform.FuseIntoOps()(bb.get())
+    counts = opsdk.transform.op_counts(mod, "")
+    assert counts.get("opsdk.dense_q4") == 1 and "relax.add" not in counts, counts
+    t = opsdk.target("x86")
+    with t:
+        low = opsdk.pipeline(t)(mod)
+    funcs = {f.attrs["opsdk.op"]: f for f in low.functions.values()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "opsdk.op" in f.attrs}
+    assert set(funcs) == {"dense_q4", "dense_w8"}
+    for f in funcs.values():
+        assert f.attrs["opsdk.rule"] == "x86.qwdense_vnni"
+        assert 'sblock("wp"' not in f.script() and 'sblock("bp"' not in f.script()
+    vm = relax.VirtualMachine(opsdk.compile(mod, "x86"), tvm.cpu())
+    xv = rng.uniform(-2, 2, (rows or 64, k)).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(xv)).numpy()
+    y = opsdk.get_op("dense_q4").run_reference(
+        {"x": xv, "qs": qs, "d": d, "bias": b},
+        {"activation": "gelu_tanh", "activations": "q8_0"}).astype("float32")
+    want = opsdk.get_op("dense_w8").run_reference(
+        {"x": y, "w": w8, "w_scale": s8}, {"activation": "none", "activations": "q8_0"})
+    # The second layer quantizes the first one's float32 output: a last-bit difference there
+    # may move one int8 step, so compare at the q8_0 resolution.
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * np.abs(want).max())
