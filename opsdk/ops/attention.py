@@ -1,4 +1,4 @@
-"""``attention``: scaled dot-product attention in one kernel, Q K^T * scale (+ causal mask) ->
+"""``attention``: scaled dot-product attention in one kernel, Q K^T * scale (+ mask, causal) ->
 softmax -> V, for encoders (every key visible) and decoders (causal, over a KV cache).
 
 Layouts: ``"BSHD"`` (batch, sequence, heads, head dim: how a KV cache stores rows, and how
@@ -7,7 +7,13 @@ Queries ``(B, n, H, D)`` attend over ``m`` keys and values ``(B, m, Hkv, D)``; w
 ``Hkv < H`` (grouped-query attention) query head ``h`` reads key head ``h // (H / Hkv)``.
 ``causal``: query ``i`` sits at position ``m - n + i`` (the ``n`` new tokens are the last of
 the ``m``) and sees keys ``j <= m - n + i``; a query that sees no key gives zeros.
-``scale`` 0 means ``1 / sqrt(D)``.
+``scale`` 0 means ``1 / sqrt(D)``. ``mask`` (optional, float32 ``(B, 1, n, m)``, shared by
+the heads) is added to the scaled scores, as torch's additive ``attn_mask`` (``-inf``: the key
+is not seen).
+
+torch: ``F.scaled_dot_product_attention`` (``aten.scaled_dot_product_attention``, kept out
+of the decomposition) maps to this op with layout ``"BHSD"`` where it fits and is faster
+(:func:`_from_torch`); other calls get the matmul / softmax / matmul decomposition in Relax.
 
 The compute is float32 throughout: the scores and the exponentials live in a row buffer of
 the ``m`` keys (no ``n x m`` matrix in memory), the division by the exponentials' sum is
@@ -17,25 +23,30 @@ one reciprocal per row.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from tvm import te, tirx
+from tvm import relax, te, tirx
 
 from .._declare import op
 from .._errmodel import MATH_ULPS, ModelInput, error_model, gamma
 from .._opdef import Tensor
 from ..te_utils import exp_f32
+from ._convert import arg
 
-__all__ = ["attention"]
+__all__ = ["KEY_PAD", "attention"]
+
+#: The keys' padding in the compute's score rows (a multiple of every target's vector width).
+KEY_PAD = 16
 
 
 def _bhsd(a: np.ndarray, layout: str) -> np.ndarray:
     return a if layout == "BHSD" else a.transpose(0, 2, 1, 3)
 
 
-def _parts(q, k, v, scale, causal, layout):
-    """float64 (B, H, n, m) scores, visibility mask, and (B, H, m, D) values."""
+def _parts(q, k, v, mask, scale, causal, layout):
+    """float64 (B, H, n, m) scaled scores (with the mask added), visibility, the mask
+    (or 0), and (B, H, m, D) values."""
     q, k, v = (_bhsd(a.astype(np.float64), layout) for a in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -44,11 +55,15 @@ def _parts(q, k, v, scale, causal, layout):
     seen = np.ones((n, m), bool)
     if causal:
         seen = np.arange(m)[None, :] <= (m - n + np.arange(n))[:, None]
-    return q, k, v, s, np.broadcast_to(seen, s.shape)
+    seen = np.broadcast_to(seen, s.shape)
+    add = np.zeros(1) if mask is None else mask.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        s = s + add
+    return q, k, v, s, seen & np.isfinite(s), add
 
 
-def _reference(q, k, v, *, scale=0.0, causal=False, layout="BSHD"):
-    _, _, v, s, seen = _parts(q, k, v, scale, causal, layout)
+def _reference(q, k, v, mask=None, *, scale=0.0, causal=False, layout="BSHD"):
+    _, _, v, s, seen, _ = _parts(q, k, v, mask, scale, causal, layout)
     s = np.where(seen, s, -np.inf)
     mx = s.max(-1, keepdims=True)
     e = np.where(seen, np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
@@ -57,11 +72,25 @@ def _reference(q, k, v, *, scale=0.0, causal=False, layout="BSHD"):
     return _bhsd(p @ v, layout)
 
 
+def _input_shapes(s, a):
+    if a["layout"] == "BSHD":
+        kv = (s[0], "M", s[2], s[3])
+        return {"k": kv, "v": kv, "mask": (s[0], 1, s[1], "M")}
+    kv = (s[0], s[1], "M", s[3])
+    return {"k": kv, "v": kv, "mask": (s[0], 1, s[2], "M")}
+
+
 def _check(shapes, dtypes, attrs):
     q, k, v = shapes["q"], shapes["k"], shapes["v"]
     lay = attrs["layout"]
     if lay not in ("BSHD", "BHSD"):
         raise ValueError(f"argument 'layout' is {lay!r}; use 'BSHD' or 'BHSD'")
+    mask = shapes.get("mask")
+    n, m = (q[1], k[1]) if lay == "BSHD" else (q[2], k[2])
+    if mask is not None and (len(mask) != 4 or mask[1] != 1 or mask[0] != q[0]
+                             or mask[2] != n or mask[3] != m):
+        raise ValueError(f"mask {tuple(mask)} must be (batch, 1, queries, keys) = "
+                         f"({q[0]}, 1, {n}, {m})")
     if k != v:
         raise ValueError(f"k {tuple(k)} and v {tuple(v)} must have the same shape")
     h_axis = 2 if lay == "BSHD" else 1
@@ -81,20 +110,19 @@ def _check(shapes, dtypes, attrs):
     reference=_reference,
     dtypes=("float32",),
     ranks=(4, 4),
-    input_shapes=lambda s, a: (
-        {"k": (s[0], "M", s[2], s[3]), "v": (s[0], "M", s[2], s[3])} if a["layout"] == "BSHD"
-        else {"k": (s[0], s[1], "M", s[3]), "v": (s[0], s[1], "M", s[3])}),
+    input_shapes=_input_shapes,
     free_dims={"M": (1, 80)},
     check=_check,
     layouts={"causal": {"causal": True}, "full": {"causal": False},
              "BHSD": {"layout": "BHSD", "causal": False}},
-    domain={"q": (-2.0, 2.0), "k": (-2.0, 2.0), "v": (-2.0, 2.0)},
+    domain={"q": (-2.0, 2.0), "k": (-2.0, 2.0), "v": (-2.0, 2.0), "mask": (-4.0, 0.0)},
     attr_domain={"scale": [0.0, 0.125, 0.5]},
     kind="reduction",
     examples=[(1, 3, 2, 8)],
 )
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float = 0.0, causal: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: float = 0.0,
+    causal: bool = False,
     layout: Literal["BSHD", "BHSD"] = "BSHD",
 ) -> te.Tensor:
     """``softmax(q k^T * scale + mask) v`` per head, float32 (module docstring)."""
@@ -116,24 +144,40 @@ def attention(
     def seen(i, j):
         return j <= m - n + i if causal else tirx.const(True, "bool")
 
+    # K transposed per key head, (B, Hk, D, mp), the keys padded to a multiple of KEY_PAD
+    # (the last key repeated: no branch; the padded scores are masked out below). The
+    # many-query schedule reads a tile of keys of one head dim as one vector; the decode
+    # schedule inlines it (K read in place).
+    mp = (m + KEY_PAD - 1) // KEY_PAD * KEY_PAD
+    kt = te.compute(
+        (q.shape[0], h_k, d, mp),
+        lambda b, h, e, j: at(k, b, tirx.min(j, m - 1), h, e), name="kt")
     rd = te.reduce_axis((0, d), name="rd")
     sc = te.compute(
-        (q.shape[0], h_q, n, m),
-        lambda b, h, i, j: te.sum(at(q, b, i, h, rd) * at(k, b, j, h // group, rd), axis=rd),
+        (q.shape[0], h_q, n, mp),
+        lambda b, h, i, j: te.sum(at(q, b, i, h, rd) * kt[b, h // group, rd, j], axis=rd),
         name="scores")
-    rm = te.reduce_axis((0, m), name="rm")
+
+    def live(i, j):  # a real key the query sees
+        return tirx.all(j < m, seen(i, j)) if causal else j < m
+
+    def scaled(b, h, i, j):  # the score as softmax sees it (the padded keys read key m - 1)
+        t = sc[b, h, i, j] * f
+        return t if mask is None else t + mask[b, 0, i, tirx.min(j, m - 1)]
+
+    rm = te.reduce_axis((0, mp), name="rm")
     lowest = tirx.min_value("float32")
     mx = te.compute(
         (q.shape[0], h_q, n),
-        lambda b, h, i: te.max(tirx.Select(seen(i, rm), sc[b, h, i, rm] * f, lowest), axis=rm),
+        lambda b, h, i: te.max(tirx.Select(live(i, rm), scaled(b, h, i, rm), lowest), axis=rm),
         name="rowmax")
     ex = te.compute(
         sc.shape,
         lambda b, h, i, j: tirx.Select(
-            seen(i, j), exp_f32(sc[b, h, i, j] * f - mx[b, h, i], nonpositive=True),
+            live(i, j), exp_f32(scaled(b, h, i, j) - mx[b, h, i], nonpositive=True),
             tirx.const(0.0, "float32")),
         name="exp")
-    rs = te.reduce_axis((0, m), name="rs")
+    rs = te.reduce_axis((0, mp), name="rs")
     tot = te.compute(mx.shape, lambda b, h, i: te.sum(ex[b, h, i, rs], axis=rs), name="expsum")
     rv = te.reduce_axis((0, m), name="rv")
 
@@ -164,12 +208,17 @@ def _error(m: ModelInput) -> np.ndarray:
     reciprocal and product one rounding each; the values' weighted sum ``gamma_m``."""
     a = m.attrs
     u = m.u
-    q, k, v, s, seen = _parts(m.inputs["q"], m.inputs["k"], m.inputs["v"], a["scale"],
-                              a["causal"], a["layout"])
+    q, k, v, s, seen, add = _parts(m.inputs["q"], m.inputs["k"], m.inputs["v"],
+                                   m.inputs.get("mask"), a["scale"], a["causal"], a["layout"])
     d = q.shape[3]
     f = a["scale"] or 1.0 / math.sqrt(d)
-    # |delta s_j|: the dot product's rounding, then the scale (itself rounded to float32)
-    ds = gamma(d, u) * f * (np.abs(q) @ np.abs(k).transpose(0, 1, 3, 2)) + 2 * u * np.abs(s)
+    s = np.where(seen, s, 0.0)  # the masked-out (-inf) scores take no part
+    qk = np.where(seen, np.abs(s - add), 0.0)  # |q k * scale|
+    # |delta s_j|: the dot product's rounding, then the scale (itself rounded to float32),
+    # then the mask's add (one rounding of the sum)
+    ds = gamma(d, u) * f * (np.abs(q) @ np.abs(k).transpose(0, 1, 3, 2)) + 2 * u * qk
+    if np.ndim(add) > 1:
+        ds = ds + u * np.abs(s)
     s_m = np.where(seen, s, -np.inf)
     mx = s_m.max(-1, keepdims=True)
     mx = np.where(np.isfinite(mx), mx, 0.0)
@@ -184,3 +233,88 @@ def _error(m: ModelInput) -> np.ndarray:
     err = (p * rel) @ np.abs(v)
     return _bhsd(err / np.maximum(1 - rho_t, 0.5), a["layout"])
 
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: F.scaled_dot_product_attention (aten.scaled_dot_product_attention.default, kept out of
+# the decomposition: torch.export's default table turns it into bmm / softmax / bmm)
+
+#: Fewest static queries (and keys) for which the torch mapping uses the fused op: measured
+#: against the matmul / softmax / matmul path on DeiT-S (197 tokens) and BERT-small (128).
+TORCH_MIN_TOKENS = 16
+
+
+def _static(shape: Any) -> list[int] | None:
+    dims = [d.value if isinstance(d, tirx.IntImm) else None for d in shape]
+    return None if None in dims else dims
+
+
+def _torch_mask(mask: relax.Expr, b: int, n: int, m: int) -> relax.Expr | None:
+    """torch's ``attn_mask`` as the op's additive ``(B, 1, n, m)`` float32 mask (a bool mask:
+    0 where True, -inf where False, as torch's math path makes it), or None when its shape
+    does not broadcast that way (per-head masks)."""
+    ty = mask.ty
+    shape = _static(ty.shape) if isinstance(ty, relax.TensorType) else None
+    if shape is None or len(shape) > 4:
+        return None
+    shape = [1] * (4 - len(shape)) + shape
+    if shape[1] != 1 or shape[0] not in (1, b) or shape[2] not in (1, n) or shape[3] not in (1, m):
+        return None
+    if str(ty.dtype) == "bool":
+        mask = relax.op.where(mask, relax.const(0.0, "float32"),
+                              relax.const(float("-inf"), "float32"))
+    elif str(ty.dtype) != "float32":
+        return None
+    return relax.op.broadcast_to(mask, relax.ShapeExpr([b, 1, n, m]))
+
+
+def _decomposed(imp: Any, q: relax.Expr, k: relax.Expr, v: relax.Expr, mask: relax.Expr | None,
+                scale: float, causal: bool) -> relax.Expr:
+    """``softmax(q k^T * scale + mask) v`` as matmul / softmax / matmul (torch's math path)."""
+    bb = imp.block_builder
+    hq, hk = int(q.ty.shape[1]), int(k.ty.shape[1])
+    if hq != hk:  # grouped heads: repeat each key / value head
+        k = bb.emit(relax.op.repeat(k, hq // hk, axis=1))
+        v = bb.emit(relax.op.repeat(v, hq // hk, axis=1))
+    d = int(q.ty.shape[3])
+    dtype = str(q.ty.dtype)
+    s = bb.emit(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])))
+    s = bb.emit(relax.op.multiply(s, relax.const(scale or 1.0 / math.sqrt(d), dtype)))
+    if causal:  # torch's is_causal: query i sees keys j <= i
+        n, m = int(q.ty.shape[2]), int(k.ty.shape[2])
+        tri = np.where(np.tril(np.ones((n, m), bool)), 0.0, -np.inf).astype(dtype)
+        s = bb.emit(relax.op.add(s, relax.const(tri)))
+    if mask is not None:
+        s = bb.emit(relax.op.add(s, mask))
+    p = bb.emit(relax.op.nn.softmax(s, axis=-1))  # FuseIntoOps makes it opsdk's softmax
+    return bb.emit(relax.op.matmul(p, v))
+
+
+def _from_torch(node: Any, imp: Any) -> relax.Expr:
+    q, k, v = (imp.env[a] for a in node.args[:3])
+    mask = arg(node, 3, "attn_mask")
+    dropout = arg(node, 4, "dropout_p", 0.0)
+    causal = bool(arg(node, 5, "is_causal", False))
+    scale = node.kwargs.get("scale")
+    scale = 0.0 if scale is None else float(scale)
+    shapes = [_static(x.ty.shape) if isinstance(x.ty, relax.TensorType) else None
+              for x in (q, k, v)]
+    if (dropout or any(s is None or len(s) != 4 for s in shapes)
+            or len({str(x.ty.dtype) for x in (q, k, v)}) != 1):
+        return imp._scaled_dot_product_attention(node)  # TVM's own import
+    (b, hq, n, d), (_, hk, m, _), _ = shapes
+    if hk != hq and not node.kwargs.get("enable_gqa", False):
+        return imp._scaled_dot_product_attention(node)
+    madd = None if mask is None else _torch_mask(imp.env[mask], b, n, m)
+    if mask is not None and madd is None:
+        return imp._scaled_dot_product_attention(node)
+    madd = None if madd is None else imp.block_builder.emit(madd)
+    fits = (str(q.ty.dtype) == "float32" and hq % hk == 0 and d % 4 == 0
+            and (not causal or n == m) and min(n, m) >= TORCH_MIN_TOKENS)
+    if not fits:
+        return _decomposed(imp, q, k, v, madd, scale, causal)
+    return imp.block_builder.emit(attention(q, k, v, madd, scale=scale, causal=causal,
+                                            layout="BHSD"))
+
+
+attention.torch("scaled_dot_product_attention.default", convert=_from_torch)

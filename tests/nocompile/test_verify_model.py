@@ -108,7 +108,8 @@ def _emulate(d, inputs, attrs, rng):
 
 def _attention_f32(inputs, attrs, rng):
     """The kernel's float32 steps: sequential dot products over the head dim and over the
-    keys, the scale, the max subtraction, exp at its worst, one reciprocal per row."""
+    keys, the scale, the mask's add, the max subtraction, exp at its worst, one reciprocal
+    per row."""
     bhsd = attrs["layout"] == "BHSD"
     q, k, v = (inputs[n].astype(F) if bhsd else inputs[n].astype(F).transpose(0, 2, 1, 3)
                for n in "qkv")
@@ -118,9 +119,12 @@ def _attention_f32(inputs, attrs, rng):
     f = F(attrs["scale"] or 1 / math.sqrt(dim))
     s = _seq_sum(q[:, :, :, None, :] * k[:, :, None, :, :])[..., 0]  # (B, H, n, m)
     s = (s * f).astype(F)
+    if inputs.get("mask") is not None:
+        s = (s + inputs["mask"].astype(F)).astype(F)
     seen = np.ones((n, m), bool)
     if attrs["causal"]:
         seen = np.arange(m)[None, :] <= (m - n + np.arange(n))[:, None]
+    seen = seen & np.isfinite(s)
     mx = np.where(seen, s, -np.inf).max(-1, keepdims=True)
     a = (s - np.where(np.isfinite(mx), mx, F(0))).astype(F)
     with np.errstate(under="ignore"):

@@ -187,6 +187,8 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     claims=("vectorize", "parallel"),
 )
 def _attention(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Fused attention: one (batch, query, head) row per task, scores in vector partial sums,
-    vectorized exponentials, value rows accumulated with the head dim in vectors."""
+    """Fused attention. Decode (under 16 static queries): one (batch, query, head) row per
+    task, scores in vector partial sums, vectorized exponentials, value rows accumulated with
+    the head dim in vectors. Many queries: a block of query rows of one head per task, K
+    transposed once per head, scores and P V as register-tiled FMAs (``_attention``)."""
     return schedule_attention(func, target)
