@@ -40,6 +40,13 @@ def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
                    help="activation range (default minmax)")
     s.add_argument("--percentile", type=percent, default=99.99)
     s.add_argument("--weights", choices=["per_channel", "per_tensor"], default="per_channel")
+    s.add_argument("--scheme", choices=["int8", "w8", "w4"], default="int8",
+                   help="int8: activations and weights (default); weight-only for "
+                   "memory-bound dense layers: w8 (int8 per channel, dense_w8) or w4 (int4 "
+                   "ggml q4_0 groups, dense_q4); convs stay float then")
+    s.add_argument("--q8-activations", action="store_true",
+                   help="with --scheme w8 / w4: quantize each dense layer's input per 32 "
+                   "values at run time and multiply in integers (llama.cpp's q8_0 numerics)")
     s.add_argument("--activations", choices=["asymmetric", "symmetric"], default="asymmetric")
     s.add_argument("--mixed-precision", metavar="K|T",
                    help="keep the K worst layers (an integer) or every layer whose relative "
@@ -175,8 +182,11 @@ def run_quantize_command(args: argparse.Namespace) -> int:
                 calib_kept.append(b)
             yield b
 
+    if args.q8_activations and args.scheme == "int8":
+        raise _usage("--q8-activations goes with --scheme w8 or w4")
     cfg = QuantConfig(weights=args.weights, activations=args.activations, method=args.method,
-                      percentile=args.percentile)
+                      percentile=args.percentile, scheme=args.scheme,
+                      weight_only_activations="q8_0" if args.q8_activations else "float32")
     if not find_sites(loaded.opsdk_mod):
         print(f"{spec}: no dense or conv2d layer with a constant float32 weight to quantize")
         return 0
@@ -204,7 +214,8 @@ def run_quantize_command(args: argparse.Namespace) -> int:
             ref = host.run(compile_model(loaded.opsdk_mod, "host").ex, loaded.inputs)[0]
             got = host.run(compile_model(qm.mod, "host").ex, loaded.inputs)[0]
         e2e = agreement(got, ref)
-    print(f"int8 layers: {len(qm.quantized)} of {len(qm.sites)}"
+    kind = {"int8": "int8", "w8": "int8-weight", "w4": "int4-weight"}[cfg.scheme]
+    print(f"{kind} layers: {len(qm.quantized)} of {len(qm.sites)}"
           + (f" (float: {', '.join(keep)})" if keep else "")
           + f"; model output vs float: relative RMSE {e2e['rel_rmse'] * 100:.2f}%, cosine "
           f"{e2e['cosine']:.5f}"

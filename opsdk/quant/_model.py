@@ -35,6 +35,7 @@ __all__ = [
     "QuantConfig",
     "QuantSite",
     "QuantizedModel",
+    "WeightOnlyQuant",
     "agreement",
     "find_sites",
     "quantize_model",
@@ -60,6 +61,15 @@ class QuantConfig:
         Site names (:attr:`QuantSite.name`) left in float.
     samples_per_site
         Values kept per site for ``percentile`` / ``mse`` (min and max are exact).
+    scheme
+        ``int8``: activations and weights int8 (``quantize -> qdense`` / ``qconv2d``, as
+        above). Weight-only, for memory-bound layers (an LLM's decode): ``w8`` int8 weights
+        per output channel (``dense_w8``) or ``w4`` int4 in ggml q4_0 groups of 32
+        (``dense_q4``; a layer whose K is not a multiple of 32 stays float). Weight-only
+        schemes quantize dense layers only (convs stay float) and need no activation ranges.
+    weight_only_activations
+        With ``w8`` / ``w4``: ``float32`` (inputs stay float) or ``q8_0`` (inputs quantized
+        per 32 values at run time, integer dot products: llama.cpp's numerics).
     """
 
     weights: Literal["per_channel", "per_tensor"] = "per_channel"
@@ -68,6 +78,12 @@ class QuantConfig:
     percentile: float = 99.99
     keep_float: tuple[str, ...] = ()
     samples_per_site: int = 200_000
+    scheme: Literal["int8", "w8", "w4"] = "int8"
+    weight_only_activations: Literal["float32", "q8_0"] = "float32"
+
+    @property
+    def weight_only(self) -> bool:
+        return self.scheme in ("w8", "w4")
 
 
 @dataclass
@@ -433,7 +449,43 @@ def agreement(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class WeightOnlyQuant:
+    """One dense layer's weight-only quantization: the op (``dense_w8`` / ``dense_q4``), its
+    constant inputs and attributes, and its float64 reference (bit-exact with the kernels up
+    to the float32 sums)."""
+
+    op: Any
+    consts: tuple[np.ndarray, ...]
+    bias: np.ndarray | None
+    attrs: dict[str, Any]
+
+    def run(self, x: np.ndarray, *, activation: bool = False) -> np.ndarray:
+        """The layer on ``x`` (float64 reference of the op): ``x @ W + b``, and its GELU
+        too with ``activation`` (the sensitivity report compares the product, as for int8)."""
+        names = [p.name for p in self.op.tensor_params]
+        ins = dict(zip(names, (x.reshape(-1, x.shape[-1]), *self.consts)))
+        if self.bias is not None:
+            ins["bias"] = self.bias.astype(np.float32)
+        attrs = self.attrs if activation else {**self.attrs, "activation": "none"}
+        return np.asarray(self.op.run_reference(ins, attrs))
+
+
+def _weight_only(s: QuantSite, cfg: QuantConfig) -> WeightOnlyQuant:
+    from ..ops.dense_q4 import dense_q4, quantize_q4_0  # heavy: TVM
+    from ..ops.dense_w8 import dense_w8, quantize_w8  # heavy: TVM
+
+    w = s.w_kn.T.astype(np.float32)  # (N, K)
+    attrs = {"activation": "gelu" if s.gelu else "none",
+             "activations": cfg.weight_only_activations}
+    if cfg.scheme == "w8":
+        return WeightOnlyQuant(dense_w8, quantize_w8(w), s.bias, attrs)
+    return WeightOnlyQuant(dense_q4, quantize_q4_0(w), s.bias, attrs)
+
+
 def _site_quant(s: QuantSite, cfg: QuantConfig) -> Any:
+    if cfg.weight_only:
+        return _weight_only(s, cfg)
     per_channel = cfg.weights == "per_channel"
     if s.conv:
         return quantize_conv2d(s.w_kn, s.bias, s.act, per_channel=per_channel, **s.conv)
@@ -476,7 +528,7 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
     from .. import relax as ops  # heavy: TVM
 
     todo = {s.root: s for s in sites if s.name not in cfg.keep_float}
-    chains = _chains(mod, sites, cfg)
+    chains = {} if cfg.weight_only else _chains(mod, sites, cfg)
     # producer site name -> the consumer's input parameters it requantizes to
     by_name = {s.name: s for s in sites}
     to_int8 = {p.name: by_name[t].act for t, (p, _) in chains.items()}
@@ -514,6 +566,14 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
             for d in shape[1:-1]:
                 m = m * d
             x2 = self.builder_.emit(relax.op.reshape(x, [m, tirx.IntImm("int64", k)]))
+            if cfg.weight_only:  # one kernel: dequantize, multiply, bias, GELU
+                bias = None if q.bias is None else relax.const(q.bias.astype(np.float32))
+                y2 = self.builder_.emit(getattr(ops, q.op.name)(
+                    x2, *(relax.const(c) for c in q.consts), bias, **q.attrs))
+                new = self.builder_.emit(
+                    relax.op.reshape(y2, [*shape[:-1], tirx.IntImm("int64", n)]))
+                self.set_var_remap(binding.var, new)
+                return
             xq = self.builder_.emit(ops.quantize(
                 x2, relax.const(np.array([act.scale], "float32")),
                 relax.const(np.array([act.zero_point], "int32")), out_dtype=act.dtype))
@@ -584,10 +644,15 @@ def quantize_model(
     # what follows them read channels contiguously); a model without convs is unchanged.
     mod = ChannelsLast()(mod)
     sites = find_sites(mod)
+    if cfg.weight_only:  # dense layers only; q4_0 needs whole 32-weight groups
+        sites = [s for s in sites if not s.conv and (cfg.scheme == "w8" or s.shape[0] % 32 == 0)
+                 and (cfg.weight_only_activations == "float32" or s.shape[0] % 32 == 0)]
     if not sites:
-        raise ValueError(
-            "quantize_model: the model has no dense (matmul) or conv2d layer with a constant "
-            "float32 weight: nothing to quantize")
+        what = ("dense (matmul) layer with a constant float32 weight" + (
+            " and K a multiple of 32" if cfg.scheme == "w4"
+            or cfg.weight_only_activations == "q8_0" else "")) if cfg.weight_only else \
+            "dense (matmul) or conv2d layer with a constant float32 weight"
+        raise ValueError(f"quantize_model: the model has no {what}: nothing to quantize")
     _collect(mod, sites, calibration, cfg, progress)
     for s in sites:
         s.act = _act_params(s, cfg)
