@@ -90,7 +90,8 @@ def test_errors_name_the_problem(weights):
 def test_generate_command(tmp_path, capsys):
     out = tmp_path / "gen.json"
     rc = main(["generate", "gpt2-tiny", "--tokens", "5", "--prompt-len", "7", "--check",
-               "--weights", "int4", "--no-cache", "--json", str(out)])
+               "--weights", "int4", "--activations", "float32", "--no-cache", "--json",
+               str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "kernels: logits vs the float64 reference" in text
