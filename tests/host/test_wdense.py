@@ -401,3 +401,14 @@ def test_q8_0_model_path_folds_the_packing_and_keeps_the_numerics(rows) -> None:
     # The second layer quantizes the first one's float32 output: a last-bit difference there
     # may move one int8 step, so compare at the q8_0 resolution.
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * np.abs(want).max())
+
+
+def test_dim_multiples_follow_the_attributes() -> None:
+    """dense_w8 needs whole 32-blocks of K only with q8_0 activations: verify rounds the K it
+    draws for those cells, and keeps odd K for the float32 ones."""
+    from opsdk.verify._strategies import round_dims
+
+    d = opsdk.get_op("dense_w8")
+    assert round_dims(d, [3, 17], {"activations": "q8_0"}) == [3, 32]
+    assert round_dims(d, [3, 17], {"activations": "float32"}) == [3, 17]
+    assert round_dims(opsdk.get_op("dense_q4"), [3, 17]) == [3, 32]
