@@ -29,10 +29,12 @@ import numpy as np
 from tvm import relax, te, tirx
 
 from .._declare import op
+from .._dtypes import FLOAT_DTYPES
 from .._errmodel import MATH_ULPS, ModelInput, error_model, gamma
 from .._opdef import Tensor
 from ..te_utils import exp_f32
 from ._convert import arg
+from .softmax import softmax
 
 __all__ = ["KEY_PAD", "attention"]
 
@@ -286,7 +288,7 @@ def _decomposed(imp: Any, q: relax.Expr, k: relax.Expr, v: relax.Expr, mask: rel
         s = bb.emit(relax.op.add(s, relax.const(tri)))
     if mask is not None:
         s = bb.emit(relax.op.add(s, mask))
-    p = bb.emit(relax.op.nn.softmax(s, axis=-1))  # FuseIntoOps makes it opsdk's softmax
+    p = bb.emit(softmax(s, axis=-1) if dtype in FLOAT_DTYPES else relax.op.nn.softmax(s, -1))
     return bb.emit(relax.op.matmul(p, v))
 
 

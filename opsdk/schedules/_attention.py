@@ -117,11 +117,13 @@ def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
     bl, a1, a2, _ = sch.get_loops(out)
     bshd = sch.get(blocks["pv"]).iter_vars[1].dom.extent.same_as(
         sch.get(blocks["rowmax"]).iter_vars[2].dom.extent)
-    # K transposed: its own pass, over (batch, key head, head dim) rows
-    kt_loops = sch.get_loops(blocks["kt"])
-    kt_row = sch.fuse(*kt_loops[:-1])
-    sch.parallel(kt_row)
-    vectorize_loop(sch, kt_loops[-1], lanes)
+    # K transposed: its own pass per (batch, key head); 16 keys at a time (in L1) across the
+    # head dim, each step one gathered vector of 16 keys written contiguously
+    kb, kh, ke, kj = sch.get_loops(blocks["kt"])
+    sch.parallel(sch.fuse(kb, kh))
+    kjo, kji = sch.split(kj, [None, _KEY_TILE])
+    sch.reorder(kjo, ke, kji)
+    sch.vectorize(kji)
 
     # partial row max / exp sum: rfactored over the lanes at the root, moved under the task
     mx_rf = _rfactor_lanes(sch, blocks["rowmax"], w)

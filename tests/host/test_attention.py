@@ -2,7 +2,12 @@
 last axis) with a scale and mask epilogue, and ``P @ V``, at ViT's 197 tokens, a size no tile
 divides. The kernel is on ``x86.matmul``, its k loop carries no predicate and is vectorized,
 the numbers match float64 within the derived bound, and a bug planted in the remainder
-handling (the padded rows, the epilogue pass over the real columns) is caught by verify."""
+handling (the padded rows, the epilogue pass over the real columns) is caught by verify.
+
+The fused op (``opsdk.attention``): torch's ``F.scaled_dot_product_attention`` imports as one
+call where it fits (masks, causal, scale) and as the decomposition where not; the many-query
+schedule (register-tiled blocks of query rows) is chosen for 16 or more static queries and
+for a symbolic query count, and its kernels verify against the float64 reference."""
 
 from __future__ import annotations
 
@@ -195,3 +200,152 @@ def test_constant_weights_with_padded_columns_are_packed_at_compile_time():
     got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
     res = within_tolerance(got, xv.astype(np.float64) @ w1 @ w2)
     assert res["ok"], res
+
+
+# ------------------------------------------------------------------ opsdk.attention
+
+
+class _SDPA:
+    """A torch module calling ``F.scaled_dot_product_attention`` (made when torch is asked)."""
+
+    def __new__(cls, **kw):
+        import torch
+
+        class M(torch.nn.Module):
+            def forward(self, q, k, v, *mask):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, *mask, **kw)
+
+        return M().eval()
+
+
+def _import_and_run(q_shape, k_shape, kw, mask=None):
+    import torch
+
+    from opsdk.frontend import from_torch
+    from opsdk.model import compile_model, within_tolerance
+    from opsdk.transform import FuseIntoOps, op_counts
+
+    torch.manual_seed(0)
+    args = [torch.randn(q_shape), torch.randn(k_shape), torch.randn(k_shape)]
+    args += [] if mask is None else [mask]
+    model = _SDPA(**kw)
+    mod = FuseIntoOps()(from_torch(torch.export.export(model, tuple(args))))
+    cm = compile_model(mod, "x86", cache=False)
+    from tvm import relax
+
+    got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a.numpy()) for a in args])
+    got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+    with torch.no_grad():
+        want = model(*[a.double() if a.is_floating_point() else a for a in args]).numpy()
+    res = within_tolerance(got, want)
+    assert res["ok"], res
+    return op_counts(mod, "opsdk."), cm.rule_counts()
+
+
+@pytest.mark.parametrize(("kw", "mask"), [
+    ({}, None),                                             # DeiT's call
+    ({"scale": 0.3, "is_causal": True}, None),
+    ({"scale": 0.125}, "bool"),                             # BERT's padding mask (B, 1, 1, m)
+    ({}, "float"),                                          # an additive (B, 1, n, m) mask
+], ids=["plain", "causal", "bool_mask", "float_mask"])
+def test_sdpa_imports_as_one_fused_attention_call(kw, mask):
+    import torch
+
+    b, h, n, d = 2, 3, 24, 16
+    g = torch.Generator().manual_seed(1)
+    m = {None: None, "bool": torch.rand(b, 1, 1, n, generator=g) > 0.3,
+         "float": -2 * torch.rand(b, 1, n, n, generator=g)}[mask]
+    ops, rules = _import_and_run((b, h, n, d), (b, h, n, d), kw, m)
+    assert ops == {"opsdk.attention": 1}, ops
+    assert rules.get("x86.attention") == 1 and "x86.matmul" not in rules, rules
+
+
+def test_sdpa_below_the_size_threshold_or_with_a_per_head_mask_is_decomposed():
+    import torch
+
+    from opsdk.ops.attention import TORCH_MIN_TOKENS
+
+    n = TORCH_MIN_TOKENS // 2
+    ops, rules = _import_and_run((1, 2, n, 16), (1, 2, n, 16), {})
+    assert "opsdk.attention" not in ops and "opsdk.softmax" in ops, ops
+    assert rules.get("x86.matmul") == 2, rules
+    # a mask per head: not the op's (B, 1, n, m); TVM's import of the call
+    ops, _ = _import_and_run((1, 2, 20, 16), (1, 2, 20, 16), {}, torch.randn(1, 2, 20, 20))
+    assert "opsdk.attention" not in ops, ops
+
+
+def _attention_func(q_shape, kv_shape, **attrs):
+    from opsdk.registry import get_op
+
+    d = get_op("attention")
+    q = te.placeholder(q_shape, name="q")
+    k = te.placeholder(kv_shape, name="k")
+    v = te.placeholder(kv_shape, name="v")
+    return te.create_prim_func([q, k, v, d.compute(q, k, v, **attrs)])
+
+
+def _block_names(func) -> set[str]:
+    names: set[str] = set()
+    structural_walk(func, [(s_tir.SBlock, lambda b: names.add(b.name_hint))])
+    return names
+
+
+@pytest.mark.parametrize(("n", "many"), [(1, False), (15, False), (16, True), (197, True)])
+def test_the_many_query_schedule_is_chosen_from_16_queries(n, many):
+    from opsdk.schedules._attention import schedule_attention
+
+    f = _attention_func((1, 2, n, 32), (1, 2, 40, 32), scale=0.0, causal=False, layout="BHSD")
+    tgt = opsdk.target("x86")
+    with tgt:
+        sch = schedule_attention(f, tgt)
+    # the many-query schedule's register tiles are cache_write stages of scores and P V
+    assert ("scores_local" in _block_names(sch.mod["main"])) == many
+
+
+@pytest.mark.parametrize(("layout", "shape", "m", "attrs", "present"), [
+    ("BHSD", (1, 6, 197, 64), 197, {"causal": False, "scale": 0.0}, ()),       # DeiT-S
+    ("BHSD", (2, 8, 128, 64), 128, {"causal": False, "scale": 0.125}, ("mask",)),  # BERT
+    ("causal", (2, 37, 4, 16), 45, {"causal": True, "scale": 0.0}, ("mask",)),  # prefill
+    ("full", (1, 20, 4, 8), 33, {"causal": False, "scale": 0.5}, ()),  # D under a vector
+], ids=["deit", "bert_mask", "bshd_causal", "head_dim_8"])
+def test_many_query_kernels_verify(layout, shape, m, attrs, present):
+    lay = "BHSD" if layout == "BHSD" else "BSHD"
+    case = Case("attention", "x86", "float32", layout, shape, {**attrs, "layout": lay},
+                present, {}, 5, static=True, free={"M": m})
+    res = run_case(case)
+    assert res.ok, res.format(tir=False)
+    assert res.rule == "x86.attention"
+
+
+@pytest.mark.parametrize("batch", ["static", "symbolic"])
+def test_many_query_schedule_with_a_symbolic_query_count(batch):
+    # n (= m, a prefill) symbolic: int64 loops beside static int32 ones; one kernel for every
+    # n, each run within the derived bound of the float64 reference.
+    from opsdk.registry import get_op
+    from opsdk.schedules._attention import schedule_attention
+    from opsdk.verify import ModelInput, output_bound
+
+    d = get_op("attention")
+    n = tirx.Var("n", "int64")
+    b = tirx.Var("b", "int64") if batch == "symbolic" else 2
+    attrs = {"scale": 0.0, "causal": True, "layout": "BSHD"}
+    f = _attention_func((b, n, 4, 32), (b, n, 2, 32), **attrs)  # grouped heads too
+    tgt = opsdk.target("x86")
+    with tgt:
+        sch = schedule_attention(f, tgt)
+    assert sch is not None and "scores_local" in _block_names(sch.mod["main"])
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tgt)
+    rng = np.random.default_rng(2)
+    for size in (1, 17, 50):
+        ins = {"q": rng.uniform(-2, 2, (2, size, 4, 32)),
+               "k": rng.uniform(-2, 2, (2, size, 2, 32)),
+               "v": rng.uniform(-2, 2, (2, size, 2, 32))}
+        ins = {k: a.astype("float32") for k, a in ins.items()}
+        out = tvm.runtime.tensor(np.zeros((2, size, 4, 32), "float32"))
+        lib(*[tvm.runtime.tensor(ins[k]) for k in "qkv"], out)
+        x64 = {**{k: a.astype(np.float64) for k, a in ins.items()}, "mask": None}
+        ref = d.run_reference(x64, attrs)
+        tol, _ = output_bound(d, ModelInput(d, x64, attrs, ref, U), "float32")
+        err = np.abs(out.numpy() - ref)
+        assert np.all(err <= tol), (size, float((err / tol).max()))
