@@ -19,6 +19,7 @@ from ._decoder import (
     WEIGHT_MODES,
     DecoderConfig,
     DecoderWeights,
+    default_activations,
     dequantized_weights,
     random_weights,
     reference_logits,
@@ -47,9 +48,10 @@ def add_generate_arguments(s: argparse.ArgumentParser) -> None:
                    help="linear layers in float32, int8 per channel or int4 q4_0 groups "
                    "(weight-only; default float32)")
     s.add_argument("--activations", choices=ACTIVATION_MODES,
-                   help="with int8 / int4 weights: q8_0 (default: inputs of each linear layer "
+                   help="with int8 / int4 weights: q8_0 (inputs of each linear layer "
                    "quantized to int8 per 32 values, integer dot products, llama.cpp's "
-                   "numerics) or float32 (weights dequantized in registers)")
+                   "numerics; the default where the target has an integer rule: VNNI, "
+                   "dotprod) or float32 (weights dequantized in registers)")
     s.add_argument("--check", action="store_true",
                    help="compare every step's logits with float64 references: of the weights "
                    "the kernels use (dequantized; float32 accuracy expected) and of the float "
@@ -92,12 +94,13 @@ def load_decoder_weights(model: str, seed: int = 0) -> DecoderWeights:
 
 
 def _activations(args: argparse.Namespace) -> str:
-    """q8_0 for quantized weights unless told; float32 weights keep float32 inputs."""
+    """As told; else q8_0 for quantized weights where the target has an integer rule for it
+    (default_activations); float32 weights keep float32 inputs."""
     if args.weights == "float32":
         if args.activations == "q8_0":
             raise UsageError("--activations q8_0 needs --weights int8 or int4")
         return "float32"
-    return args.activations or "q8_0"
+    return args.activations or default_activations(args.weights, args.target or "host")
 
 
 def _prompt(args: argparse.Namespace, cfg: DecoderConfig) -> list[int]:

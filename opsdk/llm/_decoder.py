@@ -28,12 +28,14 @@ from tvm import relax, te, tirx
 from tvm.relax import op as R
 
 from .. import relax as opsdk_relax
-from ..ops.dense_q4 import dequantize_q4_0, quantize_q4_0
+from ..ops.dense_q4 import dense_q4, dequantize_q4_0, quantize_q4_0
 from ..ops.dense_w8 import quantize_q8_0, quantize_w8
 from ..registry import load_builtin_ops
+from ..schedules import GENERIC, choose
+from ..targets import target as resolve_target
 
-__all__ = ["ACTIVATION_MODES", "WEIGHT_MODES", "DecoderConfig", "DecoderWeights", "build_decoder",
-           "dequantized_weights", "gpt2_weights",
+__all__ = ["ACTIVATION_MODES", "WEIGHT_MODES", "DecoderConfig", "DecoderWeights",
+           "build_decoder", "default_activations", "dequantized_weights", "gpt2_weights",
            "random_weights", "reference_logits"]
 
 #: How linear layers hold their weights: float32, int8 per output channel (``dense_w8``), or
@@ -302,6 +304,33 @@ def _emit_forward(b: _Builder, name: str, n: tirx.PrimExpr) -> None:
             out = bb.emit_output(relax.Tuple([logits, *new_caches]))
         bb.emit_func_output(out)
 
+
+
+def default_activations(weights_mode: str, target: Any = "x86") -> str:
+    """What a quantized decoder's linear layers multiply on ``target`` by default: ``q8_0``
+    where the schedule driver has an integer rule for it (the op's q8_0 numerics on VNNI,
+    dotprod, ...), else ``float32`` (weights dequantized in registers, a rule on every CPU):
+    q8_0 without a rule would run the unscheduled generic lowering.
+
+    Examples
+    --------
+    >>> from opsdk.llm import default_activations
+    >>> default_activations("int4", "arm"), default_activations("int4", "arm-dotprod")
+    ('float32', 'q8_0')
+    """
+    if weights_mode == "float32":
+        return "float32"
+    load_builtin_ops()
+    tgt = resolve_target(target)
+    x = te.placeholder((1, 64), "float32", name="x")
+    qs = te.placeholder((32, 32), "uint8", name="qs")
+    d = te.placeholder((32, 2), "float16", name="d")
+    out = dense_q4.call_compute([x, qs, d, None], {"activation": "none",
+                                                   "activations": "q8_0"})
+    func = te.create_prim_func([x, qs, d, out])
+    with tgt:
+        rule = choose(dense_q4, func, tgt).rule
+    return "float32" if rule == GENERIC else "q8_0"
 
 
 def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
