@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..llm import Decoder, DecoderWeights, compile_decoder
+from ..llm import Decoder, DecoderWeights, compile_decoder, default_activations
 from ..llm._cli import load_decoder_weights
 
 __all__ = ["LLAMACPP_TYPES", "bench_decode", "gpt2_torch_model", "print_decode_report"]
@@ -65,7 +65,7 @@ class _Opsdk:
                  activations: str) -> None:
         t0 = time.perf_counter()
         self.cm = compile_decoder(weights, weights_mode=mode,
-                                  activations="float32" if mode == "float32" else activations)
+                                  activations=activations or default_activations(mode, "host"))
         self.compile_s = time.perf_counter() - t0
         self.dec = Decoder(self.cm, weights.config, capacity=capacity)
 
@@ -130,12 +130,12 @@ def _peak_rss_child(library: str, weights: DecoderWeights, prompt: list[int],
 def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4", "int8"),
                  peers: Sequence[str] = ("llamacpp", "torch"), prompt_len: int = 64,
                  tokens: int = 64, rounds: int = 5, threads: int = 2, seed: int = 0,
-                 activations: str = "q8_0", log: Any = print) -> dict[str, Any]:
+                 activations: str | None = None, log: Any = print) -> dict[str, Any]:
     """Interleaved decode benchmark (module docstring); returns the report as a dict.
 
     Peers that cannot run (not installed) are skipped with one line through ``log``.
     ``activations``: what opsdk's quantized layers multiply (``q8_0``, llama.cpp's numerics,
-    or ``float32``).
+    or ``float32``; None: :func:`opsdk.llm.default_activations` for the host).
     """
     from ._llamacpp import available, bench_llamacpp, quantize_gguf, write_gpt2_gguf
 
@@ -191,7 +191,7 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     report: dict[str, Any] = {
         "model": model, "params": cfg.weight_count(), "prompt_tokens": prompt_len,
         "decode_tokens": tokens, "rounds": rounds, "threads": threads,
-        "activations": activations,
+        "activations": activations or {m: default_activations(m, "host") for m in weights_modes},
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "runtimes": {}, "ratios": {}}
     for name, t in times.items():
