@@ -288,13 +288,20 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as e:
         raise UsageError(str(e).strip("'\"")) from None
     shape = _parse_shape(args.shape) if args.shape is not None else None  # '' too
+    attrs = _parse_attrs(args.attr)
+    if args.layout is not None:  # a layout's attribute settings, under any --attr
+        layouts = opsdk.get_op(args.op).layouts
+        if args.layout not in layouts:
+            raise UsageError(f"--layout {args.layout!r}: {args.op} has the layouts "
+                             f"{', '.join(layouts)}")
+        attrs = {**layouts[args.layout], **(attrs or {})}
     try:
         e = opsdk.explain(
             args.op,
             args.target,
             shape=shape,
             dtype=args.dtype,
-            attrs=_parse_attrs(args.attr),
+            attrs=attrs,
             asm=not args.no_asm,
         )
     except ValueError as err:  # schema errors name the op and the argument already
@@ -425,6 +432,8 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("--dtype", help="dtype of the first input (default: the op's first dtype)")
     s.add_argument("--shape", help="primary input shape, e.g. 4096x768 (default: symbolic batch)")
     s.add_argument("--attr", action="append", help="attribute NAME=VALUE (JSON values)")
+    s.add_argument("--layout", help="a layout of the op (opsdk list shows them): its attribute "
+                   "settings, e.g. dense_q4 --layout q8_0")
     s.add_argument(
         "--no-asm", action="store_true", help="skip compiling and counting vector instructions"
     )

@@ -412,3 +412,19 @@ def test_dim_multiples_follow_the_attributes() -> None:
     assert round_dims(d, [3, 17], {"activations": "q8_0"}) == [3, 32]
     assert round_dims(d, [3, 17], {"activations": "float32"}) == [3, 17]
     assert round_dims(opsdk.get_op("dense_q4"), [3, 17]) == [3, 32]
+
+
+@pytest.mark.parametrize(("target", "rule", "claim"), [("x86", "x86.qwdense_vnni", "vpdpbusd"),
+                                                       ("arm-dotprod", "neon.qwdense_dotprod",
+                                                        "sdot")])
+def test_explain_names_the_integer_rule_for_the_q8_0_layout(capsys, target, rule, claim):
+    from opsdk.cli import main
+
+    if target == "x86" and not _has_vnni():
+        pytest.skip("the host has no AVX-512 VNNI")
+    assert main(["explain", "dense_q4", "--target", target, "--layout", "q8_0",
+                 "--no-asm"]) == 0
+    out = capsys.readouterr().out
+    assert f"rule    {rule}" in out and f"insn:{claim}" in out
+    assert main(["explain", "dense_q4", "--target", target, "--layout", "q9", "--no-asm"]) == 2
+    assert "has the layouts float32, q8_0" in capsys.readouterr().err
