@@ -11,9 +11,14 @@ from collections.abc import Sequence
 
 from ._files import check_can_create
 
-__all__ = ["NEGATIVE_NUMBER", "distinct_outputs", "host_port", "model_file",
+__all__ = ["NEGATIVE_NUMBER", "UsageError", "distinct_outputs", "host_port", "model_file",
            "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
            "parse_dims", "percent", "positive_float", "positive_int", "split_host_port"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported on stderr with exit code 2 (``opsdk.cli`` catches
+    it; a command's module raises it without importing the CLI)."""
 
 
 def positive_int(text: str) -> int:

@@ -35,13 +35,9 @@ import json  # noqa: E402
 import pathlib  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
-from opsdk._cliargs import NEGATIVE_NUMBER, model_file, output_path  # noqa: E402
+from opsdk._cliargs import NEGATIVE_NUMBER, UsageError, model_file, output_path  # noqa: E402
 
 __all__ = ["main"]
-
-
-class UsageError(Exception):
-    """Bad command-line input: reported on stderr with exit code 2."""
 
 
 def _load_ops(modules: Sequence[str] | None) -> None:

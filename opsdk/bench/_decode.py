@@ -24,8 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from ..llm import Decoder, DecoderWeights, compile_decoder, default_activations
-from ..llm._cli import load_decoder_weights
+from ..llm import (
+    Decoder,
+    DecoderWeights,
+    compile_decoder,
+    default_activations,
+    load_decoder_weights,
+)
 
 __all__ = ["LLAMACPP_TYPES", "bench_decode", "gpt2_torch_model", "print_decode_report"]
 

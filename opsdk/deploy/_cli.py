@@ -8,9 +8,8 @@ import re
 import sys
 from typing import Any
 
-from .._cliargs import host_port, model_file, named_shapes, output_path, positive_int
+from .._cliargs import UsageError, host_port, model_file, named_shapes, output_path, positive_int
 from .._files import write_text_atomic
-from ..cli import UsageError
 from ..runners import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
 from ._artifact import ArtifactError, build_artifact
 from ._run import format_run, run_artifact

@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+from ._cli import MODELS, load_decoder_weights
 from ._decoder import (
     ACTIVATION_MODES,
     WEIGHT_MODES,
@@ -31,6 +32,7 @@ from ._runtime import Decoder, GenerateStats, check_on_target, compile_decoder
 
 __all__ = [
     "ACTIVATION_MODES",
+    "MODELS",
     "WEIGHT_MODES",
     "Decoder",
     "DecoderConfig",
@@ -42,6 +44,7 @@ __all__ = [
     "default_activations",
     "dequantized_weights",
     "gpt2_weights",
+    "load_decoder_weights",
     "random_weights",
     "reference_logits",
 ]

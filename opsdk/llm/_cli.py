@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .._cliargs import output_path, positive_int
+from .._cliargs import UsageError, output_path, positive_int
 from .._files import write_text_atomic
-from ..cli import UsageError
 from ._decoder import (
     ACTIVATION_MODES,
     WEIGHT_MODES,

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .._cliargs import model_file, output_path, percent, positive_int
+from .._cliargs import UsageError, model_file, output_path, percent, positive_int
 from .._files import write_bytes_atomic, write_text_atomic
-from ..cli import UsageError
 from ..runners import LocalRunner
 from . import QuantConfig, agreement, find_sites, quantize_model
 
