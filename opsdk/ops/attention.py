@@ -15,9 +15,12 @@ torch: ``F.scaled_dot_product_attention`` (``aten.scaled_dot_product_attention``
 of the decomposition) maps to this op with layout ``"BHSD"`` where it fits and is faster
 (:func:`_from_torch`); other calls get the matmul / softmax / matmul decomposition in Relax.
 
-The compute is float32 throughout: the scores and the exponentials live in a row buffer of
-the ``m`` keys (no ``n x m`` matrix in memory), the division by the exponentials' sum is
-one reciprocal per row.
+The compute is float32 throughout; the schedules keep the scores and the exponentials in a
+buffer of one row (decode) or one block of rows (many queries) of the ``m`` keys (no
+``n x m`` matrix in memory); the division by the exponentials' sum is one reciprocal per
+row. The inner stages pad the keys to a multiple of 16 and the query rows to a multiple of
+8 (the last key / query repeated, the padded keys masked out, the padded rows dropped), so
+the many-query schedule's tiles are whole.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from ..te_utils import exp_f32
 from ._convert import arg
 from .softmax import softmax
 
-__all__ = ["KEY_PAD", "attention"]
+__all__ = ["KEY_PAD", "QUERY_PAD", "attention"]
 
 #: The keys' padding in the compute's score rows (a multiple of every target's vector width).
 KEY_PAD = 16
+#: The queries' padding in the stages before the output (the many-query schedule's block).
+QUERY_PAD = 8
 
 
 def _bhsd(a: np.ndarray, layout: str) -> np.ndarray:
@@ -154,23 +159,27 @@ def attention(
     kt = te.compute(
         (q.shape[0], h_k, d, mp),
         lambda b, h, e, j: at(k, b, tirx.min(j, m - 1), h, e), name="kt")
+    # The stages between hold the query rows padded to a multiple of QUERY_PAD (the last
+    # query repeated), so a block of rows is whole; only the output drops the padding.
+    np_ = (n + QUERY_PAD - 1) // QUERY_PAD * QUERY_PAD
     rd = te.reduce_axis((0, d), name="rd")
     sc = te.compute(
-        (q.shape[0], h_q, n, mp),
-        lambda b, h, i, j: te.sum(at(q, b, i, h, rd) * kt[b, h // group, rd, j], axis=rd),
+        (q.shape[0], h_q, np_, mp),
+        lambda b, h, i, j: te.sum(
+            at(q, b, tirx.min(i, n - 1), h, rd) * kt[b, h // group, rd, j], axis=rd),
         name="scores")
 
     def live(i, j):  # a real key the query sees
         return tirx.all(j < m, seen(i, j)) if causal else j < m
 
-    def scaled(b, h, i, j):  # the score as softmax sees it (the padded keys read key m - 1)
+    def scaled(b, h, i, j):  # the score as softmax sees it (padding reads the last row / key)
         t = sc[b, h, i, j] * f
-        return t if mask is None else t + mask[b, 0, i, tirx.min(j, m - 1)]
+        return t if mask is None else t + mask[b, 0, tirx.min(i, n - 1), tirx.min(j, m - 1)]
 
     rm = te.reduce_axis((0, mp), name="rm")
     lowest = tirx.min_value("float32")
     mx = te.compute(
-        (q.shape[0], h_q, n),
+        (q.shape[0], h_q, np_),
         lambda b, h, i: te.max(tirx.Select(live(i, rm), scaled(b, h, i, rm), lowest), axis=rm),
         name="rowmax")
     ex = te.compute(
@@ -186,17 +195,16 @@ def attention(
     def row_head(a1, a2):  # (query row, head) of an output index
         return (a1, a2) if bshd else (a2, a1)
 
-    def pv_f(b, a1, a2, e):
-        i, h = row_head(a1, a2)
-        return te.sum(ex[b, h, i, rv] * at(v, b, rv, h // group, e), axis=rv)
-
-    pv = te.compute(q.shape, pv_f, name="pv")
+    pv = te.compute(
+        (q.shape[0], h_q, np_, d),
+        lambda b, h, i, e: te.sum(ex[b, h, i, rv] * at(v, b, rv, h // group, e), axis=rv),
+        name="pv")
 
     def norm(b, a1, a2, e):
         i, h = row_head(a1, a2)
         t = tot[b, h, i]
         return tirx.Select(t > tirx.const(0.0, "float32"),
-                           pv[b, a1, a2, e] * (tirx.const(1.0, "float32") / t),
+                           pv[b, h, i, e] * (tirx.const(1.0, "float32") / t),
                            tirx.const(0.0, "float32"))
 
     return te.compute(q.shape, norm, name="attention")

@@ -10,14 +10,17 @@ value row is one contiguous read). Scores and exponentials are a row buffer of `
 no ``n x m`` matrix is written. The key count ``m`` may be symbolic (a KV cache of any length).
 
 **Many queries** (an encoder's or a prefill's ``n x m``; ``n`` static >= 16 or symbolic): a
-task is a block of ``R`` query rows of one head, and every stage is a small GEMM-like tile
-loop over that block, like :mod:`._gemm`'s matmul. K is transposed once per key head
-(``kt``, its own parallel pass: ``D x m`` with the keys contiguous), so the scores tile is
-``R`` rows x 16 keys of accumulators in registers, each step one vector load of ``kt`` and
-``R`` broadcast FMAs; the row max and the exponentials' sum are vector partial reductions
-(rfactor) over the block's score rows, the exponentials one vector pass; ``P V`` is ``R``
-rows x up to 4 vectors of the head dim in registers, keys outer (one value row load feeds
-``R`` FMAs per vector). K and V are read once per block instead of once per query row.
+task is a block of 8 query rows of one head (the compute pads the query rows of its inner
+stages to a multiple of 8, ``attention.QUERY_PAD``, so no block is ragged: a row predicate
+inside the tile loops kept LLVM from holding those rows' accumulators in registers, 2x
+slower at 128 tokens), and every stage is a small GEMM-like tile loop over that block, like
+:mod:`._gemm`'s matmul. K is transposed once per key head (``kt``, its own parallel pass:
+``D x m`` with the keys contiguous, padded to 16), so the scores tile is 8 rows x 16 keys of
+accumulators in registers, each step one vector load of ``kt`` and 8 broadcast FMAs; the
+row max and the exponentials' sum are vector partial reductions (rfactor) over the block's
+score rows, the exponentials one vector pass; ``P V`` is 8 rows x 2 vectors of the head dim
+in registers per chunk, keys outer (one value row load feeds 8 FMAs per vector). K and V
+are read once per block of 8 queries instead of once per query row.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ..ops.attention import QUERY_PAD
 from ._core import extent_of, vector_lanes, vectorize_loop
 
 __all__ = ["MANY_QUERIES", "schedule_attention"]
@@ -54,7 +58,10 @@ def schedule_attention(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
     d = extent_of(sch, loops[-1])
     if d is None or d % 4:
         return None
-    n = extent_of(sch, sch.get_loops(blocks["rowmax"])[2])
+    # the query count: the output axis that is not the heads (pv is (B, H, rows, D))
+    heads = extent_of(sch, sch.get_loops(blocks["pv"])[1])
+    a1, a2 = (extent_of(sch, lp) for lp in loops[1:3])
+    n = a2 if a1 == heads else a1
     if n is None or n >= MANY_QUERIES:
         return _many_queries(sch, blocks, target, d)
     if len({str(sch.get(lp).loop_var.ty.dtype) for lp in loops[:-1]}) > 1:
@@ -111,12 +118,9 @@ def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
     w = lanes if d % lanes == 0 else 4
     if _KEY_TILE % w:
         return None
-    vd = min(d // w, 4)           # head-dim vectors per P V tile row
-    rows = max(1, min(8, _TILE_REGS // vd, _TILE_REGS // (_KEY_TILE // w)))
-    out = blocks["attention"]
-    bl, a1, a2, _ = sch.get_loops(out)
-    bshd = sch.get(blocks["pv"]).iter_vars[1].dom.extent.same_as(
-        sch.get(blocks["rowmax"]).iter_vars[2].dom.extent)
+    rows = QUERY_PAD                       # a block: the compute's padding, never ragged
+    vd = 2 if (d // w) % 2 == 0 else 1     # head-dim vectors per P V tile row (16 acc.)
+    kv = min(_KEY_TILE // w, 2)            # key vectors per score tile row (8 or 16 acc.)
     # K transposed: its own pass per (batch, key head); 16 keys at a time (in L1) across the
     # head dim, each step one gathered vector of 16 keys written contiguously
     kb, kh, ke, kj = sch.get_loops(blocks["kt"])
@@ -128,47 +132,36 @@ def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
     # partial row max / exp sum: rfactored over the lanes at the root, moved under the task
     mx_rf = _rfactor_lanes(sch, blocks["rowmax"], w)
     sum_rf = _rfactor_lanes(sch, blocks["expsum"], w)
-    pv_w = sch.cache_write(blocks["pv"], 0, "local")
+    pv = blocks["pv"]
+    pv_w = sch.cache_write(pv, 0, "local")
     sc_w = sch.cache_write(blocks["scores"], 0, "local")
 
-    il, hl = (a1, a2) if bshd else (a2, a1)
-    sch.reorder(bl, hl, il)
-    io, _ = sch.split(il, [None, rows])
-    # one task per block of query rows of one head (a symbolic query count with static
-    # batch and heads has int32 and int64 loops, which do not fuse: the heads are the tasks)
-    outer = [bl, hl, io]
+    # the task: a block of query rows of one head (the scores' loops, whole blocks of the
+    # padded rows); every later stage is moved under it in order
+    sc = blocks["scores"]
+    sb, sh, si, j, rd = sch.get_loops(sc)
+    io, ii = sch.split(si, [None, rows])
+    # (a symbolic query count with static batch and heads has int32 and int64 loops, which
+    # do not fuse: then the heads are the tasks)
+    outer = [sb, sh, io]
     while len({str(sch.get(lp).loop_var.ty.dtype) for lp in outer}) > 1:
         outer.pop()
     par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     sch.parallel(par)
     task = par if len(outer) == 3 else io
-    for blk in (pv_w, blocks["pv"], blocks["expsum"], sum_rf, blocks["exp"],
-                blocks["rowmax"], mx_rf, sc_w, blocks["scores"]):
-        sch.compute_at(blk, task, preserve_unit_loops=False)
-
-    # scores: per 16-key tile, rows x 16 accumulators; head dim outer
-    ii, j, rd = sch.get_loops(blocks["scores"])[-3:]
-    jo, jv, jl = sch.split(j, [None, _KEY_TILE // w, w])
+    # scores: per tile of keys, rows x tile accumulators; head dim outer
+    jo, jv, jl = sch.split(j, [None, kv, w])
     sch.reorder(jo, rd, ii, jv, jl)
     sch.reverse_compute_at(sc_w, jo, preserve_unit_loops=False)
     _unrolled_tile(sch, sc_w, w)
     sch.unroll(ii)
     sch.unroll(jv)
     sch.vectorize(jl)
-    sch.decompose_reduction(blocks["scores"], rd)
-
-    # row max and exp sum: vector partial reductions per row, then the lanes
-    for rf in (mx_rf, sum_rf):
-        lane, ii, r = sch.get_loops(rf)[-3:]  # after compute_at: (lane, row, key chunk)
-        sch.reorder(ii, r, lane)
-        sch.vectorize(lane)
-        sch.decompose_reduction(rf, r)
-    # exponentials: whole vectors over the padded keys
-    _, jl = sch.split(sch.get_loops(blocks["exp"])[-1], [None, w])
-    sch.vectorize(jl)
-
-    # P V: per chunk of up to 4 head-dim vectors, rows x chunk accumulators; keys outer
-    ii, e, rv = sch.get_loops(blocks["pv"])[-3:]
+    sch.decompose_reduction(sc, rd)
+    for blk in (mx_rf, blocks["rowmax"], blocks["exp"], sum_rf, blocks["expsum"], pv):
+        sch.reverse_compute_at(blk, task, preserve_unit_loops=False)
+    # P V: per chunk of head-dim vectors, rows x chunk accumulators; keys outer
+    ii, e, rv = sch.get_loops(pv)[-3:]
     ec, ev, el = sch.split(e, [None, vd, w])
     sch.reorder(ec, rv, ii, ev, el)
     sch.reverse_compute_at(pv_w, ec, preserve_unit_loops=False)
@@ -176,10 +169,22 @@ def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
     sch.unroll(ii)
     sch.unroll(ev)
     sch.vectorize(el)
-    sch.decompose_reduction(blocks["pv"], rv)
-    # the normalized output rows
-    _, el = sch.split(sch.get_loops(out)[-1], [None, w])
-    sch.vectorize(el)
+    sch.decompose_reduction(pv, rv)
+    sch.reverse_compute_at(blocks["attention"], task, preserve_unit_loops=False)
+
+    # row max and exp sum: vector partial reductions per row, then the lanes. (With a
+    # symbolic key count TVM cannot prove the lane loop whole (``(mp - 1) % 16 + 1``): it
+    # stays serial, for LLVM's loop vectorizer.)
+    for rf in (mx_rf, sum_rf):
+        lane, ii, r = sch.get_loops(rf)[-3:]  # after compute_at: (lane, row, key chunk)
+        sch.reorder(ii, r, lane)
+        if extent_of(sch, lane) == w:
+            sch.vectorize(lane)
+        sch.decompose_reduction(rf, r)
+    # exponentials: whole vectors over the padded keys
+    vectorize_loop(sch, sch.get_loops(blocks["exp"])[-1], w)
+    # the normalized output rows (the block's real ones)
+    vectorize_loop(sch, sch.get_loops(blocks["attention"])[-1], lanes)
     return sch
 
 
