@@ -1,4 +1,4 @@
-"""Language-model decoding: a GPT-2-style decoder with a KV cache in the Relax VM.
+"""Language-model decoding: GPT-2- and Llama-style decoders with a KV cache in the Relax VM.
 
 One compiled module serves the prompt and every decode step (symbolic sequence lengths);
 linear layers are float32 or weight-only int8 / int4 (q4_0) built-ins. ``opsdk generate``
@@ -18,13 +18,16 @@ from __future__ import annotations
 from ._cli import MODELS, load_decoder_weights
 from ._decoder import (
     ACTIVATION_MODES,
+    ARCHITECTURES,
     WEIGHT_MODES,
     DecoderConfig,
     DecoderWeights,
+    LazyTensors,
     build_decoder,
     default_activations,
     dequantized_weights,
     gpt2_weights,
+    llama_weights,
     random_weights,
     reference_logits,
 )
@@ -32,18 +35,21 @@ from ._runtime import Decoder, GenerateStats, check_on_target, compile_decoder
 
 __all__ = [
     "ACTIVATION_MODES",
+    "ARCHITECTURES",
     "MODELS",
     "WEIGHT_MODES",
     "Decoder",
     "DecoderConfig",
     "DecoderWeights",
     "GenerateStats",
+    "LazyTensors",
     "build_decoder",
     "check_on_target",
     "compile_decoder",
     "default_activations",
     "dequantized_weights",
     "gpt2_weights",
+    "llama_weights",
     "load_decoder_weights",
     "random_weights",
     "reference_logits",

@@ -27,18 +27,24 @@ from ._runtime import Decoder, check_on_target, compile_decoder
 
 __all__ = ["MODELS", "add_generate_arguments", "load_decoder_weights", "run_generate_command"]
 
-#: Named decoders with random weights (GPT-2's initialization; nothing is downloaded).
+#: Named decoders with random weights (normal, std 0.02; nothing is downloaded). ``llama-1b``
+#: has TinyLlama-1.1B's shape.
 MODELS: dict[str, DecoderConfig] = {
     "gpt2": DecoderConfig(vocab=50257, width=768, layers=12, heads=12, positions=1024),
     "gpt2-medium": DecoderConfig(vocab=50257, width=1024, layers=24, heads=16, positions=1024),
     "gpt2-tiny": DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=256),
+    "llama-tiny": DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=256,
+                                arch="llama", kv_heads=2, intermediate=352),
+    "llama-1b": DecoderConfig(vocab=32000, width=2048, layers=22, heads=32, positions=2048,
+                              arch="llama", kv_heads=4, intermediate=5632),
 }
 
 
 def add_generate_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk generate``."""
     s.add_argument("model", help=f"{', '.join(MODELS)} (random weights), or a folder with a "
-                   "Hugging Face GPT-2 checkpoint (config.json; read with transformers)")
+                   "Hugging Face GPT-2, Llama or Qwen2 checkpoint (config.json; read with "
+                   "transformers)")
     s.add_argument("--tokens", type=positive_int, default=32, help="tokens to generate")
     s.add_argument("--prompt", metavar="IDS",
                    help="prompt token ids, comma-separated (default: --prompt-len random ids)")
@@ -65,7 +71,7 @@ def add_generate_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def load_decoder_weights(model: str, seed: int = 0) -> DecoderWeights:
-    """A named decoder's random weights, or a GPT-2 checkpoint folder's weights."""
+    """A named decoder's random weights, or a GPT-2 / Llama / Qwen2 checkpoint folder's."""
     if model in MODELS:
         return random_weights(MODELS[model], seed)
     path = Path(model)
@@ -80,14 +86,18 @@ def load_decoder_weights(model: str, seed: int = 0) -> DecoderWeights:
     except ImportError:
         raise UsageError(f"{model}: reading a checkpoint needs transformers: pip install "
                          "'opsdk[zoo]'") from None
-    from ._decoder import gpt2_weights
+    from ._decoder import gpt2_weights, llama_weights
 
+    kind = json.loads((path / "config.json").read_text()).get("model_type", "gpt2")
+    cls, read = {"llama": ("LlamaForCausalLM", llama_weights),
+                 "qwen2": ("Qwen2ForCausalLM", llama_weights)}.get(
+                     kind, ("GPT2LMHeadModel", gpt2_weights))
     try:
-        hf = transformers.GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True)
+        hf = getattr(transformers, cls).from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise UsageError(f"{model}: cannot load it as a GPT-2 checkpoint ({e})") from None
+        raise UsageError(f"{model}: cannot load it as a {cls} checkpoint ({e})") from None
     try:
-        return gpt2_weights(hf)
+        return read(hf)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

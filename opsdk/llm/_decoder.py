@@ -19,6 +19,8 @@ token embedding stored once (the LM head reads the same matrix: GPT-2 ties them)
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +36,10 @@ from ..registry import load_builtin_ops
 from ..schedules import GENERIC, choose
 from ..targets import target as resolve_target
 
-__all__ = ["ACTIVATION_MODES", "WEIGHT_MODES", "DecoderConfig", "DecoderWeights",
-           "build_decoder", "default_activations", "dequantized_weights", "gpt2_weights",
-           "random_weights", "reference_logits"]
+__all__ = ["ACTIVATION_MODES", "ARCHITECTURES", "WEIGHT_MODES", "DecoderConfig",
+           "DecoderWeights", "LazyTensors", "build_decoder", "default_activations",
+           "dequantized_weights", "gpt2_weights", "llama_weights", "random_weights",
+           "reference_logits"]
 
 #: How linear layers hold their weights: float32, int8 per output channel (``dense_w8``), or
 #: int4 in 32-weight groups with a float16 scale, ggml q4_0's layout (``dense_q4``).
@@ -49,16 +52,28 @@ _CACHE_FUNCS = ("vm.builtin.attention_kv_cache_create", "vm.builtin.attention_kv
                 "vm.builtin.attention_kv_cache_view")
 
 
+#: The decoder architectures :func:`build_decoder` builds (:attr:`DecoderConfig.arch`).
+ARCHITECTURES = ("gpt2", "llama")
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The shape of a GPT-2-style decoder (pre-LayerNorm blocks, learned positions, GELU-tanh
-    MLP of 4x width, LM head tied to the token embedding).
+    """The shape of a decoder. ``arch="gpt2"`` (default): GPT-2 (pre-LayerNorm blocks,
+    learned positions, GELU-tanh MLP of 4x width, biases, LM head tied to the token
+    embedding). ``arch="llama"``: Llama / Qwen2 (pre-RMSNorm blocks without biases, rotary
+    position embedding of base ``rope_base`` in Hugging Face's rotate-half convention,
+    grouped-query attention with ``kv_heads`` key / value heads, SwiGLU MLP of width
+    ``intermediate``, untied LM head; ``qkv_bias``: Qwen2's q / k / v biases).
 
     Examples
     --------
     >>> from opsdk.llm import DecoderConfig
     >>> DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=64).head_dim
     32
+    >>> c = DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=64,
+    ...                   arch="llama", kv_heads=2, intermediate=344)
+    >>> c.kv_width, c.weight_count()
+    (64, 619136)
     """
 
     vocab: int
@@ -67,14 +82,56 @@ class DecoderConfig:
     heads: int
     positions: int
     eps: float = 1e-5
+    arch: str = "gpt2"
+    #: key / value heads (0: as many as ``heads``); llama only
+    kv_heads: int = 0
+    #: MLP width (0: 4 x ``width``)
+    intermediate: int = 0
+    rope_base: float = 10000.0
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"DecoderConfig: arch={self.arch!r}; choose one of "
+                             f"{', '.join(ARCHITECTURES)}")
+        if self.width % self.heads or self.heads % self.n_kv_heads:
+            raise ValueError(f"DecoderConfig: width {self.width}, heads {self.heads}, "
+                             f"kv_heads {self.n_kv_heads}: heads must divide width and "
+                             "kv_heads divide heads")
+        if self.arch == "gpt2" and (self.n_kv_heads != self.heads or self.qkv_bias
+                                    or self.ffn != 4 * self.width):
+            raise ValueError("DecoderConfig: GPT-2 has kv_heads = heads, a 4 x width MLP and "
+                             "all biases; kv_heads / intermediate / qkv_bias are llama's")
+        if self.arch == "llama" and self.head_dim % 2:
+            raise ValueError(f"DecoderConfig: rotary embedding needs an even head_dim, got "
+                             f"{self.head_dim}")
 
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
 
+    @property
+    def n_kv_heads(self) -> int:
+        """Key / value heads: what the KV cache stores per position."""
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's hidden width."""
+        return self.intermediate or 4 * self.width
+
     def weight_count(self) -> int:
-        """Parameters, the tied embedding counted once."""
-        e = self.width
+        """Parameters (GPT-2: the tied embedding counted once)."""
+        e, f = self.width, self.ffn
+        if self.arch == "llama":
+            kv = self.kv_width
+            per_layer = 2 * e + 2 * e * e + 2 * e * kv + 3 * e * f \
+                + (e + 2 * kv if self.qkv_bias else 0)
+            return 2 * self.vocab * e + self.layers * per_layer + e
         per_layer = 4 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) \
             + (4 * e * e + e)
         return self.vocab * e + self.positions * e + self.layers * per_layer + 2 * e
@@ -83,12 +140,45 @@ class DecoderConfig:
 @dataclass
 class DecoderWeights:
     """A decoder's weights as float32 numpy arrays; linear layers ``(out, in)`` like
-    ``torch.nn.Linear``. Names: ``wte``, ``wpe``, ``ln_f.{weight,bias}`` and per layer ``i``
-    ``h.{i}.{ln_1,ln_2}.{weight,bias}``, ``h.{i}.{attn.c_attn,attn.c_proj,mlp.c_fc,
-    mlp.c_proj}.{weight,bias}``."""
+    ``torch.nn.Linear``. GPT-2's names: ``wte``, ``wpe``, ``ln_f.{weight,bias}`` and per layer
+    ``i`` ``h.{i}.{ln_1,ln_2}.{weight,bias}``, ``h.{i}.{attn.c_attn,attn.c_proj,mlp.c_fc,
+    mlp.c_proj}.{weight,bias}``. Llama's: Hugging Face's without ``model.``:
+    ``embed_tokens.weight``, ``norm.weight``, ``lm_head.weight`` and per layer
+    ``layers.{i}.{input_layernorm,post_attention_layernorm}.weight``,
+    ``layers.{i}.self_attn.{q,k,v,o}_proj.weight`` (``q/k/v_proj.bias`` with ``qkv_bias``),
+    ``layers.{i}.mlp.{gate,up,down}_proj.weight``.
+
+    ``tensors`` may be any mapping: :func:`random_weights` of a llama config makes each
+    array when it is read (:class:`LazyTensors`), so a 1B model is never held in float32."""
 
     config: DecoderConfig
-    tensors: dict[str, np.ndarray]
+    tensors: Mapping[str, np.ndarray]
+
+
+class LazyTensors(Mapping):
+    """A mapping whose arrays are made when read (``makers``: name -> function of no
+    arguments), not kept: the reader holds one array at a time.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.llm import LazyTensors
+    >>> t = LazyTensors({"a": lambda: np.zeros(3, np.float32)})
+    >>> list(t), t["a"].shape
+    (['a'], (3,))
+    """
+
+    def __init__(self, makers: dict[str, Any]) -> None:
+        self.makers = makers
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.makers[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.makers)
+
+    def __len__(self) -> int:
+        return len(self.makers)
 
 
 def gpt2_weights(model: Any) -> DecoderWeights:
@@ -128,6 +218,62 @@ def gpt2_weights(model: Any) -> DecoderWeights:
             .replace("wpe.weight", "wpe")
         conv1d = name.endswith(".weight") and v.ndim == 2 and ("attn." in name or "mlp." in name)
         out[name] = np.ascontiguousarray(v.T if conv1d else v, dtype=np.float32)
+    return DecoderWeights(cfg, out)
+
+
+def llama_weights(model: Any) -> DecoderWeights:
+    """The weights of a Hugging Face ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` as
+    :class:`DecoderWeights` (``arch="llama"``; Qwen2's q / k / v biases kept). Refuses what
+    the built decoder does not compute: RoPE scaling, a head_dim other than width / heads,
+    an o_proj or MLP bias, sliding-window attention, an activation other than SiLU.
+
+    Examples
+    --------
+    >>> from opsdk.frontend import prepare_model_imports
+    >>> prepare_model_imports()
+    >>> import torch, transformers
+    >>> cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96,
+    ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+    ...     vocab_size=100, max_position_embeddings=32)
+    >>> w = llama_weights(transformers.LlamaForCausalLM(cfg))
+    >>> w.config.kv_width, w.tensors["layers.0.self_attn.k_proj.weight"].shape
+    (32, (32, 64))
+    """
+    c = model.config
+    kind = getattr(c, "model_type", "")
+    if kind not in ("llama", "qwen2"):
+        raise ValueError(f"llama_weights: a {kind!r} model is neither Llama nor Qwen2 "
+                         "(LlamaForCausalLM, Qwen2ForCausalLM)")
+    problems = []
+    if getattr(c, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {c.hidden_act!r} (SiLU is built)")
+    scaling = getattr(c, "rope_scaling", None) or getattr(c, "rope_parameters", None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        problems.append(f"rope_scaling {scaling} (plain RoPE is built)")
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if hd * c.num_attention_heads != c.hidden_size:
+        problems.append(f"head_dim {hd} x {c.num_attention_heads} heads != hidden_size")
+    if getattr(c, "mlp_bias", False):
+        problems.append("mlp_bias")
+    if getattr(c, "use_sliding_window", False):
+        problems.append("sliding-window attention")
+    sd = {k.removeprefix("model."): v.detach().float().numpy()
+          for k, v in model.state_dict().items()}
+    if any(k.endswith("o_proj.bias") for k in sd):
+        problems.append("an o_proj bias")
+    if problems:
+        raise ValueError(f"llama_weights: not supported: {'; '.join(problems)}")
+    params = getattr(c, "rope_parameters", None) or {}
+    base = float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+    cfg = DecoderConfig(vocab=c.vocab_size, width=c.hidden_size, layers=c.num_hidden_layers,
+                        heads=c.num_attention_heads, positions=c.max_position_embeddings,
+                        eps=float(c.rms_norm_eps), arch="llama",
+                        kv_heads=c.num_key_value_heads, intermediate=c.intermediate_size,
+                        rope_base=base, qkv_bias="layers.0.self_attn.q_proj.bias" in sd)
+    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()
+           if not k.endswith("rotary_emb.inv_freq")}
+    if "lm_head.weight" not in out:  # tied (tie_word_embeddings)
+        out["lm_head.weight"] = out["embed_tokens.weight"]
     return DecoderWeights(cfg, out)
 
 
@@ -172,18 +318,28 @@ class _Builder:
         b = self.const(name + ".bias", lambda: self.w[name + ".bias"])
         return self.emit(R.nn.layer_norm(x, g, b, [-1], self.cfg.eps))
 
+    def rms_norm(self, x: relax.Expr, name: str) -> relax.Var:
+        g = self.const(name + ".weight", lambda: self.w[name + ".weight"])
+        return self.emit(self.ops.rms_norm(x, g, begin_axis=-1, epsilon=self.cfg.eps))
+
+    def rope(self, x: relax.Expr, cos: relax.Expr, sin: relax.Expr) -> relax.Var:
+        """Rotary embedding of ``x (n, heads, D)`` with the rows ``(n, D)`` of its positions."""
+        return self.bb.emit_te(_rope, x, cos, sin)
+
     def linear(self, x: relax.Expr, name: str, activation: str = "none") -> relax.Var:
         """``act(x @ W.T + b)`` with W held as the weight mode says."""
         return self.dense(x, name + ".weight", name + ".bias", activation)
 
     def dense(self, x: relax.Expr, w_name: str, b_name: str | None,
               activation: str = "none") -> relax.Var:
-        w = self.w[w_name]
-        bias = None if b_name is None else self.const(b_name, lambda: self.w[b_name])
+        bias = None if b_name is None else self.const(b_name, lambda: (
+            np.zeros(self.cfg.width, np.float32) if b_name == "zero_bias" else self.w[b_name]))
         if self.mode == "float32":  # bias and GELU join the matmul's kernel (fusion step)
-            y = R.matmul(x, self.const(w_name + ".T", lambda: np.ascontiguousarray(w.T)))
+            y = R.matmul(x, self.const(w_name + ".T",
+                                       lambda: np.ascontiguousarray(self.w[w_name].T)))
             y = y if bias is None else R.add(y, bias)
-            return self.emit(R.nn.gelu_tanh(y) if activation == "gelu_tanh" else y)
+            act = {"gelu_tanh": R.nn.gelu_tanh, "silu": R.nn.silu}.get(activation)
+            return self.emit(act(y) if act else y)
         # the weight-only ops compute bias and activation in their own write-back
         if self.mode == "int8":
             q, s = self._quantized(w_name, quantize_w8)
@@ -201,16 +357,17 @@ class _Builder:
             self._consts[key] = self._consts[f"{key}.0"]
         return self._consts[f"{key}.0"], self._consts[f"{key}.1"]
 
-    def embed(self, tokens: relax.Expr) -> relax.Var:
-        """Token embedding rows. Quantized modes gather rows of the LM head's quantized
-        matrix and dequantize them (the float matrix is not kept: GPT-2 ties the two)."""
+    def embed(self, tokens: relax.Expr, name: str = "wte") -> relax.Var:
+        """Token embedding rows of matrix ``name``. Quantized modes hold it quantized and
+        dequantize the rows gathered (GPT-2: the LM head's matrix, tied; llama: its own,
+        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept."""
         if self.mode == "float32":
-            return self.emit(R.take(self.const("wte", lambda: self.w["wte"]), tokens, axis=0))
+            return self.emit(R.take(self.const(name, lambda: self.w[name]), tokens, axis=0))
         if self.mode == "int8":
-            q, s = self._quantized("wte", quantize_w8)
+            q, s = self._quantized(name, quantize_w8)
             rows = R.astype(R.take(q, tokens, axis=0), "float32")
             return self.emit(R.multiply(rows, R.expand_dims(R.take(s, tokens, axis=0), 1)))
-        qs, d = self._quantized("wte", quantize_q4_0)
+        qs, d = self._quantized(name, quantize_q4_0)
         return self.bb.emit_te(_q4_rows, self.emit(R.take(qs, tokens, axis=0)),
                                self.emit(R.take(d, tokens, axis=0)))
 
@@ -220,12 +377,20 @@ class _Builder:
         kernel reading the cache rows where they are."""
         if not self.fused_attention:
             return self._attention_unfused(q, k, v)
+        group = self.cfg.heads // self.cfg.n_kv_heads
+        if group > 1:
+            # The op's kernel reads grouped heads (query head h: kv head h // group), but its
+            # Relax shape check (opsdk/ops/attention.py ``_input_shapes``) still asks k / v
+            # for q's head count: repeated here, the cache itself holds the kv heads only.
+            k, v = (self.emit(R.repeat(t, group, axis=1)) for t in (k, v))
         one = [self.emit(R.reshape(t, [1, *t.ty.shape])) for t in (q, k, v)]
         o = self.emit(self.ops.attention(*one, causal=True, layout="BSHD"))
         return self.emit(R.reshape(o, list(q.ty.shape)))
 
     def _attention_unfused(self, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> relax.Var:
-        d = self.cfg.head_dim
+        d, group = self.cfg.head_dim, self.cfg.heads // self.cfg.n_kv_heads
+        if group > 1:  # grouped heads: each key / value head serves ``group`` query heads
+            k, v = (self.emit(R.repeat(t, group, axis=1)) for t in (k, v))
         s = self.emit(R.matmul(R.permute_dims(q, [1, 0, 2]), R.permute_dims(k, [1, 2, 0])))
         s = self.bb.emit_te(_causal_scale, s, 1.0 / float(np.sqrt(d)))
         p = self.emit(R.nn.softmax(s, axis=-1))
@@ -247,6 +412,29 @@ def _q4_rows(qs: te.Tensor, d: te.Tensor) -> te.Tensor:
     return te.compute((qs.shape[0], k), row, name="q4_rows")
 
 
+def _rope(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:
+    """Hugging Face's rotary embedding: ``x * cos + rotate_half(x) * sin`` with
+    ``rotate_half(x) = (-x[D/2:], x[:D/2])``; ``cos`` / ``sin`` ``(n, D)`` are the rows of the
+    positions (each half the same frequencies)."""
+    half = x.shape[2] // 2
+
+    def f(i, h, d):
+        other = tirx.Select(d < half, -x[i, h, tirx.min(d + half, 2 * half - 1)],
+                            x[i, h, tirx.max(d - half, 0)])
+        return x[i, h, d] * cos[i, d] + other * sin[i, d]
+
+    return te.compute(x.shape, f, name="rope")
+
+
+def _rope_tables(cfg: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``(positions, head_dim)`` in float64 (rotate-half layout)."""
+    d = cfg.head_dim
+    inv = 1.0 / cfg.rope_base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.arange(cfg.positions, dtype=np.float64)[:, None] * inv[None]
+    ang = np.concatenate([ang, ang], axis=1)
+    return np.cos(ang), np.sin(ang)
+
+
 def _causal_scale(s: te.Tensor, scale: float) -> te.Tensor:
     """Scores ``(H, n, m)`` scaled, with key ``j`` hidden from query ``i`` past its position
     ``m - n + i`` (the lowest float32, so softmax gives it exactly 0)."""
@@ -260,50 +448,99 @@ def _causal_scale(s: te.Tensor, scale: float) -> te.Tensor:
 
 def _emit_forward(b: _Builder, name: str, n: tirx.PrimExpr) -> None:
     """One forward function: ``n`` new tokens (symbolic, or 1) over ``m`` cached positions."""
-    cfg, bb, weights = b.cfg, b.bb, b.weights
-    h_, d_ = cfg.heads, cfg.head_dim
+    cfg, bb = b.cfg, b.bb
+    hkv, d_ = cfg.n_kv_heads, cfg.head_dim
     m = tirx.Var("m", "int64")
     tokens = relax.Var("tokens", relax.TensorType((1, n), "int32"))
     total = relax.Var("total", relax.ShapeType([m]))
     caches = [relax.Var(f"{kv}_cache{i}", relax.ObjectType())
               for i in range(cfg.layers) for kv in ("k", "v")]
-    kv_type = relax.TensorType([m, h_, d_], "float32")
+    kv_type = relax.TensorType([m, hkv, d_], "float32")
+    llama = cfg.arch == "llama"
     with bb.function(name, [tokens, total, *caches]):
         # One dataflow block: kernel fusion and view-only reshapes work inside one; the
         # cache calls are ordered by their data (a view reads the appended cache).
         with bb.dataflow():
-            x = b.embed(R.reshape(tokens, [n]))
+            ids = R.reshape(tokens, [n])
             pos = b.emit(R.arange(relax.prim_value(m - n), relax.prim_value(m), dtype="int64"))
-            wpe = b.const("wpe", lambda: weights.tensors["wpe"])
-            x = b.emit(R.add(x, R.take(wpe, pos, axis=0)))
+            if llama:
+                x = b.embed(ids, "embed_tokens.weight")
+                cos, sin = (b.emit(R.take(b.const(f"rope.{j}", lambda j=j: _rope_tables(cfg)[j]
+                                                  .astype(np.float32)), pos, axis=0))
+                            for j in range(2))
+            else:
+                x = b.embed(ids)
+                wpe = b.const("wpe", lambda: b.w["wpe"])
+                x = b.emit(R.add(x, R.take(wpe, pos, axis=0)))
             new_caches = []
-            for i in range(cfg.layers):
-                p = f"h.{i}."
-                h = b.layer_norm(x, p + "ln_1")
-                qkv = b.linear(h, p + "attn.c_attn")
-                q, k, v = (b.emit(R.reshape(R.strided_slice(qkv, [1], [j * cfg.width],
-                                                            [(j + 1) * cfg.width]), [n, h_, d_]))
-                           for j in range(3))
+
+            def attend(i: int, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> relax.Var:
                 views = []
                 for cache, new in ((caches[2 * i], k), (caches[2 * i + 1], v)):
                     c = b.emit(R.call_pure_packed(_CACHE_FUNCS[1], cache, new,
                                                   ty_args=relax.ObjectType()))
                     new_caches.append(c)
                     views.append(b.emit(R.call_pure_packed(
-                        _CACHE_FUNCS[2], c, relax.ShapeExpr([m, h_, d_]), ty_args=kv_type)))
+                        _CACHE_FUNCS[2], c, relax.ShapeExpr([m, hkv, d_]), ty_args=kv_type)))
                 o = b.attention(q, *views)
-                o = b.linear(b.emit(R.reshape(o, [n, cfg.width])), p + "attn.c_proj")
-                x = b.emit(R.add(x, o))
-                h = b.layer_norm(x, p + "ln_2")
-                f = b.linear(h, p + "mlp.c_fc", "gelu_tanh")
-                x = b.emit(R.add(x, b.linear(f, p + "mlp.c_proj")))
+                return b.emit(R.reshape(o, [n, cfg.width]))
+
+            for i in range(cfg.layers):
+                if llama:
+                    x = _llama_layer(b, i, x, n, cos, sin, attend)
+                else:
+                    x = _gpt2_layer(b, i, x, n, attend)
             # the last token's row, (1, width) with a static 1 (not n - (n - 1))
             last = b.emit(R.reshape(R.strided_slice(x, [0], [n - 1], [n]), [1, cfg.width]))
-            h = b.layer_norm(last, "ln_f")
-            logits = b.dense(h, "wte", None)  # tied LM head
+            if llama:
+                logits = b.dense(b.rms_norm(last, "norm"), "lm_head.weight", None)
+            else:
+                logits = b.dense(b.layer_norm(last, "ln_f"), "wte", None)  # tied LM head
             out = bb.emit_output(relax.Tuple([logits, *new_caches]))
         bb.emit_func_output(out)
 
+
+def _gpt2_layer(b: _Builder, i: int, x: relax.Expr, n: tirx.PrimExpr, attend: Any
+                ) -> relax.Var:
+    cfg = b.cfg
+    p = f"h.{i}."
+    h = b.layer_norm(x, p + "ln_1")
+    qkv = b.linear(h, p + "attn.c_attn")
+    q, k, v = (b.emit(R.reshape(R.strided_slice(qkv, [1], [j * cfg.width],
+                                                [(j + 1) * cfg.width]),
+                                [n, cfg.heads, cfg.head_dim]))
+               for j in range(3))
+    o = b.linear(attend(i, q, k, v), p + "attn.c_proj")
+    x = b.emit(R.add(x, o))
+    h = b.layer_norm(x, p + "ln_2")
+    f = b.linear(h, p + "mlp.c_fc", "gelu_tanh")
+    return b.emit(R.add(x, b.linear(f, p + "mlp.c_proj")))
+
+
+def _llama_layer(b: _Builder, i: int, x: relax.Expr, n: tirx.PrimExpr, cos: relax.Expr,
+                 sin: relax.Expr, attend: Any) -> relax.Var:
+    cfg = b.cfg
+    p = f"layers.{i}."
+    h = b.rms_norm(x, p + "input_layernorm")
+
+    def proj(name: str, heads: int) -> relax.Var:
+        w = p + f"self_attn.{name}_proj"
+        y = b.dense(h, w + ".weight", w + ".bias" if cfg.qkv_bias else None)
+        return b.emit(R.reshape(y, [n, heads, cfg.head_dim]))
+
+    q = b.rope(proj("q", cfg.heads), cos, sin)
+    k = b.rope(proj("k", cfg.n_kv_heads), cos, sin)
+    v = proj("v", cfg.n_kv_heads)
+    # Quantized modes give o_proj and down_proj a zero bias: without one, dense_w8 / dense_q4's
+    # epilogue rule takes the decode step's residual add (1, width) for a bias and fails
+    # (opsdk/ops/dense_w8.py ``build`` reads the type of a reshape it has not normalized).
+    zero = None if b.mode == "float32" else "zero_bias"
+    o = b.dense(attend(i, q, k, v), p + "self_attn.o_proj.weight", zero)
+    x = b.emit(R.add(x, o))
+    h = b.rms_norm(x, p + "post_attention_layernorm")
+    g = b.dense(h, p + "mlp.gate_proj.weight", None, "silu")
+    u = b.dense(h, p + "mlp.up_proj.weight", None)
+    return b.emit(R.add(x, b.dense(b.emit(R.multiply(g, u)), p + "mlp.down_proj.weight", zero)))
 
 
 def default_activations(weights_mode: str, target: Any = "x86") -> str:
@@ -374,7 +611,7 @@ def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
     # matrix-vector product) and the prompt's for many (register-tiled GEMMs).
     _emit_forward(b, "prefill", tirx.Var("n", "int64"))
     _emit_forward(b, "decode", tirx.IntImm("int64", 1))
-    h_, d_ = cfg.heads, cfg.head_dim
+    h_, d_ = cfg.n_kv_heads, cfg.head_dim
     cap = tirx.Var("c", "int64")
     capacity = relax.Var("capacity", relax.ShapeType([cap]))
     # Impure: the caches are distinct objects (a pure call with equal arguments may be merged).
@@ -399,6 +636,8 @@ def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
     >>> w.tensors["h.0.mlp.c_fc.weight"].shape
     (128, 32)
     """
+    if config.arch == "llama":
+        return _random_llama(config, seed)
     rng = np.random.default_rng(seed)
     e = config.width
 
@@ -419,6 +658,101 @@ def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
     return DecoderWeights(config, t)
 
 
+def _llama_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    e, kv, f = cfg.width, cfg.kv_width, cfg.ffn
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (cfg.vocab, e)}
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (e,)
+        for name, o in (("q", e), ("k", kv), ("v", kv)):
+            shapes[p + f"self_attn.{name}_proj.weight"] = (o, e)
+            if cfg.qkv_bias:
+                shapes[p + f"self_attn.{name}_proj.bias"] = (o,)
+        shapes[p + "self_attn.o_proj.weight"] = (e, e)
+        shapes[p + "post_attention_layernorm.weight"] = (e,)
+        shapes[p + "mlp.gate_proj.weight"] = (f, e)
+        shapes[p + "mlp.up_proj.weight"] = (f, e)
+        shapes[p + "mlp.down_proj.weight"] = (e, f)
+    shapes["norm.weight"] = (e,)
+    shapes["lm_head.weight"] = (cfg.vocab, e)
+    return shapes
+
+
+def _random_llama(cfg: DecoderConfig, seed: int) -> DecoderWeights:
+    """Llama's initialization (normal, std 0.02; norm weights 1, biases 0), each array made
+    when read from its own seed (``seed`` and the name), so a 1B model's float32 weights
+    (4.4 GB) are never all held."""
+
+    def make(name: str, shape: tuple[int, ...]) -> Any:
+        if len(shape) == 1:
+            fill = 1.0 if name.endswith("norm.weight") else 0.0
+            return lambda: np.full(shape, fill, np.float32)
+
+        def normal() -> np.ndarray:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            a = rng.standard_normal(shape, dtype=np.float32)
+            a *= np.float32(0.02)
+            return a
+        return normal
+
+    return DecoderWeights(cfg, LazyTensors({k: make(k, s)
+                                            for k, s in _llama_shapes(cfg).items()}))
+
+
+def _act_in(x: np.ndarray, activations: str) -> np.ndarray:
+    """What a linear layer reads of its input: as is, or quantized to q8_0 blocks (bit-exactly
+    as the kernels do)."""
+    if activations == "float32":
+        return x
+    xq, dx = quantize_q8_0(x.astype(np.float32))
+    return (xq.reshape(len(x), -1, 32) * dx[:, :, None].astype(np.float64)).reshape(x.shape)
+
+
+def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal attention of ``(H, n, D)`` queries over ``(H, n, D)`` keys / values."""
+    n = q.shape[1]
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]) + np.triu(np.full((n, n), -np.inf), 1)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+
+def _llama_reference(weights: DecoderWeights, ids: np.ndarray, activations: str) -> np.ndarray:
+    cfg = weights.config
+    n, hd, group = ids.size, cfg.head_dim, cfg.heads // cfg.n_kv_heads
+
+    def t(name: str) -> np.ndarray:  # one array at a time (lazy weights stay lazy)
+        return np.asarray(weights.tensors[name], dtype=np.float64)
+
+    def rms(x: np.ndarray, name: str) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.eps) * t(name + ".weight")
+
+    def lin(x: np.ndarray, name: str, bias: bool = False) -> np.ndarray:
+        y = _act_in(x, activations) @ t(name + ".weight").T
+        return y + t(name + ".bias") if bias else y
+
+    cos, sin = (a[:n, None, :] for a in _rope_tables(cfg))
+    half = hd // 2
+
+    def rope(a: np.ndarray) -> np.ndarray:
+        return a * cos + np.concatenate([-a[..., half:], a[..., :half]], -1) * sin
+
+    x = t("embed_tokens.weight")[ids]
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        h = rms(x, p + "input_layernorm")
+        q, k, v = (lin(h, p + f"self_attn.{j}_proj", cfg.qkv_bias).reshape(n, -1, hd)
+                   for j in "qkv")
+        q, k = rope(q), rope(k)
+        k, v = (np.repeat(a, group, axis=1) for a in (k, v))  # query head h: kv h // group
+        o = _softmax_attention(*(a.transpose(1, 0, 2) for a in (q, k, v)))
+        x = x + lin(o.transpose(1, 0, 2).reshape(n, cfg.width), p + "self_attn.o_proj")
+        h = rms(x, p + "post_attention_layernorm")
+        g = lin(h, p + "mlp.gate_proj")
+        g = g / (1 + np.exp(-g)) * lin(h, p + "mlp.up_proj")
+        x = x + lin(g, p + "mlp.down_proj")
+    return lin(rms(x, "norm"), "lm_head")
+
+
 def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray, *,
                      activations: str = "float32") -> np.ndarray:
     """The float64 logits ``(len(tokens), vocab)`` of the whole sequence, from the float32
@@ -433,9 +767,11 @@ def reference_logits(weights: DecoderWeights, tokens: list[int] | np.ndarray, *,
     >>> reference_logits(w, [1, 2, 3]).shape
     (3, 50)
     """
+    ids = np.asarray(tokens, dtype=np.int64)
+    if weights.config.arch == "llama":
+        return _llama_reference(weights, ids, activations)
     t = {k: v.astype(np.float64) for k, v in weights.tensors.items()}
     cfg = weights.config
-    ids = np.asarray(tokens, dtype=np.int64)
     n, hd = ids.size, cfg.head_dim
 
     def ln(x: np.ndarray, name: str) -> np.ndarray:
@@ -482,23 +818,33 @@ def dequantized_weights(weights: DecoderWeights, weights_mode: str) -> DecoderWe
     >>> q = dequantized_weights(w, "int4")
     >>> bool(np.array_equal(q.tensors["wpe"], w.tensors["wpe"]))  # not a linear layer
     True
-    >>> 0 < np.abs(q.tensors["wte"] - w.tensors["wte"]).max() < 0.01
+    >>> bool(0 < np.abs(q.tensors["wte"] - w.tensors["wte"]).max() < 0.01)
     True
     """
     if weights_mode == "float32":
         return weights
-    out = dict(weights.tensors)
-    for name in _linear_weights(weights.config):
-        w = weights.tensors[name]
+    src = weights.tensors
+
+    def dequantized(name: str) -> np.ndarray:
+        w = src[name]
         if weights_mode == "int8":
             q, s = quantize_w8(w)
-            out[name] = (q.astype(np.float32) * s[:, None]).astype(np.float32)
-        else:
-            out[name] = dequantize_q4_0(*quantize_q4_0(w))
+            return (q.astype(np.float32) * s[:, None]).astype(np.float32)
+        return dequantize_q4_0(*quantize_q4_0(w))
+
+    linear = set(_linear_weights(weights.config))
+    if isinstance(src, LazyTensors):  # stays lazy: one array at a time
+        return DecoderWeights(weights.config, LazyTensors({
+            k: (lambda k=k: dequantized(k)) if k in linear else src.makers[k] for k in src}))
+    out = dict(src)
+    for name in linear:
+        out[name] = dequantized(name)
     return DecoderWeights(weights.config, out)
 
 
 def _linear_weights(cfg: DecoderConfig) -> list[str]:
+    if cfg.arch == "llama":  # the embedding is held quantized too (llama.cpp's token_embd)
+        return [k for k, s in _llama_shapes(cfg).items() if len(s) == 2]
     names = ["wte"]  # the tied LM head; the embedding reads the same matrix
     for i in range(cfg.layers):
         names += [f"h.{i}.{n}.weight" for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
