@@ -252,7 +252,7 @@ def _import_and_run(q_shape, k_shape, kw, mask=None):
 def test_sdpa_imports_as_one_fused_attention_call(kw, mask):
     import torch
 
-    b, h, n, d = 2, 3, 24, 16
+    b, h, n, d = 2, 3, 40, 16
     g = torch.Generator().manual_seed(1)
     m = {None: None, "bool": torch.rand(b, 1, 1, n, generator=g) > 0.3,
          "float": -2 * torch.rand(b, 1, n, n, generator=g)}[mask]
@@ -271,7 +271,7 @@ def test_sdpa_below_the_size_threshold_or_with_a_per_head_mask_is_decomposed():
     assert "opsdk.attention" not in ops and "opsdk.softmax" in ops, ops
     assert rules.get("x86.matmul") == 2, rules
     # a mask per head: not the op's (B, 1, n, m); TVM's import of the call
-    ops, _ = _import_and_run((1, 2, 20, 16), (1, 2, 20, 16), {}, torch.randn(1, 2, 20, 20))
+    ops, _ = _import_and_run((1, 2, 40, 16), (1, 2, 40, 16), {}, torch.randn(1, 2, 40, 40))
     assert "opsdk.attention" not in ops, ops
 
 
