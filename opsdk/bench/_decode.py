@@ -1,7 +1,8 @@
 """``opsdk bench --decode MODEL``: LLM decode, opsdk against llama.cpp and torch, side by side.
 
-Every runtime gets the same weights (opsdk.llm's random GPT-2 weights, written for torch as a
-``GPT2LMHeadModel`` and for llama.cpp as a GGUF file it quantizes itself), the same prompt,
+Every runtime gets the same weights (opsdk.llm's random GPT-2 or Llama weights, written for
+torch as a ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` and for llama.cpp as a GGUF file it
+quantizes itself), the same prompt,
 and the same fixed decode tokens (so each does the same work). Rounds are interleaved: each
 round runs every runtime once (prefill, then the decode steps); a ratio is taken per round
 and the median of the per-round ratios is reported, with the best round of each runtime.
@@ -11,6 +12,7 @@ q4_0, the LM head included, as opsdk quantizes it) and against torch float32 eag
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -32,7 +34,8 @@ from ..llm import (
     load_decoder_weights,
 )
 
-__all__ = ["LLAMACPP_TYPES", "bench_decode", "gpt2_torch_model", "print_decode_report"]
+__all__ = ["LLAMACPP_TYPES", "bench_decode", "gpt2_torch_model", "llama_torch_model",
+           "print_decode_report", "torch_model"]
 
 #: llama.cpp's file type for each opsdk weight mode.
 LLAMACPP_TYPES = {"float32": "f32", "int8": "q8_0", "int4": "q4_0"}
@@ -65,6 +68,44 @@ def gpt2_torch_model(weights: DecoderWeights) -> Any:
     return model
 
 
+def llama_torch_model(weights: DecoderWeights) -> Any:
+    """A Hugging Face ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``qkv_bias``) holding
+    llama-style ``weights`` (float32, eval mode); each array is read once."""
+    from ..frontend import prepare_model_imports
+
+    prepare_model_imports()
+    import torch  # heavy: torch
+    import transformers  # heavy: transformers
+
+    c = weights.config
+    conf, cls = (("Qwen2Config", "Qwen2ForCausalLM") if c.qkv_bias
+                 else ("LlamaConfig", "LlamaForCausalLM"))
+    cfg = getattr(transformers, conf)(
+        vocab_size=c.vocab, hidden_size=c.width, intermediate_size=c.ffn,
+        num_hidden_layers=c.layers, num_attention_heads=c.heads,
+        num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.positions,
+        rms_norm_eps=c.eps, rope_theta=c.rope_base, tie_word_embeddings=False)
+    try:  # skip the random init of weights about to be replaced (1B: a minute on 2 cores)
+        from transformers.modeling_utils import no_init_weights
+    except ImportError:  # pragma: no cover - moved in another transformers
+        no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        model = getattr(transformers, cls)(cfg).eval()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in weights.tensors:
+            key = name if name == "lm_head.weight" else "model." + name
+            if key not in params:
+                raise RuntimeError(f"llama weight {name} has no place in transformers' {cls}")
+            params[key].copy_(torch.from_numpy(weights.tensors[name]))
+    return model
+
+
+def torch_model(weights: DecoderWeights) -> Any:
+    """The transformers model of ``weights``' architecture (GPT-2 or Llama / Qwen2)."""
+    return (llama_torch_model if weights.config.arch == "llama" else gpt2_torch_model)(weights)
+
+
 class _Opsdk:
     def __init__(self, weights: DecoderWeights, mode: str, capacity: int,
                  activations: str) -> None:
@@ -90,7 +131,7 @@ class _Torch:
         import torch  # heavy: torch
 
         torch.set_num_threads(threads)
-        self.torch, self.model = torch, gpt2_torch_model(weights)
+        self.torch, self.model = torch, torch_model(weights)
         # transformers 5 renamed the cache argument (the old name still works, with a warning)
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -142,7 +183,13 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     ``activations``: what opsdk's quantized layers multiply (``q8_0``, llama.cpp's numerics,
     or ``float32``; None: :func:`opsdk.llm.default_activations` for the host).
     """
-    from ._llamacpp import available, bench_llamacpp, quantize_gguf, write_gpt2_gguf
+    from ._llamacpp import (
+        available,
+        bench_llamacpp,
+        quantize_gguf,
+        write_gpt2_gguf,
+        write_llama_gguf,
+    )
 
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
     weights = load_decoder_weights(model, seed)
@@ -170,7 +217,11 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
             if why:
                 log(f"peer llama.cpp skipped: {why}")
             else:
-                f32 = write_gpt2_gguf(gpt2_torch_model(weights), Path(tmp.name) / "f32.gguf")
+                f32 = Path(tmp.name) / "f32.gguf"
+                if cfg.arch == "llama":
+                    write_llama_gguf(weights, f32)
+                else:
+                    write_gpt2_gguf(gpt2_torch_model(weights), f32)
                 for mode in weights_modes:
                     qt = LLAMACPP_TYPES[mode]
                     path = f32

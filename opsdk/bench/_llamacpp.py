@@ -51,6 +51,7 @@ __all__ = [
     "logits_llamacpp",
     "quantize_gguf",
     "write_gpt2_gguf",
+    "write_llama_gguf",
 ]
 
 INSTALL = "pip install 'opsdk[llm]' -c <(echo torch==2.13.0)"
@@ -233,6 +234,111 @@ def write_gpt2_gguf(model: Any, path: str | os.PathLike[str], *, ftype: str = "f
         if head is not None and head.weight.data_ptr() != wte.data_ptr():
             w.add_tensor("output.weight", np.ascontiguousarray(
                 head.weight.detach().to(torch.float32).cpu().numpy(), dtype=wdtype))
+
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        w.close()
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+def _permute_rope(w: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of a q / k projection (or bias) from Hugging Face's rotate-half RoPE layout (each
+    head's first half the real parts, second half the imaginary) to ggml's interleaved pairs
+    (``LlamaModel.permute`` in llama.cpp's ``convert_hf_to_gguf.py``)."""
+    return np.ascontiguousarray(w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+                                .swapaxes(1, 2).reshape(w.shape))
+
+
+def write_llama_gguf(weights: Any, path: str | os.PathLike[str], *,
+                     ftype: str = "f32") -> Path:
+    """Write opsdk.llm's llama weights (:class:`opsdk.llm.DecoderWeights` with
+    ``arch="llama"``) as a GGUF file llama.cpp loads as ``llama``.
+
+    Metadata and tensor names follow llama.cpp's converter (``convert_hf_to_gguf.py``, class
+    ``LlamaModel``): the q / k projections' rows are permuted to ggml's RoPE layout
+    (interleaved pairs, :func:`_permute_rope`; k by the kv heads), Qwen2's q / k / v biases
+    likewise (llama.cpp's llama graph adds optional ``attn_q/k/v.bias``). The tokenizer is
+    :func:`synthetic_vocab` as for GPT-2. Weights are read one at a time (lazy random weights
+    are made once each), and the file is written beside ``path`` and renamed into place.
+
+    Parameters
+    ----------
+    weights : opsdk.llm.DecoderWeights
+        Llama-style weights (``config.arch == "llama"``).
+    path : str or PathLike
+        Destination ``.gguf`` file.
+    ftype : {"f32", "f16"}
+        Type of the 2-D weights (norms and biases stay f32).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    import gguf  # heavy: gguf
+
+    cfg = weights.config
+    if cfg.arch != "llama":
+        raise ValueError(f"write_llama_gguf: a {cfg.arch!r} config; write GPT-2 with "
+                         "write_gpt2_gguf")
+    if ftype not in ("f32", "f16"):
+        raise ValueError(f"ftype must be 'f32' or 'f16' (then quantize_gguf), got {ftype!r}")
+    wdtype = np.float32 if ftype == "f32" else np.float16
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+
+    def t(name: str, key: str, heads: int = 0) -> None:
+        a = weights.tensors[key]
+        if heads:
+            a = _permute_rope(a, heads)
+        w.add_tensor(name, np.ascontiguousarray(a, dtype=wdtype if a.ndim == 2 else np.float32))
+
+    try:
+        w.add_name("llama-opsdk-random")
+        w.add_context_length(cfg.positions)
+        w.add_embedding_length(cfg.width)
+        w.add_feed_forward_length(cfg.ffn)
+        w.add_block_count(cfg.layers)
+        w.add_head_count(cfg.heads)
+        w.add_head_count_kv(cfg.n_kv_heads)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_rope_freq_base(float(cfg.rope_base))
+        w.add_layer_norm_rms_eps(float(cfg.eps))
+        w.add_vocab_size(cfg.vocab)
+        w.add_file_type(_FTYPE[ftype])
+        tokens, types, merges = synthetic_vocab(cfg.vocab)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(len(tokens) - 1)
+        w.add_eos_token_id(len(tokens) - 1)
+        w.add_add_bos_token(False)
+
+        t("token_embd.weight", "embed_tokens.weight")
+        for i in range(cfg.layers):
+            h, b = f"layers.{i}.", f"blk.{i}."
+            t(b + "attn_norm.weight", h + "input_layernorm.weight")
+            for ours, theirs, heads in (("q", "attn_q", cfg.heads), ("k", "attn_k", cfg.n_kv_heads),
+                                        ("v", "attn_v", 0)):
+                t(f"{b}{theirs}.weight", f"{h}self_attn.{ours}_proj.weight", heads)
+                if cfg.qkv_bias:
+                    t(f"{b}{theirs}.bias", f"{h}self_attn.{ours}_proj.bias", heads)
+            t(b + "attn_output.weight", h + "self_attn.o_proj.weight")
+            t(b + "ffn_norm.weight", h + "post_attention_layernorm.weight")
+            t(b + "ffn_gate.weight", h + "mlp.gate_proj.weight")
+            t(b + "ffn_up.weight", h + "mlp.up_proj.weight")
+            t(b + "ffn_down.weight", h + "mlp.down_proj.weight")
+        t("output_norm.weight", "norm.weight")
+        t("output.weight", "lm_head.weight")
 
         w.write_header_to_file()
         w.write_kv_data_to_file()

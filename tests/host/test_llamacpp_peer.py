@@ -91,3 +91,52 @@ def test_q8_0_quantizes_weight_matrices(tiny, tmp_path):
     assert types["token_embd.weight"] == "q8_0"  # tied output forced with same_output
     got = _llamacpp.logits_llamacpp(q["path"], ids)
     assert _rel_rmse(got.astype(np.float64), ref) < 2e-2  # q8_0 weights and activations
+
+
+# ------------------------------------------------------------------------------------ llama
+@pytest.fixture(scope="module", params=[False, True], ids=["llama", "qwen2-biases"])
+def tiny_llama(request, tmp_path_factory):
+    """(weights, f32 GGUF path, ids): a random 2-layer Llama with grouped kv heads, norm gains
+    and (Qwen2) q / k / v biases drawn so that no permutation mistake can hide."""
+    from opsdk.llm import DecoderConfig, DecoderWeights, random_weights
+
+    cfg = DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=64, arch="llama",
+                        kv_heads=2, intermediate=352, qkv_bias=request.param)
+    rng = np.random.default_rng(5)
+    w = DecoderWeights(cfg, {
+        k: v * rng.uniform(0.5, 1.5, v.shape).astype(np.float32) if "norm" in k else
+        (rng.standard_normal(v.shape).astype(np.float32) * 0.1 if k.endswith("bias") else v)
+        for k, v in random_weights(cfg, seed=1).tensors.items()})
+    path = _llamacpp.write_llama_gguf(w, tmp_path_factory.mktemp("gguf") / "llama.gguf")
+    ids = np.random.default_rng(1).integers(0, 1000, 16).tolist()
+    return w, path, ids
+
+
+def test_llama_f32_logits_match_reference(tiny_llama):
+    """q / k rows permuted to ggml's RoPE layout: llama.cpp's f32 logits are opsdk's float64
+    reference's to float32 rounding (its SiLU is float32; 2e-7 when written)."""
+    from opsdk.llm import reference_logits
+
+    w, path, ids = tiny_llama
+    got = _llamacpp.logits_llamacpp(path, ids).astype(np.float64)
+    assert _rel_rmse(got, reference_logits(w, ids)[-1]) < 1e-5
+
+
+def test_llama_q4_0_quantizes_every_matrix(tiny_llama, tmp_path):
+    from opsdk.llm import reference_logits
+
+    w, path, ids = tiny_llama
+    q = _llamacpp.quantize_gguf(path, tmp_path / "q4.gguf", "q4_0", same_output=True)
+    for name, ty in q["types"].items():
+        assert ty == ("f32" if name.endswith((".bias", "norm.weight")) else "q4_0"), (name, ty)
+    got = _llamacpp.logits_llamacpp(q["path"], ids).astype(np.float64)
+    assert _rel_rmse(got, reference_logits(w, ids)[-1]) < 0.5  # q4_0 weights and q8_0 inputs
+
+
+def test_bench_decode_llama_tiny():
+    from opsdk.bench._decode import bench_decode
+
+    rep = bench_decode("llama-tiny", weights_modes=("int4",), prompt_len=8, tokens=4,
+                       rounds=1, log=lambda s: None)
+    assert {"opsdk int4", "llama.cpp q4_0", "torch float32"} <= set(rep["runtimes"])
+    assert rep["ratios"]["opsdk int4 / llama.cpp q4_0"]["decode"] > 0
