@@ -378,10 +378,10 @@ class _Builder:
         if not self.fused_attention:
             return self._attention_unfused(q, k, v)
         group = self.cfg.heads // self.cfg.n_kv_heads
-        if group > 1:
+        if group > 1 and not _attention_takes_grouped_heads():
             # The op's kernel reads grouped heads (query head h: kv head h // group), but its
-            # Relax shape check (opsdk/ops/attention.py ``_input_shapes``) still asks k / v
-            # for q's head count: repeated here, the cache itself holds the kv heads only.
+            # Relax shape check (opsdk/ops/attention.py ``_input_shapes``) asks k / v for q's
+            # head count: repeated here (the cache itself holds the kv heads only).
             k, v = (self.emit(R.repeat(t, group, axis=1)) for t in (k, v))
         one = [self.emit(R.reshape(t, [1, *t.ty.shape])) for t in (q, k, v)]
         o = self.emit(self.ops.attention(*one, causal=True, layout="BSHD"))
@@ -396,6 +396,15 @@ class _Builder:
         p = self.emit(R.nn.softmax(s, axis=-1))
         o = self.emit(R.matmul(p, R.permute_dims(v, [1, 0, 2])))  # (H, n, D)
         return self.emit(R.permute_dims(o, [1, 0, 2]))
+
+
+def _attention_takes_grouped_heads() -> bool:
+    """Whether ``opsdk.attention``'s declared input shapes let k / v have fewer heads than q
+    (its kernel computes grouped-query attention either way)."""
+    from ..registry import get_op
+
+    shapes = get_op("attention").input_shapes
+    return shapes is not None and shapes((1, 5, 4, 8), {"layout": "BSHD"})["k"][2] != 4
 
 
 def _q4_rows(qs: te.Tensor, d: te.Tensor) -> te.Tensor:
