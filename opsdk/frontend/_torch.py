@@ -208,7 +208,8 @@ def from_torch(
     **kwargs: Any,
 ) -> tvm.IRModule:
     """Import a ``torch.export`` program into Relax with opsdk ops for LayerNorm, RMSNorm, GELU
-    (both approximations), softmax and GroupNorm.
+    (both approximations), softmax, GroupNorm and scaled dot-product attention (each op
+    file's ``OpDef.torch`` mapping says where it applies).
 
     Wraps TVM's ``from_exported_program`` with :func:`torch_convert_map`. The program is first
     decomposed to core ATen like TVM does by default, but keeping the composite ops converted
