@@ -369,8 +369,10 @@ def epilogue_fusions(d: OpDef) -> Callable[[], list[tuple[DFPattern, Any]]]:
                 shp = shape_of(call)
                 if shp is None:
                     return None
+                # (1, N) reads as a per-feature (N,) through a reshape (not yet typed): the
+                # dtype is the matched operand's
                 bias = param_of(m[bias_pat], (shp[-1],))
-                if bias is None or str(bias.ty.dtype) != "float32":
+                if bias is None or str(m[bias_pat].ty.dtype) != "float32":
                     return None
             numerics = str(call_attr(call, "activations", "float32"))
             return d(m[x], m[w], m[s], bias, activation=act, activations=numerics)

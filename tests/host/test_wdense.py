@@ -428,3 +428,29 @@ def test_explain_names_the_integer_rule_for_the_q8_0_layout(capsys, target, rule
     assert f"rule    {rule}" in out and f"insn:{claim}" in out
     assert main(["explain", "dense_q4", "--target", target, "--layout", "q9", "--no-asm"]) == 2
     assert "has the layouts float32, q8_0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_residual_add_after_a_bias_free_layer(rows):
+    """``x + dense(x)`` (a residual): with one row the residual reads as a per-feature bias
+    and joins the kernel (it used to crash on the untyped reshape); with more rows it is not
+    a bias and stays an add. Numbers right either way."""
+    from opsdk.ops.dense_q4 import dense_q4 as q4op
+    from opsdk.transform import FuseIntoOps
+
+    rng = np.random.default_rng(0)
+    qs, d = quantize_q4_0((rng.standard_normal((64, 64)) * 0.1).astype("float32"))
+    x = relax.Var("x", relax.TensorType((rows, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(opsdk.relax.dense_q4(x, relax.const(qs), relax.const(d), None))
+            z = bb.emit_output(relax.op.add(x, y))
+        bb.emit_func_output(z)
+    mod = FuseIntoOps()(bb.get())
+    assert ("R.add(" in mod["main"].script()) == (rows > 1)
+    xv = rng.standard_normal((rows, 64)).astype("float32")
+    vm = relax.VirtualMachine(opsdk.compile(mod, "x86"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xv)).numpy()
+    ref = xv + q4op.run_reference({"x": xv, "qs": qs, "d": d}, {})
+    assert np.abs(got - ref).max() < 1e-5
