@@ -12,7 +12,7 @@ Examples
 --------
 >>> import opsdk
 >>> [d.name for d in opsdk.list_ops()][:3]
-['bias_gelu', 'dequantize', 'gelu']
+['attention', 'bias_gelu', 'dense_q4']
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Examples
 --------
 >>> import opsdk
 >>> sorted(opsdk.frontend.TORCH_OPS)
-['gelu', 'group_norm', 'layer_norm', 'rms_norm', 'softmax']
+['attention', 'gelu', 'group_norm', 'layer_norm', 'rms_norm', 'softmax']
 """
 
 from __future__ import annotations
