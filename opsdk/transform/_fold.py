@@ -284,8 +284,8 @@ def _as_const(outs: list[np.ndarray], specs: list[Any], call: relax.Call,
               same: dict[tuple, relax.Expr]) -> relax.Expr:
     consts = []
     for a, o in zip(outs, specs):
-        a = np.ascontiguousarray(a)
-        key = (str(o.dtype), a.shape, hashlib.blake2b(a.view(np.uint8).reshape(-1),
+        a = a if a.flags.c_contiguous else a.copy()  # (ascontiguousarray makes 0-d 1-d)
+        key = (str(o.dtype), a.shape, hashlib.blake2b(a.reshape(-1).view(np.uint8),
                                                       digest_size=16).digest())
         if key not in same:
             same[key] = relax.const(a, o.dtype)

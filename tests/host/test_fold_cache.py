@@ -145,3 +145,29 @@ def test_equal_folded_values_share_one_constant():
             and hasattr(e.value, "numpy") else None)
     assert len(found) == 2 and found[0].same_as(found[1])
     assert np.array_equal(found[0].value.numpy(), np.arange(12, dtype="float32").reshape(4, 3).T)
+
+
+def test_a_folded_scalar_stays_a_scalar():
+    """A kernel folding to a 0-d value (a sum of a constant) gives a 0-d constant: it once
+    came back (1,)-shaped, and a fused kernel reading it no longer matched its call (TVM's
+    FuseTIR failed on GPT-2's attention scale)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from opsdk.transform._fold import fold_constants
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = relax.op.sum(relax.const(np.arange(4, dtype="float32")))
+            y = bb.emit_output(relax.op.multiply(x, s))
+        bb.emit_func_output(y)
+    mod = fold_constants(relax.transform.LegalizeOps()(bb.get()))
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda e: found.append(e.value) if isinstance(
+            e, tvm.ir.expr.Constant) and hasattr(e.value, "numpy") else None)
+    assert [tuple(t.shape) for t in found] == [()]
+    assert float(found[0].numpy()) == 6.0
