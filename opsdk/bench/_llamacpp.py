@@ -136,6 +136,20 @@ def synthetic_vocab(n: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def _add_synthetic_tokenizer(w: Any, vocab: int) -> None:
+    """A byte-level GPT-2 tokenizer section of ``vocab`` tokens (:func:`synthetic_vocab`):
+    what llama.cpp's loader needs; the benchmarks feed token ids, so its content is moot."""
+    tokens, types, merges = synthetic_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens) - 1)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(False)
+
+
 def _check_config(cfg: Any) -> None:
     act = getattr(cfg, "activation_function", "gelu_new")
     if act not in _GELU_TANH:
@@ -201,15 +215,7 @@ def write_gpt2_gguf(model: Any, path: str | os.PathLike[str], *, ftype: str = "f
         w.add_head_count(cfg.n_head)
         w.add_layer_norm_eps(float(cfg.layer_norm_epsilon))
         w.add_file_type(_FTYPE[ftype])
-        tokens, types, merges = synthetic_vocab(cfg.vocab_size)
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(len(tokens) - 1)
-        w.add_eos_token_id(len(tokens) - 1)
-        w.add_add_bos_token(False)
+        _add_synthetic_tokenizer(w, cfg.vocab_size)
 
         t("token_embd.weight", "wte.weight", weight=True)
         t("position_embd.weight", "wpe.weight", weight=True)
@@ -313,15 +319,7 @@ def write_llama_gguf(weights: Any, path: str | os.PathLike[str], *,
         w.add_layer_norm_rms_eps(float(cfg.eps))
         w.add_vocab_size(cfg.vocab)
         w.add_file_type(_FTYPE[ftype])
-        tokens, types, merges = synthetic_vocab(cfg.vocab)
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(len(tokens) - 1)
-        w.add_eos_token_id(len(tokens) - 1)
-        w.add_add_bos_token(False)
+        _add_synthetic_tokenizer(w, cfg.vocab)
 
         t("token_embd.weight", "embed_tokens.weight")
         for i in range(cfg.layers):
