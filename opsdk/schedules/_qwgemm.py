@@ -54,8 +54,8 @@ from tvm.target import Target
 from ..ops.dense_w8 import QBLOCK, activation_te
 from ._core import replace_block_body
 from ._gemm import is_layout_free
-from ._qgemm import op_buffers, recompute, region, schedule_tile_epilogue
-from ._wgemm import wdense_attrs
+from ._qgemm import recompute, region, schedule_tile_epilogue
+from ._wgemm import loops_after, wdense_match
 
 __all__ = ["Q4_ZERO", "QKernel", "qwdense_packed", "rebuild_qwdense", "schedule_qwdense",
            "tile_kernel"]
@@ -210,19 +210,12 @@ def qwdense_packed(
 def rebuild_qwdense(func: tirx.PrimFunc, kernel: QKernel) -> tirx.PrimFunc | None:
     """``func`` (a legalized dense_q4 / dense_w8 with ``activations="q8_0"``) recomputed as
     :func:`qwdense_packed`, same signature; None when it is not one or K / N are symbolic."""
-    found = wdense_attrs(func)
+    found = wdense_match(func, "q8_0")
     if found is None:
         return None
-    op, attrs = found
-    if attrs["activations"] != "q8_0":
-        return None
+    op, attrs, bufs = found
     has_bias = attrs["has_bias"]
-    bufs = op_buffers(func, has_bias, rank=2)
-    if bufs is None:
-        return None
     x, w = bufs[0], bufs[1]
-    if not all(isinstance(e, tirx.IntImm) for e in (x.shape[1], w.shape[0])):
-        return None
     if int(x.shape[1]) % QBLOCK:
         return None
     mdim = x.shape[0]
@@ -366,10 +359,8 @@ def schedule_qwdense(func: tirx.PrimFunc, target: Target, kernel: QKernel
     sch.parallel(tile)
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, tile)
-    inner = sch.get_loops(acc)
-    at = next(n for n, lp in enumerate(inner) if sch.get(lp).same_as(sch.get(tile)))
     # The tile's rows, channels and K (a one-row tile's unit row loop is left out).
-    tile_kernel(sch, sch.blockize(inner[at + 1]), kernel, q4)
+    tile_kernel(sch, sch.blockize(loops_after(sch, acc, tile)[0]), kernel, q4)
     schedule_tile_epilogue(sch, tile, mi, nj, cols, lanes * 32, op)
 
     # The activation quantization: one pass per row (its block maxima, inverses, int8 values,

@@ -49,9 +49,11 @@ from ._qgemm import block_attrs, op_buffers, recompute
 
 __all__ = [
     "GEMM_ROWS",
+    "loops_after",
     "rebuild_wdense",
     "schedule_wdense",
     "wdense_attrs",
+    "wdense_match",
     "wdense_packed",
 ]
 
@@ -68,6 +70,23 @@ def wdense_attrs(func: tirx.PrimFunc) -> tuple[str, dict[str, Any]] | None:
         if attrs is not None:
             return name, attrs
     return None
+
+
+def wdense_match(func: tirx.PrimFunc, activations: str
+                 ) -> tuple[str, dict[str, Any], list[Any]] | None:
+    """``(op name, attributes, buffers)`` of a legalized ``dense_w8`` / ``dense_q4`` with the
+    given ``activations`` numerics and static K and N, or None (what both weight-only rule
+    families, float here and integer in ``_qwgemm``, start from)."""
+    found = wdense_attrs(func)
+    if found is None or found[1]["activations"] != activations:
+        return None
+    bufs = op_buffers(func, found[1]["has_bias"], rank=2)
+    if bufs is None:
+        return None
+    x, w = bufs[0], bufs[1]
+    if not all(isinstance(e, tirx.IntImm) for e in (x.shape[1], w.shape[0])):
+        return None
+    return found[0], found[1], bufs
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -215,19 +234,12 @@ def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,
 def rebuild_wdense(func: tirx.PrimFunc, target: Target, acc_regs: int) -> tirx.PrimFunc | None:
     """``func`` (a legalized dense_w8 / dense_q4) recomputed as :func:`wdense_packed`, same
     signature, with the tile recorded; None when it is not one or K / N are symbolic."""
-    found = wdense_attrs(func)
+    found = wdense_match(func, "float32")  # q8_0 activations: the integer rules (_qwgemm)
     if found is None:
         return None
-    op, attrs = found
-    if attrs["activations"] != "float32":  # q8_0 activations: the integer rules (_qwgemm)
-        return None
+    op, attrs, bufs = found
     has_bias = attrs["has_bias"]
-    bufs = op_buffers(func, has_bias, rank=2)
-    if bufs is None:
-        return None
     x, w = bufs[0], bufs[1]
-    if not all(isinstance(e, tirx.IntImm) for e in (x.shape[1], w.shape[0])):
-        return None
     mdim = x.shape[0]
     m = int(mdim.value) if isinstance(mdim, tirx.IntImm) else None
     gemm = m is not None and m >= GEMM_ROWS
@@ -242,7 +254,8 @@ def rebuild_wdense(func: tirx.PrimFunc, target: Target, acc_regs: int) -> tirx.P
             .with_attr("opsdk.wdense_op", op))
 
 
-def _loops_after(sch: s_tir.Schedule, block: Any, anchor: Any) -> list:
+def loops_after(sch: s_tir.Schedule, block: Any, anchor: Any) -> list:
+    """``block``'s loops below ``anchor`` (one of its loops)."""
     loops = sch.get_loops(block)
     at = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(anchor)))
     return loops[at + 1:]
@@ -294,7 +307,7 @@ def schedule_wdense(func: tirx.PrimFunc, target: Target, *, acc_regs: int
         anchor = mo
         wd = blocks["wd"]
         sch.compute_at(wd, no)
-        sch.vectorize(_loops_after(sch, wd, no)[-1])
+        sch.vectorize(loops_after(sch, wd, no)[-1])
     else:
         sch.reorder(mo, no, r, mi, nvl, nl)
         anchor = tile = sch.fuse(mo, no)
@@ -303,7 +316,7 @@ def schedule_wdense(func: tirx.PrimFunc, target: Target, *, acc_regs: int
             part = blocks["part"]
             sch.compute_at(part, r)
             sch.set_scope(part, 0, "local")
-            by_var = _loops_by_iter(sch, part, _loops_after(sch, part, r))
+            by_var = _loops_by_iter(sch, part, loops_after(sch, part, r))
             pi, pj, pr, ph = by_var.get(0), by_var[1], by_var[3], by_var[4]
             pv, pl = sch.split(pj, [None, lanes])
             sch.reorder(*[lp for lp in (pr, ph, pi, pv, pl) if lp is not None])
