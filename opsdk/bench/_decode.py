@@ -176,8 +176,10 @@ def _peak_rss_child(library: str, weights: DecoderWeights, prompt: list[int],
 def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4", "int8"),
                  peers: Sequence[str] = ("llamacpp", "torch"), prompt_len: int = 64,
                  tokens: int = 64, rounds: int = 5, threads: int = 2, seed: int = 0,
-                 activations: str | None = None, log: Any = print) -> dict[str, Any]:
+                 activations: str | None = None, weights: DecoderWeights | None = None,
+                 log: Any = print) -> dict[str, Any]:
     """Interleaved decode benchmark (module docstring); returns the report as a dict.
+    ``weights``: ``model``'s, read already (default: :func:`opsdk.llm.load_decoder_weights`).
 
     Peers that cannot run (not installed) are skipped with one line through ``log``.
     ``activations``: what opsdk's quantized layers multiply (``q8_0``, llama.cpp's numerics,
@@ -192,7 +194,8 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     )
 
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
-    weights = load_decoder_weights(model, seed)
+    if weights is None:
+        weights = load_decoder_weights(model, seed)
     cfg = weights.config
     rng = np.random.default_rng(seed + 1)
     prompt = rng.integers(0, cfg.vocab, prompt_len).tolist()

@@ -515,7 +515,7 @@ def _bench_models(args: argparse.Namespace) -> int:
 
 def _bench_decode(args: argparse.Namespace) -> int:
     """``opsdk bench --decode MODEL``: opsdk.bench._decode."""
-    from ..llm import WEIGHT_MODES  # heavy: TVM
+    from ..llm import WEIGHT_MODES, load_decoder_weights  # heavy: TVM
     from ._decode import bench_decode, print_decode_report  # heavy: TVM
 
     modes = [m.strip() for m in args.decode_weights.split(",") if m.strip()]
@@ -527,8 +527,13 @@ def _bench_decode(args: argparse.Namespace) -> int:
         print(f"opsdk bench: error: --decode: unknown {', '.join(bad) or 'empty list'}; "
               f"weights: {', '.join(WEIGHT_MODES)}; peers: llamacpp, torch", file=sys.stderr)
         return 2
+    try:
+        weights = load_decoder_weights(args.decode)
+    except ValueError as e:  # names the model and the fix
+        print(f"opsdk bench: error: --decode {e}", file=sys.stderr)
+        return 2
     rep = bench_decode(args.decode, weights_modes=modes, peers=peers, rounds=args.repeats,
-                       threads=args.threads or 2)
+                       threads=args.threads or 2, weights=weights)
     print_decode_report(rep)
     if args.json:
         write_text_atomic(args.json, json.dumps(rep, indent=2) + "\n")

@@ -15,7 +15,6 @@ Examples
 
 from __future__ import annotations
 
-from ._cli import MODELS, load_decoder_weights
 from ._decoder import (
     ACTIVATION_MODES,
     ARCHITECTURES,
@@ -31,6 +30,7 @@ from ._decoder import (
     random_weights,
     reference_logits,
 )
+from ._models import MODELS, load_decoder_weights
 from ._runtime import Decoder, GenerateStats, check_on_target, compile_decoder
 
 __all__ = [

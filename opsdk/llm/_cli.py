@@ -20,25 +20,12 @@ from ._decoder import (
     DecoderWeights,
     default_activations,
     dequantized_weights,
-    random_weights,
     reference_logits,
 )
+from ._models import MODELS, load_decoder_weights
 from ._runtime import Decoder, check_on_target, compile_decoder
 
-__all__ = ["MODELS", "add_generate_arguments", "load_decoder_weights", "run_generate_command"]
-
-#: Named decoders with random weights (normal, std 0.02; nothing is downloaded). ``llama-1b``
-#: has TinyLlama-1.1B's shape.
-MODELS: dict[str, DecoderConfig] = {
-    "gpt2": DecoderConfig(vocab=50257, width=768, layers=12, heads=12, positions=1024),
-    "gpt2-medium": DecoderConfig(vocab=50257, width=1024, layers=24, heads=16, positions=1024),
-    "gpt2-tiny": DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=256),
-    "llama-tiny": DecoderConfig(vocab=1000, width=128, layers=2, heads=4, positions=256,
-                                arch="llama", kv_heads=2, intermediate=352),
-    "llama-1b": DecoderConfig(vocab=32000, width=2048, layers=22, heads=32, positions=2048,
-                              arch="llama", kv_heads=4, intermediate=5632),
-}
-
+__all__ = ["add_generate_arguments", "run_generate_command"]
 
 def add_generate_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk generate``."""
@@ -68,38 +55,6 @@ def add_generate_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0, help="random weights' and prompt's seed")
     s.add_argument("--json", metavar="PATH", type=output_path, help="write the report as JSON")
     s.set_defaults(fn=run_generate_command)
-
-
-def load_decoder_weights(model: str, seed: int = 0) -> DecoderWeights:
-    """A named decoder's random weights, or a GPT-2 / Llama / Qwen2 checkpoint folder's."""
-    if model in MODELS:
-        return random_weights(MODELS[model], seed)
-    path = Path(model)
-    if not (path / "config.json").is_file():
-        raise UsageError(f"{model}: not a named model ({', '.join(MODELS)}) nor a folder "
-                         "with a Hugging Face checkpoint (config.json)")
-    from ..frontend import prepare_model_imports
-
-    prepare_model_imports()
-    try:
-        import transformers  # heavy: transformers
-    except ImportError:
-        raise UsageError(f"{model}: reading a checkpoint needs transformers: pip install "
-                         "'opsdk[zoo]'") from None
-    from ._decoder import gpt2_weights, llama_weights
-
-    kind = json.loads((path / "config.json").read_text()).get("model_type", "gpt2")
-    cls, read = {"llama": ("LlamaForCausalLM", llama_weights),
-                 "qwen2": ("Qwen2ForCausalLM", llama_weights)}.get(
-                     kind, ("GPT2LMHeadModel", gpt2_weights))
-    try:
-        hf = getattr(transformers, cls).from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{model}: cannot load it as a {cls} checkpoint ({e})") from None
-    try:
-        return read(hf)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
 
 
 def _activations(args: argparse.Namespace) -> str:
@@ -198,7 +153,10 @@ def _on_target(args: argparse.Namespace, weights: DecoderWeights, prompt: list[i
 
 def run_generate_command(args: argparse.Namespace) -> int:
     """Run ``opsdk generate``; 0 on success, 1 when ``--check`` fails."""
-    weights = load_decoder_weights(args.model, args.seed)
+    try:
+        weights = load_decoder_weights(args.model, args.seed)
+    except ValueError as e:  # names the model and the fix
+        raise UsageError(str(e)) from None
     cfg = weights.config
     prompt = _prompt(args, cfg)
     if len(prompt) + args.tokens > cfg.positions:
