@@ -74,9 +74,11 @@ from .transform import (
     MISSING_LEGALIZATIONS,
     ChannelsLast,
     FoldConstantsAtOnce,
+    KernelFormWeights,
     LegalizeOpsDeferred,
     LowerOps,
     ScheduleKernels,
+    constants_as_params,
     fold_cache,
     lift_passes,
     lifts_weights,
@@ -295,6 +297,9 @@ class CompiledModel:
         #: Folded constants read back and computed (:class:`opsdk.transform._fold.FoldStats`),
         #: None for a model from the compile cache.
         self.fold_stats: Any = None
+        #: The weights kept out of the library (``compile_model(weights_apart=True)``):
+        #: a :class:`opsdk.transform.KernelFormWeights`; None when the library holds them.
+        self.weights: KernelFormWeights | None = None
 
     def _ensure_modules(self) -> None:
         if self._scheduled is None and self._rebuild is not None:
@@ -395,7 +400,8 @@ def _run_timed(passes: Sequence[Any], mod: tvm.IRModule,
 
 
 def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
-                       seconds: dict[str, float] | None = None) -> tuple[Any, Any, Any]:
+                       seconds: dict[str, float] | None = None, weights_apart: bool = False
+                       ) -> tuple[Any, Any, Any, KernelFormWeights | None]:
     passes = lowering_passes(tgt)
     # Keep the module right after memory planning: what the VM will allocate is read there.
     cut = next((i + 1 for i, p in enumerate(passes)
@@ -405,8 +411,15 @@ def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
         if lifts_weights(mod):  # weight transforms run once at load (opsdk.transform._lift)
             front = lift_passes(front)
         scheduled = _run_timed(front, mod, seconds)
+        weights = None
+        if weights_apart:  # after the folding: the constants are what the kernels read
+            t0 = time.perf_counter()
+            scheduled, weights = constants_as_params(scheduled)
+            if seconds is not None:
+                seconds["pack weights"] = (seconds.get("pack weights", 0.0)
+                                           + time.perf_counter() - t0)
         planned = _run_timed(passes[:cut], scheduled, seconds)
-    return scheduled, planned, passes[cut:]
+    return scheduled, planned, passes[cut:], weights
 
 
 def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any) -> tuple[Any, Any]:
@@ -417,9 +430,15 @@ def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any) -> tuple[An
 
 
 def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = True,
-                  cache: Any = None) -> CompiledModel:
+                  cache: Any = None, weights_apart: bool = False) -> CompiledModel:
     """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
     (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``).
+
+    ``weights_apart``: the library holds no weights. Every constant of 1 KiB or more, in
+    the form the kernels read (packed, folded), becomes a trailing parameter of each function
+    using it (:func:`opsdk.transform.constants_as_params`); ``cm.weights`` has the tensors,
+    each once, and which function takes which. Such a compile is not cached (the cache
+    keeps libraries, not weights).
 
     The result is kept in the on-disk compile cache (:mod:`opsdk._modelcache`), keyed by the
     module's content, the target, the options and the code versions; a second compile of an
@@ -444,7 +463,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     tgt = resolve_target(target)
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
-    store = open_cache(cache, tgt)
+    store = None if weights_apart else open_cache(cache, tgt)
     kcache = open_kernel_cache(cache, tgt)
     folds = kcache.folds if kcache is not None else None
     key = None
@@ -467,7 +486,8 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     if key:
         seconds["model cache"] = time.perf_counter() - t0
     with fold_cache(folds) as fold_stats:
-        scheduled, planned, rest = _schedule_and_plan(mod, tgt, winograd, seconds)
+        scheduled, planned, rest, weights = _schedule_and_plan(mod, tgt, winograd, seconds,
+                                                               weights_apart)
     with tgt:
         lowered = _run_timed(rest, planned, seconds)
     _refuse_unlowered(lowered, tgt)
@@ -475,6 +495,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     ex, library = built
     cm = CompiledModel(ex, scheduled, tgt, time.perf_counter() - t0, planned,
                        library=library, timings=seconds, kernel_build=kernel_build)
+    cm.weights = weights
     if library is not None:  # its folder goes with the compiled model (the library is
         # mapped once loaded; the file is what an artifact copies)
         weakref.finalize(cm, shutil.rmtree, str(library.parent), True)

@@ -8,6 +8,10 @@ round runs every runtime once (prefill, then the decode steps); a ratio is taken
 and the median of the per-round ratios is reported, with the best round of each runtime.
 Pairs: opsdk float32 / int8 / int4 against llama.cpp f32 / q8_0 / q4_0 (every matrix
 q4_0, the LM head included, as opsdk quantizes it) and against torch float32 eager.
+
+opsdk runs as it deploys: a decoder artifact built for this host (``opsdk build MODEL
+--weights ...``), loaded with its weights mapped from the file; its peak memory is that of
+a fresh process loading the artifact and running the same prompt and steps.
 """
 
 from __future__ import annotations
@@ -26,13 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..llm import (
-    Decoder,
-    DecoderWeights,
-    compile_decoder,
-    default_activations,
-    load_decoder_weights,
-)
+from ..deploy import build_decoder_artifact, load_decoder
+from ..llm import DecoderWeights, default_activations, load_decoder_weights
 
 __all__ = ["LLAMACPP_TYPES", "bench_decode", "gpt2_torch_model", "llama_torch_model",
            "print_decode_report", "torch_model"]
@@ -107,13 +106,18 @@ def torch_model(weights: DecoderWeights) -> Any:
 
 
 class _Opsdk:
+    """opsdk as deployed: a decoder artifact for this host (``folder``), loaded with its
+    weights mapped from the file (:func:`opsdk.deploy.load_decoder`)."""
+
     def __init__(self, weights: DecoderWeights, mode: str, capacity: int,
-                 activations: str) -> None:
+                 activations: str | None, folder: Path) -> None:
         t0 = time.perf_counter()
-        self.cm = compile_decoder(weights, weights_mode=mode,
-                                  activations=activations or default_activations(mode, "host"))
+        build_decoder_artifact(weights, folder, weights=mode, target="host",
+                               activations=activations or default_activations(mode, "host"),
+                               reference=False, log=None)
         self.compile_s = time.perf_counter() - t0
-        self.dec = Decoder(self.cm, weights.config, capacity=capacity)
+        self.folder = folder
+        self.dec = load_decoder(folder, capacity=capacity)
 
     def round(self, prompt: list[int], steps: list[int]) -> tuple[float, float]:
         self.dec.reset()
@@ -150,23 +154,20 @@ class _Torch:
         return (t1 - t0) * 1e3, len(steps) / (t2 - t1)
 
 
-def _peak_rss_child(library: str, weights: DecoderWeights, prompt: list[int],
-                    steps: list[int]) -> float | None:
-    """Peak resident memory growth (MiB) of loading the compiled decoder and running it, in a
-    fresh process (the compile's own memory excluded)."""
-    cfg = weights.config
+def _peak_rss_child(folder: Path, prompt: list[int], steps: list[int]) -> float | None:
+    """Peak resident memory growth (MiB) of loading the decoder artifact ``folder`` and
+    running it, in a fresh process (the build's own memory excluded)."""
     code = (
-        "import json, sys, tvm\n"
-        "from opsdk.llm import Decoder, DecoderConfig\n"
+        "import json, sys\n"
+        "from opsdk.deploy import load_decoder\n"
         "from opsdk.bench._llamacpp import _vm_hwm_kib\n"
         "a = json.loads(sys.argv[1])\n"
         "h0 = _vm_hwm_kib()\n"
-        "ex = tvm.runtime.load_module(a['lib'])\n"
-        "dec = Decoder(ex, DecoderConfig(**a['cfg']), capacity=len(a['p']) + len(a['s']))\n"
+        "dec = load_decoder(a['dir'], capacity=len(a['p']) + len(a['s']))\n"
         "dec.forward(a['p'])\n"
         "[dec.forward([t]) for t in a['s']]\n"
         "print('HWM', (_vm_hwm_kib() - h0) / 1024)\n")
-    arg = json.dumps({"lib": library, "cfg": cfg.__dict__, "p": prompt, "s": steps})
+    arg = json.dumps({"dir": str(folder), "p": prompt, "s": steps})
     p = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
                        check=False)
     line = next((s for s in p.stdout.splitlines() if s.startswith("HWM ")), None)
@@ -202,14 +203,15 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
     steps = rng.integers(0, cfg.vocab, tokens).tolist()
     runners: dict[str, Any] = {}
     meta: dict[str, Any] = {}
-    for mode in weights_modes:
-        r = _Opsdk(weights, mode, prompt_len + tokens + 1, activations)
-        runners[f"opsdk {mode}"] = r.round
-        meta[f"opsdk {mode}"] = {"compile_s": round(r.compile_s, 1),
-                                 "library": str(r.cm.library) if r.cm.library else None}
     tmp = tempfile.TemporaryDirectory(prefix="opsdk-decode-")
     peak: dict[str, float | None] = {}
+    folders: dict[str, Path] = {}
     try:
+        for mode in weights_modes:
+            folders[mode] = Path(tmp.name) / f"opsdk-{mode}"
+            r = _Opsdk(weights, mode, prompt_len + tokens + 1, activations, folders[mode])
+            runners[f"opsdk {mode}"] = r.round
+            meta[f"opsdk {mode}"] = {"compile_s": round(r.compile_s, 1)}
         if "torch" in peers:
             try:
                 runners["torch float32"] = _Torch(weights, threads).round
@@ -245,6 +247,8 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
         for _ in range(rounds):
             for name, run in runners.items():
                 times[name].append(run(prompt, steps))
+        for mode in weights_modes:
+            peak[f"opsdk {mode}"] = _peak_rss_child(folders[mode], prompt, steps)
     finally:
         tmp.cleanup()
     report: dict[str, Any] = {
@@ -265,10 +269,7 @@ def bench_decode(model: str = "gpt2", *, weights_modes: Sequence[str] = ("int4",
         if name in report["runtimes"]:
             report["runtimes"][name]["peak_rss_mib"] = peak.get(f"{LLAMACPP_TYPES[mode]}.gguf")
         mine = times[f"opsdk {mode}"]
-        lib = meta[f"opsdk {mode}"]["library"]
-        if lib:
-            report["runtimes"][f"opsdk {mode}"]["peak_rss_mib"] = _peak_rss_child(
-                lib, weights, prompt, steps)
+        report["runtimes"][f"opsdk {mode}"]["peak_rss_mib"] = peak.get(f"opsdk {mode}")
         for peer in (f"llama.cpp {LLAMACPP_TYPES[mode]}", "torch float32"):
             if peer not in times:
                 continue

@@ -20,6 +20,12 @@ writes a folder:
   host build of the same model (``check/host.so``), which ``opsdk run`` checks the device
   against. Nothing in ``check/`` is needed on the device.
 
+``opsdk build gpt2 --weights int4 --target arm -o out/`` (:func:`build_decoder_artifact`)
+builds a decoder LLM (a name of :data:`opsdk.llm.MODELS` or a Hugging Face checkpoint
+folder) the same way: ``model.so`` with ``prefill``, ``decode``, ``create_cache`` and a
+stateless ``check`` entry; ``weights.bin``, the weights in the form the kernels read, each
+once, which :func:`load_decoder` maps without a copy.
+
 ``opsdk run out/ --rpc HOST:PORT`` (or ``--emulate``, the built-in qemu server)
 (:func:`run_artifact`) checks the device's CPU features against the manifest, uploads and
 runs the artifact, compares its outputs with the host build and the framework, and reports
@@ -49,17 +55,21 @@ from __future__ import annotations
 from typing import Any
 
 from ._artifact import MANIFEST_FORMAT, ArtifactError, build_artifact, read_manifest
+from ._decoder import DECODER_FORMAT, build_decoder_artifact, load_decoder
 from ._load import LoadedArtifact, load_artifact
 from ._run import FeatureMismatch, device_features, run_artifact
 
 __all__ = [
+    "DECODER_FORMAT",
     "MANIFEST_FORMAT",
     "ArtifactError",
     "FeatureMismatch",
     "LoadedArtifact",
     "build_artifact",
+    "build_decoder_artifact",
     "device_features",
     "load_artifact",
+    "load_decoder",
     "read_manifest",
     "run_artifact",
     "runtime_paths",

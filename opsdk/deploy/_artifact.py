@@ -27,8 +27,9 @@ __all__ = ["MANIFEST_FORMAT", "WEIGHTS_FILE", "ArtifactError", "build_artifact",
 #: ``manifest.json``'s ``format``: bumped when a field changes meaning. 2: the weights in
 #: their own file (``weights``), transformed once at load by ``main_transform_params``.
 MANIFEST_FORMAT = "opsdk-artifact/2"
-#: Formats this opsdk still reads (1: weights bundled in ``model.so``, already transformed).
-_READABLE = ("opsdk-artifact/1", MANIFEST_FORMAT)
+#: Formats this opsdk still reads (1: weights bundled in ``model.so``, already transformed;
+#: 3: a decoder, :mod:`opsdk.deploy._decoder`).
+_READABLE = ("opsdk-artifact/1", MANIFEST_FORMAT, "opsdk-artifact/3")
 #: The weights' file in an artifact: TVM's parameter format (``runtime.LoadParamsFromFile``).
 WEIGHTS_FILE = "weights.params"
 

@@ -29,9 +29,11 @@ def _usage(msg: str) -> Exception:
 
 def add_build_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk build``."""
-    s.add_argument("model", type=model_file,
+    s.add_argument("model",
                    help="a Python file with a build_model() entry (like the "
-                   "examples), a torch.export .pt2 file, or an .onnx file")
+                   "examples), a torch.export .pt2 file, or an .onnx file; or a decoder LLM: "
+                   "a name opsdk generate takes (gpt2, llama-1b, ...) or a Hugging Face "
+                   "checkpoint folder (then --weights / --activations apply)")
     s.add_argument("-o", "--out", required=True, metavar="FOLDER",
                    help="the artifact folder to write (new or empty; --force replaces an "
                    "earlier artifact)")
@@ -62,6 +64,12 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--bundle-weights", action="store_true",
                    help="keep the weights in model.so, transformed at compile time (format 1: "
                    "no weights.params, no transform at load; larger with Winograd)")
+    s.add_argument("--weights", choices=("float32", "int8", "int4"),
+                   help="a decoder's linear layers: float32 (default), int8 per channel or "
+                   "int4 q4_0 groups (weight-only, as opsdk generate)")
+    s.add_argument("--activations", choices=("float32", "q8_0"),
+                   help="with a decoder's int8 / int4 weights: what they multiply (default: "
+                   "q8_0 where the target has an integer rule, as opsdk generate)")
     s.add_argument("--json", action="store_true", help="print the manifest as JSON")
     s.add_argument("--timings", action="store_true",
                    help="also print the seconds of each phase (import, legalize, fold "
@@ -89,11 +97,49 @@ def _max_dims(items: list[str] | None) -> dict[str, int]:
     return out
 
 
+def _is_decoder(spec: str) -> bool:
+    """A decoder name of ``opsdk generate`` or a Hugging Face checkpoint folder."""
+    from pathlib import Path
+
+    if (Path(spec) / "config.json").is_file():
+        return True
+    from ..llm import MODELS  # heavy: TVM
+
+    return spec in MODELS
+
+
+def _build_decoder(args: argparse.Namespace) -> dict[str, Any]:
+    for flag, given in (("--int8", args.int8), ("--shape", args.shape),
+                        ("--max-dim", args.max_dim), ("--model-arg", args.model_arg),
+                        ("--bundle-weights", args.bundle_weights)):
+        if given:
+            raise _usage(f"{flag} is for model files; {args.model} is a decoder (its weights: "
+                         "--weights int8 / int4)")
+    if args.activations == "q8_0" and args.weights in (None, "float32"):
+        raise _usage("--activations q8_0 needs --weights int8 or int4")
+    from ._decoder import build_decoder_artifact
+
+    return build_decoder_artifact(args.model, args.out, weights=args.weights or "float32",
+                                  activations=args.activations, target=args.target,
+                                  force=args.force, with_runtime=args.with_runtime,
+                                  log=None if args.json else _progress)
+
+
 def run_build_command(args: argparse.Namespace) -> int:
     """``opsdk build``."""
     from ..model import parse_entry_args  # heavy: TVM
 
     spec = args.model
+    decoder = _is_decoder(spec)
+    if not decoder:
+        try:
+            model_file(spec)
+        except argparse.ArgumentTypeError as e:
+            raise _usage(f"{e} (nor a decoder name of opsdk generate)") from None
+        for flag, given in (("--weights", args.weights), ("--activations", args.activations)):
+            if given:
+                raise _usage(f"{flag} is for decoders (opsdk generate's models); "
+                             f"{spec} is a model file: --int8 quantizes it")
     try:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:
@@ -102,16 +148,26 @@ def run_build_command(args: argparse.Namespace) -> int:
 
     try:
         with record_timings() as timings:
-            m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
-                               entry_args=entry_args, shapes=_shapes(args.shape) or None,
-                               max_dims=_max_dims(args.max_dim) or None,
-                               int8=args.int8, calibration=args.calibration,
-                               force=args.force, with_runtime=args.with_runtime,
-                               winograd=not args.no_winograd,
-                               lift_weights=not args.bundle_weights,
-                               log=None if args.json else _progress)
+            if decoder:
+                m = _build_decoder(args)
+            else:
+                m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
+                                   entry_args=entry_args, shapes=_shapes(args.shape) or None,
+                                   max_dims=_max_dims(args.max_dim) or None,
+                                   int8=args.int8, calibration=args.calibration,
+                                   force=args.force, with_runtime=args.with_runtime,
+                                   winograd=not args.no_winograd,
+                                   lift_weights=not args.bundle_weights,
+                                   log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None
+    except ModuleNotFoundError as e:
+        if e.name != spec:  # the model file's own import failed
+            raise _usage(f"cannot load model {spec!r}: {e}") from None
+        from ..llm import MODELS  # heavy: TVM (imported already)
+
+        raise _usage(f"cannot load model {spec!r}: {e}; nor is it a decoder name of opsdk "
+                     f"generate ({', '.join(MODELS)}) or a checkpoint folder") from None
     except (TypeError, ImportError, AttributeError, FileNotFoundError) as e:
         raise _usage(f"cannot load model {spec!r}: {e}") from None
     except OSError as e:  # a full disk while writing: nothing was left behind
@@ -161,7 +217,38 @@ def _weights_line(m: dict[str, Any], mb: Any) -> str:
             "transformed at load)")
 
 
+def _format_decoder(m: dict[str, Any], folder: str) -> str:
+    d, w, lib = m["decoder"], m["weights"], m["library"]
+    cfg, chk = d["config"], d["check"]
+    rules: dict[str, int] = {}
+    for k in m["kernels"]:
+        rules[k["rule"]] = rules.get(k["rule"], 0) + 1
+    quant = "" if d["weights"] == "float32" or "host_vs_float_model" not in chk else \
+        f"; vs the float model {chk['host_vs_float_model'] * 100:.2f}%"
+    ref = (f"; host logits vs the float64 reference {chk['host_vs_reference']:.2e}{quant}"
+           if "host_vs_reference" in chk else "")
+    return "\n".join([
+        f"target:   {m['target']['name'] or 'custom'} ({m['target']['arch']}"
+        + (f", -mcpu={m['target']['mcpu']}" if m["target"].get("mcpu") else "") + ")",
+        f"needs:    {', '.join('+' + f for f in m['target']['features']) or 'no extension'}",
+        f"decoder:  {cfg['arch']}, {cfg['layers']} layers, width {cfg['width']}, vocab "
+        f"{cfg['vocab']}; {d['weights']} weights, {d['activations']} activations; entries "
+        + ", ".join(d["entries"]),
+        f"library:  model.so {lib['bytes'] / 1e6:.2f} MB (no weights) + {w['file']} "
+        f"{w['loaded_bytes'] / 1e6:.2f} MB ({len(w['tensors'])} tensors in the kernels' "
+        "form, each once; mapped at load, no copy)",
+        f"check:    prefill {chk['prompt_tokens']} tokens + {chk['decode_steps']} steps{ref}",
+        f"kernels:  {len(m['kernels'])} ("
+        + ", ".join(f"{n} {r}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])) + ")",
+        f"next:     opsdk run {folder}"
+        + (" --emulate   (or --rpc HOST:PORT)" if m["target"]["arch"] == "aarch64" else
+           "   (generate: opsdk.deploy.load_decoder)"),
+    ])
+
+
 def _format_manifest(m: dict[str, Any], folder: str) -> str:
+    if m.get("kind") == "decoder":
+        return _format_decoder(m, folder)
     mem = m.get("memory") or {}
 
     def mb(n: int | None) -> str:

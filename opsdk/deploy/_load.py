@@ -79,6 +79,9 @@ def load_artifact(folder: str | os.PathLike, device: Any = None) -> LoadedArtifa
     pool_defaults()  # unpinned workers, every core (unless the environment says otherwise)
     root = Path(folder)
     m = read_manifest(root)
+    if m.get("kind") == "decoder":
+        raise ArtifactError(f"{root} is a decoder artifact: load it with "
+                            "opsdk.deploy.load_decoder(folder)")
     if m["target"]["arch"] != host_arch():
         raise ArtifactError(f"{root} is built for {m['target']['arch']}, this host is "
                             f"{host_arch()}: run it with `opsdk run {root} --rpc HOST:PORT` "

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..runners import LocalRunner, runner_for
 from ._artifact import ArtifactError, _log_to, read_manifest, read_weights
+from ._decoder import read_kernel_weights
 
 __all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact"]
 
@@ -244,7 +245,18 @@ def run_artifact(
         arrays, stored = _random_inputs(m, seed), False
     else:
         arrays, stored = _stored_inputs(root, m), True
-    weights = read_weights(root, m)  # None: bundled in the library (format 1)
+    entry = m.get("entry", "main")
+    if m.get("kind") == "decoder":
+        if not stored:  # its host build's weights would be another target's packing
+            raise ArtifactError(f"{root} is a decoder: opsdk run checks it on its stored "
+                                "prompt only (drop --inputs / --random); generate with "
+                                "opsdk.deploy.load_decoder on the device")
+        from ..runners import KernelWeights  # heavy: TVM
+
+        arrays_w = read_kernel_weights(root, m)
+        weights: Any = KernelWeights(arrays_w[i] for i in m["weights"]["uses"].get(entry, []))
+    else:
+        weights = read_weights(root, m)  # None: bundled in the library (format 1)
     runner = _runner(m, rpc, tracker, key, emulate, qemu_cpu)
     arch = m["target"]["arch"]
     with runner:
@@ -264,7 +276,8 @@ def run_artifact(
                 "NEON only) or run it on one that has them")
         say("features: " + (f"needs {', '.join(need) or 'nothing'}; device has them"
                             if have is not None else "not checked (remote x86 device)"))
-        got, timing = runner.run_timed(lib, arrays, repeats=repeats, weights=weights)
+        got, timing = runner.run_timed(lib, arrays, entry=entry, repeats=repeats,
+                                       weights=weights)
     expected: dict[str, list[np.ndarray]] = {}
     framework = m["check"].get("framework")
     if stored:

@@ -14,7 +14,7 @@ from .._pipeline import CompiledModel, compile_model
 from ..runners import LocalRunner, runner_for
 from ..targets import target as resolve_target
 from ..targets import target_arch
-from ..transform import FuseIntoOps
+from ..transform import FuseIntoOps, KernelFormWeights
 from ._decoder import (
     DecoderConfig,
     DecoderWeights,
@@ -29,11 +29,13 @@ __all__ = ["Decoder", "GenerateStats", "check_on_target", "compile_decoder"]
 
 def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
                     target: Any = "x86", cache: Any = None,
-                    fused_attention: bool = True, activations: str = "float32"
-                    ) -> CompiledModel:
+                    fused_attention: bool = True, activations: str = "float32",
+                    weights_apart: bool = False) -> CompiledModel:
     """:func:`~opsdk.llm.build_decoder`, the fusion step, and :func:`opsdk.model.compile_model`
     (through its compile cache: ``cache`` as there). Arguments as for
-    :func:`~opsdk.llm.build_decoder`.
+    :func:`~opsdk.llm.build_decoder`; ``weights_apart`` as for ``compile_model``: the
+    library holds no weights, ``cm.weights`` has them in the form the kernels read, each
+    once, and :class:`Decoder` passes them to ``prefill`` and ``decode``.
 
     Examples
     --------
@@ -46,7 +48,7 @@ def compile_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
     mod = FuseIntoOps()(build_decoder(weights, weights_mode=weights_mode,
                                       fused_attention=fused_attention,
                                       activations=activations))
-    return compile_model(mod, target, cache=cache)
+    return compile_model(mod, target, cache=cache, weights_apart=weights_apart)
 
 
 @dataclass
@@ -76,6 +78,11 @@ class Decoder:
         The decoder's shape (for the vocabulary and the position limit).
     capacity
         Cache rows allocated up front (the caches grow past it by doubling).
+    weights
+        For a library compiled with its weights apart (``compile_decoder(...,
+        weights_apart=True)``, a decoder artifact): the
+        :class:`~opsdk.transform.KernelFormWeights` its functions take, on ``device``
+        (default: the compiled model's own).
 
     Examples
     --------
@@ -88,12 +95,18 @@ class Decoder:
     """
 
     def __init__(self, executable: Any, config: DecoderConfig, *, capacity: int | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, weights: KernelFormWeights | None = None) -> None:
         ex = getattr(executable, "ex", executable)
+        if weights is None:
+            weights = getattr(executable, "weights", None)
         self.config = config
         self.device = device or tvm.cpu()
         self.vm = relax.VirtualMachine(ex, self.device)
         self._prefill, self._decode = self.vm["prefill"], self.vm["decode"]
+        # The trailing parameters of each entry (none when the library holds the weights).
+        self._weights = {f: [] if weights is None else
+                         [weights.tensors[i] for i in weights.uses.get(f, [])]
+                         for f in ("prefill", "decode")}
         self.capacity = capacity or min(config.positions, 256)
         self.reset()
 
@@ -114,9 +127,10 @@ class Decoder:
         if total > self.config.positions:
             raise ValueError(f"Decoder.forward: {total} positions exceed the model's "
                              f"{self.config.positions}; reset() and start a shorter sequence")
+        entry = "decode" if ids.size == 1 else "prefill"
         run = self._decode if ids.size == 1 else self._prefill
         out = run(tvm.runtime.tensor(ids.astype(np.int32)[None], self.device),
-                  tvm.runtime.ShapeTuple([total]), *self.caches)
+                  tvm.runtime.ShapeTuple([total]), *self.caches, *self._weights[entry])
         self.caches = [out[i] for i in range(1, len(out))]
         self.length = total
         return out[0].numpy()[0]

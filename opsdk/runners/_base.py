@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
-    "DeviceCrash", "DeviceTimeout", "InputMismatch", "OutputSpec", "Runner",
+    "DeviceCrash", "DeviceTimeout", "InputMismatch", "KernelWeights", "OutputSpec", "Runner",
     "RunnerUnavailable", "check_inputs", "timing_summary",
 ]
 
@@ -29,6 +29,12 @@ try:  # ml_dtypes is a TVM dependency; keep the import optional all the same.
     _BF16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
 except ImportError:  # pragma: no cover
     _BF16 = None
+
+
+class KernelWeights(list):
+    """Weights already in the form an entry's kernels read (a decoder artifact's): a runner
+    passes them after the inputs as they are, where a plain sequence of weights is first
+    transformed by ``<entry>_transform_params``."""
 
 
 class DeviceCrash(RuntimeError):
@@ -211,7 +217,8 @@ class Runner(abc.ABC):
             The original weights of a model compiled with its weight transforms lifted
             (:mod:`opsdk.transform._lift`): the first call on a loaded executable runs
             ``<entry>_transform_params`` on them once and keeps its results on the device;
-            every call passes them after ``inputs``.
+            every call passes them after ``inputs``. :class:`KernelWeights` (already in
+            the kernels' form) are uploaded and passed as they are.
 
         Returns
         -------
@@ -358,7 +365,8 @@ def run_on_device(
 def transformed_weights(vm: Any, dev: Any, weights: Sequence[np.ndarray], entry: str,
                         timing: dict[str, Any] | None = None) -> list[Any]:
     """``<entry>_transform_params(*weights)`` on ``dev``, run on the first call with these
-    weights on ``vm`` and kept with it (the uploaded originals are dropped once it ran)."""
+    weights on ``vm`` and kept with it (the uploaded originals are dropped once it ran);
+    :class:`KernelWeights` are uploaded as they are."""
 
     kept = vm.__dict__.setdefault("_opsdk_weights", {})
     hit = kept.get(entry)
@@ -367,7 +375,9 @@ def transformed_weights(vm: Any, dev: Any, weights: Sequence[np.ndarray], entry:
     t0 = time.perf_counter()
     name = entry + "_transform_params"
     originals = [to_tensor(np.asarray(a), dev) for a in weights]
-    if int(dev.dlpack_device_type()) >= 128:  # RPC_SESS_MASK: a tuple result travels so only
+    if isinstance(weights, KernelWeights):
+        got = originals
+    elif int(dev.dlpack_device_type()) >= 128:  # RPC_SESS_MASK: a tuple result travels so only
         vm.set_input(name, *originals)
         vm.invoke_stateful(name)
         got = list(vm.get_outputs(name))

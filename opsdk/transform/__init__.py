@@ -36,7 +36,13 @@ from .._tir import tir_pipeline
 from ._fold import FoldConstantsAtOnce, fold_cache
 from ._fuse import FUSION_RULES, FuseIntoOps
 from ._layout import ChannelsLast
-from ._lift import lift_passes, lifts_weights, weights_as_params
+from ._lift import (
+    KernelFormWeights,
+    constants_as_params,
+    lift_passes,
+    lifts_weights,
+    weights_as_params,
+)
 from ._lower import MISSING_LEGALIZATIONS, LegalizeOpsDeferred, LowerOps, ScheduleKernels
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
@@ -49,11 +55,13 @@ __all__ = [
     "ChannelsLast",
     "FoldConstantsAtOnce",
     "FuseIntoOps",
+    "KernelFormWeights",
     "LegalizeOpsDeferred",
     "LowerOps",
     "ReplaceTVMOps",
     "RewriteSite",
     "ScheduleKernels",
+    "constants_as_params",
     "fold_cache",
     "lift_passes",
     "lifts_weights",

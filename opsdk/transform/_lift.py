@@ -39,14 +39,15 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import relax
 
-__all__ = ["LIFT_ATTR", "TRANSFORM_SUFFIX", "compose_lifted", "lift_passes", "lifts_weights",
-           "weights_as_params"]
+__all__ = ["LIFT_ATTR", "TRANSFORM_SUFFIX", "KernelFormWeights", "compose_lifted",
+           "constants_as_params", "lift_passes", "lifts_weights", "weights_as_params"]
 
 #: The function computing ``main``'s weights as its kernels read them: ``main`` + this.
 TRANSFORM_SUFFIX = "_transform_params"
@@ -128,6 +129,159 @@ def weights_as_params(mod: tvm.IRModule, entry: str = "main", min_bytes: int = M
     out = mod.copy() if hasattr(mod, "copy") else tvm.IRModule(dict(mod.functions.items()))
     out[entry] = new
     return out, weights
+
+
+class KernelFormWeights(NamedTuple):
+    """What :func:`constants_as_params` took out of a module: ``tensors`` (each once, in the
+    form the kernels read) and ``uses`` (function name -> the indices into ``tensors`` of
+    its trailing parameters, in order)."""
+
+    tensors: list[Any]
+    uses: dict[str, list[int]]
+
+    @property
+    def nbytes(self) -> int:
+        """The tensors' bytes."""
+        return sum(_nbytes(t) for t in self.tensors)
+
+
+def constants_as_params(mod: tvm.IRModule, min_bytes: int = MIN_BYTES
+                        ) -> tuple[tvm.IRModule, KernelFormWeights]:
+    """``mod`` (scheduled: its constants already in the form the kernels read, packed and
+    folded) with every tensor constant of ``min_bytes`` or more made a trailing parameter of
+    each Relax function using it, and those constants.
+
+    Unlike :func:`weights_as_params` (the weights as the model has them, transformed at
+    load), nothing is left to do at load: a module with several entry points (a decoder's
+    ``prefill`` and ``decode``) takes the same tensors, each stored once, and the library
+    holds no weights. Equal constants (the same object, or equal bytes) become one tensor.
+    Each function's ``num_input`` is its own parameter count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> from opsdk.transform import constants_as_params
+    >>> x = relax.Var("x", relax.TensorType((2, 64), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> w = relax.const(np.ones((64, 8), "float32"))
+    >>> for name in ("a", "b"):
+    ...     with bb.function(name, [x]):
+    ...         with bb.dataflow():
+    ...             y = bb.emit_output(relax.op.matmul(x, w))
+    ...         _ = bb.emit_func_output(y)
+    >>> mod, weights = constants_as_params(bb.get())
+    >>> len(weights.tensors), weights.uses, len(mod["b"].params)
+    (1, {'a': [0], 'b': [0]}, 2)
+    """
+    tensors: list[Any] = []
+    by_handle: dict[Any, int] = {}
+    by_bytes: dict[tuple[str, tuple[int, ...], bytes], int] = {}
+
+    def index_of(t: Any) -> int:
+        h = t.__chandle__()
+        if h not in by_handle:
+            a = t.numpy()
+            key = (str(a.dtype), a.shape, hashlib.blake2b(a.tobytes(), digest_size=32).digest())
+            if key not in by_bytes:
+                by_bytes[key] = len(tensors)
+                tensors.append(t)
+            by_handle[h] = by_bytes[key]
+        return by_handle[h]
+
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items()
+             if isinstance(f, relax.Function)}
+    own: dict[str, set[int]] = {}
+    calls: dict[str, set[str]] = {}
+    for name, func in funcs.items():
+        own[name], calls[name] = _constants_and_calls(func.body, index_of, min_bytes,
+                                                      set(funcs))
+    # A function calling another (a decoder's ``check`` runs ``prefill`` and ``decode``)
+    # takes the callee's weights too and passes them on.
+    needs = {name: set(s) for name, s in own.items()}
+    changed = True
+    while changed:
+        changed = False
+        for name in funcs:
+            for callee in calls[name]:
+                if not needs[callee] <= needs[name]:
+                    needs[name] |= needs[callee]
+                    changed = True
+    uses = {name: sorted(n) for name, n in needs.items() if n}
+    new_funcs: dict[str, relax.Function] = {}
+    for gv, func in mod.functions.items():
+        name = gv.name_hint
+        if name not in uses:
+            continue
+        params = {i: relax.Var(f"w{i}", relax.TensorType(list(tensors[i].shape),
+                                                         str(tensors[i].dtype)))
+                  for i in uses[name]}
+        attrs = dict(func.attrs) if func.attrs is not None else {}
+        attrs["num_input"] = len(func.params)
+        new_funcs[name] = relax.Function(
+            list(func.params) + [params[i] for i in uses[name]], func.body, func.ret_ty,
+            func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))
+    # New global vars of the new types (a call is checked against its callee's type).
+    gvs = {}
+    for name, func in new_funcs.items():
+        gvs[name] = tvm.ir.GlobalVar(name)
+        relax.expr._update_type(gvs[name], func.ty)
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint not in uses},
+                       attrs=mod.attrs)
+    for name, func in new_funcs.items():
+        params = dict(zip(uses[name], list(func.params)[-len(uses[name]):]))
+        body = _with_params(func.body, index_of, min_bytes, params, uses, gvs)
+        out[gvs[name]] = relax.Function(list(func.params), body, func.ret_ty, func.is_pure,
+                                        func.attrs)
+    return out, KernelFormWeights(tensors, uses)
+
+
+def _constants_and_calls(body: relax.Expr, index_of: Any, min_bytes: int,
+                         functions: set[str]) -> tuple[set[int], set[str]]:
+    """The indices of ``body``'s tensor constants of ``min_bytes`` or more, and the names of
+    the module's ``functions`` it calls."""
+    found: set[int] = set()
+    called: set[str] = set()
+
+    @relax.expr_functor.visitor
+    class _Find(relax.PyExprVisitor):
+        def visit_generic_const_(self, c: Any) -> None:
+            if _is_tensor_const(c) and _nbytes(c.value) >= min_bytes:
+                found.add(index_of(c.value))
+
+        def visit_call_(self, call: relax.Call) -> None:
+            super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint in functions:
+                called.add(call.op.name_hint)
+
+    _Find().visit_expr(body)
+    return found, called
+
+
+def _with_params(body: relax.Expr, index_of: Any, min_bytes: int,
+                 params: dict[int, relax.Var], uses: dict[str, list[int]],
+                 gvs: dict[str, tvm.ir.GlobalVar]) -> relax.Expr:
+    """``body`` with its large tensor constants replaced by ``params`` (by index), and each
+    call of a function in ``uses`` calling ``gvs``' function of that name with the function's
+    weights after its arguments."""
+
+    @relax.expr_functor.mutator
+    class _ToParams(relax.PyExprMutator):
+        def visit_generic_const_(self, c: Any) -> relax.Expr:
+            if not _is_tensor_const(c) or _nbytes(c.value) < min_bytes:
+                return c
+            return params[index_of(c.value)]
+
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            new = super().visit_call_(call)
+            if isinstance(new.op, tvm.ir.GlobalVar) and new.op.name_hint in uses:
+                name = new.op.name_hint
+                extra = [params[i] for i in uses[name]]
+                return relax.Call(gvs[name], list(new.args) + extra, new.attrs,
+                                  new.ty_args)
+            return new
+
+    return _ToParams().visit_expr(body)
 
 
 def lifts_weights(mod: tvm.IRModule) -> bool:

@@ -132,3 +132,17 @@ def test_rpc_runner_reconnects_after_the_board_server_restarts(transformer, stan
     finally:
         runner.close()
     assert np.array_equal(first, again)
+
+
+def test_decoder_artifact_under_qemu_matches_the_host(tmp_path):
+    from opsdk.deploy import build_decoder_artifact
+    from opsdk.llm import DecoderConfig, random_weights
+
+    cfg = DecoderConfig(vocab=64, width=64, layers=1, heads=2, positions=32)
+    out = tmp_path / "dec"
+    m = build_decoder_artifact(random_weights(cfg, seed=5), out, weights="int4",
+                               target="arm-dotprod", log=None, reference=False)
+    assert m["decoder"]["activations"] == "q8_0"  # the dotprod integer rule
+    assert all(k["rule"].startswith("neon.") for k in m["kernels"])
+    res = run_artifact(out, emulate=True, repeats=1, log=None)
+    assert res["ok"] and res["emulated"], res["outputs"]

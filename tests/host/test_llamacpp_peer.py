@@ -140,3 +140,5 @@ def test_bench_decode_llama_tiny():
                        rounds=1, log=lambda s: None)
     assert {"opsdk int4", "llama.cpp q4_0", "torch float32"} <= set(rep["runtimes"])
     assert rep["ratios"]["opsdk int4 / llama.cpp q4_0"]["decode"] > 0
+    # opsdk runs as deployed (a decoder artifact, weights mapped): its peak memory is known
+    assert rep["runtimes"]["opsdk int4"]["peak_rss_mib"] > 0
