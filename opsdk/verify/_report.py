@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from .._plugins import loaded_modules
 from ._strategies import Case
 
 __all__ = ["CaseResult", "CellResult", "LintResult", "RefusalResult", "VerifyReport"]
@@ -364,10 +365,12 @@ def _finite(obj: Any) -> Any:
 
 def reproducer_command(case: Case, module: str | None = None, *, kernels: bool = False) -> str:
     """The one-line command that re-runs ``case`` exactly (``kernels``: the op is a kernel
-    family of :mod:`opsdk.kernels`, which ``opsdk verify`` finds with ``--kernels``)."""
+    family of :mod:`opsdk.kernels`, which ``opsdk verify`` finds with ``--kernels``): the
+    op's own module and every module loaded by name in this run (plug-in rules a kernel
+    family's case ran with) come along as ``--module``."""
     parts = ["opsdk", "verify", *(["--kernels"] if kernels else []), case.op, "--target",
              case.target]
-    if module:
-        parts += ["--module", module]
+    for name in dict.fromkeys([*([module] if module else []), *loaded_modules()]):
+        parts += ["--module", name]
     parts += ["--case", case.to_json()]
     return shlex.join(parts)
