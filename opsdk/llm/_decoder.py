@@ -360,7 +360,9 @@ class _Builder:
     def embed(self, tokens: relax.Expr, name: str = "wte") -> relax.Var:
         """Token embedding rows of matrix ``name``. Quantized modes hold it quantized and
         dequantize the rows gathered (GPT-2: the LM head's matrix, tied; llama: its own,
-        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept."""
+        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept. int4
+        with q8_0 activations gathers with ``opsdk.take_q4`` from the packing the head's
+        kernel reads (one copy of a tied table)."""
         if self.mode == "float32":
             return self.emit(R.take(self.const(name, lambda: self.w[name]), tokens, axis=0))
         if self.mode == "int8":
@@ -368,6 +370,11 @@ class _Builder:
             rows = R.astype(R.take(q, tokens, axis=0), "float32")
             return self.emit(R.multiply(rows, R.expand_dims(R.take(s, tokens, axis=0), 1)))
         qs, d = self._quantized(name, quantize_q4_0)
+        if self.activations == "q8_0":
+            # The q8_0 dense_q4 rules pack the LM head's table at compile time; take_q4's
+            # rules gather from that same packing, so the module holds the table once
+            # (GPT-2 ties them; an untied table is packed alone, at the same size).
+            return self.emit(self.ops.take_q4(qs, d, tokens))
         return self.bb.emit_te(_q4_rows, self.emit(R.take(qs, tokens, axis=0)),
                                self.emit(R.take(d, tokens, axis=0)))
 

@@ -52,12 +52,14 @@ from tvm import s_tir, te, tirx
 from tvm.target import Target
 
 from ..ops.dense_w8 import QBLOCK, activation_te
+from ..ops.take_q4 import ATTRS_KEY as TAKE_KEY
 from ._core import replace_block_body
 from ._gemm import is_layout_free
-from ._qgemm import recompute, region, schedule_tile_epilogue
+from ._qgemm import block_attrs, recompute, region, schedule_tile_epilogue
 from ._wgemm import loops_after, wdense_match
 
-__all__ = ["Q4_ZERO", "QKernel", "qwdense_packed", "rebuild_qwdense", "schedule_qwdense",
+__all__ = ["Q4_ZERO", "QKernel", "channel_vectors", "pack_weights", "qwdense_packed",
+           "rebuild_qwdense", "schedule_qwdense", "schedule_take_q4", "take_q4_packed",
            "tile_kernel"]
 
 #: The q4_0 nibbles' zero point: a weight is ``nibble - Q4_ZERO``; the kernels multiply the
@@ -84,11 +86,51 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def channel_vectors(n: int, lanes: int) -> int:
+    """Vectors of ``lanes`` output channels per tile, the packing's ``C = nv * lanes``: 4
+    for every M (see the module), fewer for a narrower N. :func:`take_q4_packed` packs a
+    table with it too, so a table that is also a weight is packed once."""
+    return max(1, min(4, _cdiv(n, lanes)))
+
+
 def _tile(m: int | None, n: int, lanes: int) -> tuple[int, int]:
     """(rows, vectors) of the register tile (see the module)."""
     rows = m if m is not None and m <= 2 else 3
-    nv = 4  # one packing for every M (see the module)
-    return rows, max(1, min(nv, _cdiv(n, lanes)))
+    return rows, channel_vectors(n, lanes)
+
+
+def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, kernel: QKernel, nv: int,
+                 idx: str) -> tuple[te.Tensor, te.Tensor | None]:
+    """``(wp, dp)``: the weight bytes ``(Np / C, bytes / 4, C * 4)`` and the q4 block scales
+    ``(Np / C, K / 32, C)`` (None for w8) as the kernels read them (``C = nv * lanes``; see
+    the module). One compute for :func:`qwdense_packed` and :func:`take_q4_packed`: a table
+    packed by both folds to the same bytes, which the pipeline keeps once. ``idx``: the
+    dtype of the shape's dims."""
+    n, nbytes = (int(v) for v in w.shape)
+    q4 = op == "dense_q4"
+    cols = kernel.lanes * nv
+    np_ = _cdiv(n, cols) * cols
+
+    def dim(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    off = 0 if q4 else kernel.w8_offset
+    wdt = "uint8" if q4 else kernel.wdtype
+
+    def wp_f(t, kq, e):
+        nn, kk = t * cols + e // 4, kq * 4 + e % 4
+        v = w[nn, kk] if off == 0 else (w[nn, kk].astype("int32") + off)
+        return tirx.if_then_else(nn < n, v.astype(wdt), tirx.const(0, wdt))
+
+    wp = te.compute((dim(np_ // cols), dim(nbytes // 4), dim(cols * 4)), wp_f, name="wp")
+    if not q4:
+        return wp, None
+    dp = te.compute(
+        (dim(np_ // cols), dim(nbytes * 2 // QBLOCK), dim(cols)),
+        lambda t, g, c: tirx.if_then_else(t * cols + c < n, scale[t * cols + c, g],
+                                          tirx.const(0, scale.dtype)),
+        name="dp")
+    return wp, dp
 
 
 def qwdense_packed(
@@ -144,23 +186,8 @@ def qwdense_packed(
                       name="xsum")
 
     # Weights: (Np / C, bytes / 4, C * 4), zero padded channels.
-    nbytes = k // 2 if q4 else k
-    off = 0 if q4 else kernel.w8_offset
-    wdt = "uint8" if q4 else kernel.wdtype
-
-    def wp_f(t, kq, e):
-        nn, kk = t * cols + e // 4, kq * 4 + e % 4
-        v = w[nn, kk] if off == 0 else (w[nn, kk].astype("int32") + off)
-        return tirx.if_then_else(nn < n, v.astype(wdt), tirx.const(0, wdt))
-
-    wp = te.compute((dim(np_ // cols), dim(nbytes // 4), dim(cols * 4)), wp_f, name="wp")
-    if q4:
-        dp = te.compute(
-            (dim(np_ // cols), dim(groups), dim(cols)),
-            lambda t, g, c: tirx.if_then_else(t * cols + c < n, scale[t * cols + c, g],
-                                              tirx.const(0, scale.dtype)),
-            name="dp")
-    corr = Q4_ZERO if q4 else off  # the accumulator starts at -corr * xsum
+    wp, dp = pack_weights(op, w, scale, kernel=kernel, nv=nv, idx=idx)
+    corr = Q4_ZERO if q4 else kernel.w8_offset  # the accumulator starts at -corr * xsum
 
     def wval(j, kk):  # the unsigned / signed weight the instruction multiplies, as int32
         t, c = j // cols, j % cols
@@ -392,3 +419,108 @@ def schedule_qwdense(func: tirx.PrimFunc, target: Target, kernel: QKernel
 def _has_block(sch: s_tir.Schedule, name: str) -> bool:
     return any(sch.get(b).name_hint == name
                for b in sch.get_child_blocks(sch.get_sblock("root")))
+
+
+# ------------------------------------------------------------- take_q4: rows of a q4_0 table
+#: Output elements below which a gather runs on one core (a decode step's one row: a parallel
+#: launch would cost more than the copy).
+_TAKE_SERIAL = 1 << 14
+
+
+def take_q4_packed(qs: te.Tensor, d: te.Tensor, indices: te.Tensor, *, kernel: QKernel
+                   ) -> te.Tensor:
+    """``take_q4`` gathering from the q8_0 kernels' packing of the table (:func:`pack_weights`
+    with ``dense_q4``'s channel tile): row ``r`` is channel ``e = r % C`` of tile
+    ``t = r // C``; group ``g``'s 16 bytes are ``wp[t, 4 g + q, 4 e + i]`` (``q, i < 4``, byte
+    ``4 q + i`` of the group), its scale ``dp[t, g, e]``. The same nibbles and scales, so the
+    same (exact) values as the definition."""
+    n_dim, half_dim = qs.shape
+    if not isinstance(n_dim, tirx.IntImm) or not isinstance(half_dim, tirx.IntImm):
+        raise ValueError("take_q4: the table's shape must be static for the packed gather")
+    n, half = int(n_dim), int(half_dim)
+    idx = str(n_dim.ty.dtype)
+    nv = channel_vectors(n, kernel.lanes)
+    cols = nv * kernel.lanes
+    wp, dp = pack_weights("dense_q4", qs, d, kernel=kernel, nv=nv, idx=idx)
+
+    def body(i, c):
+        r = tirx.max(tirx.min(indices[i].astype(idx), tirx.IntImm(idx, n - 1)),
+                     tirx.IntImm(idx, 0))
+        t, e = r // cols, r % cols
+        g, j = c // QBLOCK, c % QBLOCK
+        byte = wp[t, g * 4 + j % 16 // 4, e * 4 + j % 4]
+        nib = tirx.bitwise_and(tirx.shift_right(byte, (j // 16 * 4).astype("uint8")),
+                               tirx.const(15, "uint8"))
+        return dp[t, g, e].astype("float32") * (nib.astype("int32") - Q4_ZERO).astype("float32")
+
+    return te.compute((indices.shape[0], tirx.IntImm(idx, half * 2)), body, name="take_q4")
+
+
+def _take_q4_params(func: tirx.PrimFunc) -> list[int] | None:
+    """The positions of ``qs``, ``d`` and ``indices`` among the parameters of a legalized
+    ``take_q4`` (q4_0 format; any order: a legalized call keeps the op's, a function made
+    from placeholders may not), or None."""
+    attrs = block_attrs(func, "take_q4", TAKE_KEY, (("format", str),))
+    if attrs is None or attrs["format"] != "q4_0":
+        return None
+    params = list(func.params)  # TVM 0.27: a PrimFunc's params are its buffers
+    if len(params) != 4 or not all(hasattr(p, "shape") for p in params):
+        return None
+    sch = s_tir.Schedule(func)
+    out = sch.get(sch.get_sblock("take_q4")).writes[0].source
+    ins = [i for i, p in enumerate(params) if not p.same_as(out)]
+    table = [i for i in ins if len(params[i].shape) == 2]
+    index = [i for i in ins if len(params[i].shape) == 1]
+    if len(ins) != 3 or len(table) != 2 or len(index) != 1:
+        return None
+    qs = next((i for i in table if str(params[i].dtype) == "uint8"), None)
+    if qs is None:
+        return None
+    return [qs, next(i for i in table if i != qs), index[0]]
+
+
+def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
+                     ) -> s_tir.Schedule | None:
+    """A ``take_q4`` rule's body. With ``kernel``: the op rebuilt as :func:`take_q4_packed`
+    (the table packed as the q8_0 ``dense_q4`` kernels on ``kernel`` pack it: folded at
+    compile time for a constant table, which a tied LM head then shares; a runtime table is
+    packed in the kernel, in parallel, every call), None when the table's shape is symbolic.
+    Without: the definition, gathering from ``qs`` / ``d`` as they are. Either way each
+    output row is one task (on one core for a few rows), its groups unrolled halves of
+    vectors: 16 bytes of ``qs`` (packed: 4 per vector, a tile's channel stride apart)."""
+    roles = _take_q4_params(func)
+    if roles is None:
+        return None
+    packed = kernel is not None
+    if packed:
+        if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape):
+            return None
+        # the same signature: placeholders in the function's own parameter order
+        phs = [te.placeholder(b.shape, b.dtype, name=b.name) for b in func.params[:-1]]
+        out = take_q4_packed(*(phs[i] for i in roles), kernel=kernel)
+        new = te.create_prim_func([*phs, out])
+        for key, value in (func.attrs or {}).items():
+            new = new.with_attr(key, value)
+        func = new
+    qs, _, indices = (func.params[i] for i in roles)
+    sch = s_tir.Schedule(func)
+    blk = sch.get_sblock("take_q4")
+    i, c = sch.get_loops(blk)
+    rows, half = indices.shape[0], qs.shape[1]
+    # (group, half, 16 bytes) or, packed, (group, half, 4 words of 4 bytes); K is static
+    # and whole groups (the op checks), so no lane is predicated.
+    inner = sch.split(c, [None, 2, 4, 4] if packed else [None, 2, 16])
+    sch.vectorize(inner[-1])
+    for lp in inner[1:-1]:
+        sch.unroll(lp)
+    static = isinstance(rows, tirx.IntImm) and isinstance(half, tirx.IntImm)
+    if not (static and int(rows) * int(half) * 2 < _TAKE_SERIAL):
+        sch.parallel(i)
+    if packed:
+        for name, src in (("wp", roles[0]), ("dp", roles[1])):
+            pre = sch.get_sblock(name)
+            if is_layout_free(func, func.params[src]):
+                sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
+            elif name == "wp":
+                sch.parallel(sch.get_loops(pre)[0])
+    return sch

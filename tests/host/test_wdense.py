@@ -455,3 +455,75 @@ def test_residual_add_after_a_bias_free_layer(rows):
     got = vm["main"](tvm.runtime.tensor(xv)).numpy()
     ref = xv + q4op.run_reference({"x": xv, "qs": qs, "d": d}, {})
     assert np.abs(got - ref).max() < 1e-5
+
+
+# ------------------------------------------------------------------ take_q4: the table's rows
+@pytest.mark.parametrize("kernel", ["vpdpbusd", "sdot", None])  # 16 x 4, 4 x 4, unpacked
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_take_q4_gathers_rows_bit_exactly_from_either_packing(kernel, dtype) -> None:
+    """Each rule's gather against the reference, bit for bit: rows from the VNNI and the sdot
+    packings (the gather itself uses no dot-product instruction, so both run on any x86
+    host; the table is packed in the kernel here, a runtime input) and from the plain bytes;
+    N not a multiple of any channel tile, indices clipped at both ends, a symbolic count."""
+    from tvm import te
+
+    from opsdk.schedules._qwgemm import schedule_take_q4
+    from opsdk.schedules.arm_cpu.dotprod import Q8_SDOT
+    from opsdk.schedules.cpu.vnni import Q8_VNNI
+
+    rng = np.random.default_rng(3)
+    n, k = 70, 96
+    qs, d = quantize_q4_0(rng.standard_normal((n, k)).astype("float32"))
+    ids = np.array([0, 69, -3, 70, 1000, 5, 64, 63, 16], "int32")
+    d = d.astype(dtype)
+    op = opsdk.get_op("take_q4")
+    phs = [te.placeholder(qs.shape, "uint8", name="qs"), te.placeholder(d.shape, dtype, name="d"),
+           te.placeholder((te.var("t", "int64"),), "int32", name="indices")]
+    qk = {"vpdpbusd": Q8_VNNI, "sdot": Q8_SDOT, None: None}[kernel]
+    tgt = opsdk.target("x86")
+    sch = schedule_take_q4(te.create_prim_func([*phs, op.call_compute(phs, {})]), tgt, qk)
+    assert ('sblock("wp"' in sch.mod["main"].script()) == (qk is not None)
+    out = tvm.runtime.empty((len(ids), k), "float32")
+    tvm.compile(sch.mod, target=tgt)["main"](*[tvm.runtime.tensor(a) for a in (qs, d, ids)],
+                                             out)
+    want = op.run_reference({"qs": qs, "d": d, "indices": ids}, {})
+    np.testing.assert_array_equal(out.numpy(), want.astype("float32"))
+
+
+@_VNNI
+def test_decoder_embedding_reads_the_lm_heads_packed_table() -> None:
+    """GPT-2 ties its embedding and LM head: with q8_0 activations the gather runs on the
+    head's packing (x86.take_q4_vnni), so after the folding both kernels read the same
+    constants and the table's plain bytes are no constant of the module."""
+    from opsdk.llm import DecoderConfig, build_decoder, random_weights
+
+    cfg = DecoderConfig(vocab=200, width=64, layers=1, heads=2, positions=16)
+    mod = opsdk.transform.FuseIntoOps()(build_decoder(random_weights(cfg), weights_mode="int4",
+                                                      activations="q8_0"))
+    t = opsdk.target("x86")
+    with t:
+        low = opsdk.pipeline(t)(mod)
+    reads: dict[str, list] = {}  # the gather's and the head's kernel -> constants read
+
+    def visit(e) -> None:  # the VM's calls: kernel(inputs..., output)
+        if not (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar)):
+            return
+        f = low[e.op]
+        op = str((f.attrs or {}).get("opsdk.op", ""))
+        if op == "take_q4" or (op == "dense_q4" and int(f.params[-1].shape[-1]) == cfg.vocab):
+            rule = {"take_q4": "x86.take_q4_vnni", "dense_q4": "x86.qwdense_vnni"}[op]
+            assert f.attrs["opsdk.rule"] == rule
+            reads.setdefault(op, []).extend(a.value for a in e.args
+                                            if isinstance(a, tvm.ir.expr.GenericConst))
+
+    shapes = []
+    for name in ("prefill", "decode"):
+        relax.analysis.post_order_visit(low[name].body, visit)
+        relax.analysis.post_order_visit(low[name].body, lambda e: shapes.append(
+            tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.GenericConst)
+            and isinstance(e.value, tvm.runtime.Tensor) else None)
+    assert (cfg.vocab, cfg.width // 2) not in shapes, "the table's plain bytes are kept"
+    assert (cfg.vocab, cfg.width // 32) not in shapes, "the table's plain scales are kept"
+    take = {a.__chandle__() for a in reads["take_q4"]}
+    head = {a.__chandle__() for a in reads["dense_q4"]}
+    assert len(take) == 2 and take <= head  # wp, dp: the head's own

@@ -29,7 +29,7 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
-from .._qwgemm import QKernel, schedule_qwdense
+from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4
 
 __all__ = ["NEON_SMULL", "Q8_SDOT", "SDOT"]
 
@@ -90,6 +90,21 @@ def _qwdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
     otherwise, in parallel; scale, bias and activation fused. Declines
     activations="float32"."""
     return schedule_qwdense(func, target, Q8_SDOT)
+
+
+@rule(
+    "take_q4",
+    "arm_cpu",
+    name="neon.take_q4_dotprod",
+    requires=(*_NEON, "dotprod"),
+    priority=35,
+    claims=("vectorize",),
+)
+def _take_q4_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of a q4_0 table gathered from the packing neon.qwdense_dotprod gives a dense_q4
+    weight (4 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM head)
+    is held once; static table shapes only."""
+    return schedule_take_q4(func, target, Q8_SDOT)
 
 
 @rule(

@@ -12,6 +12,7 @@ from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
 from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
+from .._qwgemm import schedule_take_q4
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
 from .._wgemm import schedule_wdense
 from .._winograd import schedule_winograd
@@ -176,6 +177,20 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     scaled once per group), many rows as a GEMM over a dequantized float32 panel per N-tile;
     parallel over N-tiles; scale, bias and activation fused. 4-lane NEON vectors."""
     return schedule_wdense(func, target, acc_regs=accumulator_registers(target))
+
+
+@rule(
+    "take_q4",
+    "arm_cpu",
+    name="neon.take_q4",
+    requires=_NEON,
+    priority=30,
+    claims=("vectorize",),
+)
+def _take_q4(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of a q4_0 table gathered from its bytes and scales as they are: a row per task
+    (one core for a few rows), 16 bytes of a group per vector."""
+    return schedule_take_q4(func, target, None)
 
 
 @rule(

@@ -17,7 +17,7 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
-from .._qwgemm import QKernel, schedule_qwdense
+from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4
 
 __all__ = ["COLS", "Q8_VNNI", "ROWS", "VNNI"]
 
@@ -78,6 +78,21 @@ def _qwdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     tiles for a decode GEMV, 4 x 32 otherwise (a symbolic M padded to whole row tiles), in
     parallel; scale, bias and activation fused. Declines activations="float32"."""
     return schedule_qwdense(func, target, Q8_VNNI)
+
+
+@rule(
+    "take_q4",
+    "cpu",
+    name="x86.take_q4_vnni",
+    requires=_X86_VNNI,
+    priority=25,
+    claims=("vectorize",),
+)
+def _take_q4_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of a q4_0 table gathered from the packing x86.qwdense_vnni gives a dense_q4
+    weight (16 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM
+    head) is held once; static table shapes only."""
+    return schedule_take_q4(func, target, Q8_VNNI)
 
 
 @rule(

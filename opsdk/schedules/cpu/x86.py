@@ -14,6 +14,7 @@ from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
 from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
+from .._qwgemm import schedule_take_q4
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
 from .._wgemm import schedule_wdense
 from .._winograd import schedule_winograd
@@ -186,6 +187,20 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     parallel over N-tiles; scale, bias and activation fused. AVX-512 or AVX2 vectors by
     the CPU's features."""
     return schedule_wdense(func, target, acc_regs=accumulator_registers(target))
+
+
+@rule(
+    "take_q4",
+    "cpu",
+    name="x86.take_q4",
+    requires=_X86,
+    priority=20,
+    claims=("vectorize",),
+)
+def _take_q4(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of a q4_0 table gathered from its bytes and scales as they are: a row per task
+    (one core for a few rows), 16 bytes of a group per vector."""
+    return schedule_take_q4(func, target, None)
 
 
 @rule(
