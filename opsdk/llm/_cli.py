@@ -139,11 +139,16 @@ def _on_target(args: argparse.Namespace, weights: DecoderWeights, prompt: list[i
                               activations=_activations(args))
     except ValueError as e:  # an unknown target names itself
         raise UsageError(str(e)) from None
-    ok = res["target_vs_host"] <= KERNEL_BOUND and res["target_vs_reference"] <= KERNEL_BOUND
+    # With q8_0 inputs the float64 reference is reported, not judged (see _check): float32
+    # and float64 inputs round a few int8 values apart. The device against the host is.
+    judged = _activations(args) != "q8_0"
+    ok = res["target_vs_host"] <= KERNEL_BOUND and (
+        not judged or res["target_vs_reference"] <= KERNEL_BOUND)
     print(f"{args.model} ({args.weights} weights) on {args.target} ({res['device']}): prefill "
           f"{len(prompt)} tokens + {len(follow)} decode steps; logits vs the host's: relative "
           f"RMSE {res['target_vs_host']:.2e}, vs the float64 reference: "
-          f"{res['target_vs_reference']:.2e} {'ok' if ok else f'FAIL (> {KERNEL_BOUND:g})'}")
+          f"{res['target_vs_reference']:.2e}{'' if judged else ' (q8_0 inputs: reported)'} "
+          f"{'ok' if ok else f'FAIL (> {KERNEL_BOUND:g})'}")
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(
             {"model": args.model, "weights": args.weights, "target": args.target, **res},
