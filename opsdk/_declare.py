@@ -95,6 +95,21 @@ def _check_dtype_rule(opname: str, rule: Any, attr_names: set[str]) -> None:
         )
 
 
+def _free_dims(opname: str, dims: Mapping[str, Any] | None) -> dict[str, tuple]:
+    """``free_dims=``: name -> (lo, hi) or (lo, hi, default), default an int or a callable."""
+    out = {}
+    for name, v in (dims or {}).items():
+        ok = isinstance(name, str) and isinstance(v, (tuple, list)) and len(v) in (2, 3)
+        if ok and len(v) == 3:
+            ok = callable(v[2]) or (isinstance(v[2], int) and not isinstance(v[2], bool))
+        if not ok:
+            raise OpDefinitionError(
+                f"op {opname!r}: free_dims maps a dim name to (lo, hi) or (lo, hi, default), "
+                f"the default an int or f(primary_shape, attrs) -> int; got {name!r}: {v!r}")
+        out[name] = tuple(v)
+    return out
+
+
 def _dim_multiples(opname: str, dims: Mapping[int, Any] | None) -> dict[int, Any]:
     """``dim_multiples=``: axis (int) -> multiple (int >= 1, or ``f(attrs) -> int``)."""
     out = {}
@@ -116,7 +131,7 @@ def op(
     reference: Callable[..., np.ndarray],
     dtypes: Sequence[str] | Mapping[str, Sequence[str]] = FLOAT_DTYPES,
     ranks: tuple[int, int] = (1, 6),
-    free_dims: Mapping[str, tuple[int, int]] | None = None,
+    free_dims: Mapping[str, tuple] | None = None,
     input_shapes: Callable[[tuple, dict], dict[str, tuple]] | None = None,
     check: Callable[[dict, dict, dict], None] | None = None,
     infer_type: Callable[[dict, dict, dict], tuple[tuple, str]] | None = None,
@@ -148,6 +163,10 @@ def op(
         a name (``"N"``): a free size shared by the inputs that use it.
     free_dims
         Inclusive size range of each free named dim, for test generation: ``{"N": (1, 64)}``.
+        A third element is the size the dim takes where none is chosen (examples, corner
+        cases): an int, or ``f(primary_shape, attrs) -> size`` for a dim that must agree with
+        the first input (``attention``'s key/value heads, which divide the query heads,
+        default to the query heads); without it, 8 within the range.
     check
         Extra validation ``f(shapes, dtypes, attrs)`` raising ``ValueError``.
     infer_type
@@ -238,6 +257,7 @@ def op(
                 f"compute's {list(sig.parameters)}"
             )
         per_input, primary_dtypes = _split_dtypes(opname, params, dtypes)
+        free = _free_dims(opname, free_dims)
         _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
         _check_examples(opname, examples)
         attr_names = {p.name for p in params if p.kind == "attr"}
@@ -252,7 +272,7 @@ def op(
             dtypes=primary_dtypes,
             ranks=tuple(ranks),  # type: ignore[arg-type]
             input_dtypes=per_input,
-            free_dims={k: (int(v[0]), int(v[1])) for k, v in (free_dims or {}).items()},
+            free_dims={k: (int(v[0]), int(v[1])) for k, v in free.items()},
             input_shapes=input_shapes,
             check=check,
             infer_type=infer_type,
@@ -266,6 +286,7 @@ def op(
             output_dtype=output_dtype,
             special_values=bool(special_values),
             dim_multiples=_dim_multiples(opname, dim_multiples),
+            free_dim_defaults={k: v[2] for k, v in free.items() if len(v) == 3},
         )
         _self_check(d)
         return d

@@ -136,6 +136,10 @@ class OpDef:
     dim_multiples: dict[int, int] = field(default_factory=dict)
     # outputs of the compute (a tuple of tensors when > 1), found by the definition-time trace
     n_outputs: int = 1
+    # free named dim -> the size it takes where none is chosen: an int, or
+    # ``f(primary_shape, attrs)`` (attention's key/value heads: the query heads); a dim not
+    # here takes 8 within its range (see :meth:`free_defaults`)
+    free_dim_defaults: dict[str, Any] = field(default_factory=dict)
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)
     # ONNX op types -> converter (None: the default one), used by opsdk.frontend.from_onnx
     onnx_maps: dict[str, Callable | None] = field(default_factory=dict)
@@ -607,7 +611,7 @@ class OpDef:
         """Shapes of every tensor input for a primary shape (optionals included).
 
         Free named dims of ``input_shapes`` (e.g. a dense layer's ``"N"``) take their value
-        from ``free``, else a default inside the op's ``free_dims`` range.
+        from ``free``, else their default (:meth:`free_defaults`).
         """
         nattrs = self.normalize_attrs(self.bind_attrs(attrs), len(primary_shape))
         out = {self.primary: tuple(primary_shape)}
@@ -617,7 +621,7 @@ class OpDef:
             raise OpDefinitionError(
                 f"op {self.name!r}: input_shapes returned {unknown[0]!r}, which is not a tensor "
                 f"input after the first (inputs: {', '.join(p.name for p in self.tensor_params)})")
-        sizes = {k: min(hi, max(lo, 8)) for k, (lo, hi) in self.free_dims.items()}
+        sizes = self.free_defaults(tuple(primary_shape), nattrs)
         sizes.update(free or {})
         for p in self.tensor_params[1:]:
             if p.name in derived:
@@ -634,6 +638,20 @@ class OpDef:
                 out[p.name] = tuple(dims)
             else:
                 out[p.name] = tuple(primary_shape)
+        return out
+
+    def free_defaults(self, primary_shape: tuple, nattrs: Mapping[str, Any]) -> dict[str, Any]:
+        """The size each free named dim takes where none is chosen, for a first input of
+        ``primary_shape`` and normalized attributes ``nattrs``: its declared default (a
+        function of both, or an int), else 8 within its range."""
+        out: dict[str, Any] = {}
+        for k, (lo, hi) in self.free_dims.items():
+            dflt = self.free_dim_defaults.get(k)
+            if dflt is None:
+                out[k] = min(hi, max(lo, 8))
+            else:
+                out[k] = _as_dim(dflt(tuple(primary_shape), dict(nattrs)) if callable(dflt)
+                                 else dflt)
         return out
 
     def dtypes_for(self, primary_dtype: str, names: Sequence[str] | None = None) -> dict[str, str]:

@@ -5,6 +5,8 @@ Layouts: ``"BSHD"`` (batch, sequence, heads, head dim: how a KV cache stores row
 a decoder's projections reshape) or ``"BHSD"`` (torch's ``scaled_dot_product_attention``).
 Queries ``(B, n, H, D)`` attend over ``m`` keys and values ``(B, m, Hkv, D)``; with
 ``Hkv < H`` (grouped-query attention) query head ``h`` reads key head ``h // (H / Hkv)``.
+``Hkv`` must divide ``H`` (the declaration's free dim ``"Hkv"``, ``H`` where none is chosen):
+a decoder passes its cache's key/value heads as they are, without repeating them.
 ``causal``: query ``i`` sits at position ``m - n + i`` (the ``n`` new tokens are the last of
 the ``m``) and sees keys ``j <= m - n + i``; a query that sees no key gives zeros.
 ``scale`` 0 means ``1 / sqrt(D)``. ``mask`` (optional, float32 ``(B, 1, n, m)``, shared by
@@ -30,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 from tvm import relax, te, tirx
+from tvm.sym import Analyzer
 
 from .._declare import op
 from .._dtypes import FLOAT_DTYPES
@@ -80,11 +83,23 @@ def _reference(q, k, v, mask=None, *, scale=0.0, causal=False, layout="BSHD"):
 
 
 def _input_shapes(s, a):
+    # k / v: "M" keys and "Hkv" heads (a divisor of q's, checked in _check), shared with v
     if a["layout"] == "BSHD":
-        kv = (s[0], "M", s[2], s[3])
+        kv = (s[0], "M", "Hkv", s[3])
         return {"k": kv, "v": kv, "mask": (s[0], 1, s[1], "M")}
-    kv = (s[0], s[1], "M", s[3])
+    kv = (s[0], "Hkv", "M", s[3])
     return {"k": kv, "v": kv, "mask": (s[0], 1, s[2], "M")}
+
+
+def _query_heads(s, a):
+    """The default key/value head count: q's (no grouping)."""
+    return s[2] if a["layout"] == "BSHD" else s[1]
+
+
+def _static_int(x):
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    return int(x.value) if isinstance(x, tirx.IntImm) else None
 
 
 def _check(shapes, dtypes, attrs):
@@ -104,10 +119,11 @@ def _check(shapes, dtypes, attrs):
     if q[0] != k[0] or q[3] != k[3]:
         raise ValueError(f"q {tuple(q)} and k {tuple(k)} must agree in batch and head dim "
                          f"({lay})")
-    hq, hk = q[h_axis], k[h_axis]
-    if isinstance(hq, int) and isinstance(hk, int) and (hk == 0 or hq % hk):
-        raise ValueError(f"q has {hq} heads and k {hk}: the query heads must be a multiple "
-                         "of the key/value heads")
+    hq, hk = (_static_int(x[h_axis]) for x in (q, k))
+    if hq is not None and hk is not None and (hk == 0 or hq % hk):
+        raise ValueError(f"argument 'k' has {hk} heads, which do not divide the {hq} heads of "
+                         f"'q' ({lay}; grouped-query attention); give k and v a number of "
+                         f"heads that divides {hq}")
     if attrs["scale"] < 0:
         raise ValueError(f"argument 'scale' is {attrs['scale']}; give a positive factor, or 0 "
                          "for 1/sqrt(head dim)")
@@ -118,7 +134,7 @@ def _check(shapes, dtypes, attrs):
     dtypes=("float32",),
     ranks=(4, 4),
     input_shapes=_input_shapes,
-    free_dims={"M": (1, 80)},
+    free_dims={"M": (1, 80), "Hkv": (1, 64, _query_heads)},
     check=_check,
     layouts={"causal": {"causal": True}, "full": {"causal": False},
              "BHSD": {"layout": "BHSD", "causal": False}},
@@ -137,7 +153,20 @@ def attention(
     n, h_q = (q.shape[1], q.shape[2]) if bshd else (q.shape[2], q.shape[1])
     m, h_k = (k.shape[1], k.shape[2]) if bshd else (k.shape[2], k.shape[1])
     d = q.shape[3]
-    group = h_q // h_k  # query heads per key head (1 without grouping)
+    hq_s, hk_s = _static_int(h_q), _static_int(h_k)
+    per_query = False  # kt per query head instead of per key head (see kt)
+    if hq_s is not None and hk_s is not None:
+        group = hq_s // hk_s  # query heads per key head (1 without grouping)
+        kv_head = (lambda h: h) if group == 1 else (lambda h: h // group)
+    elif Analyzer().can_prove_equal(h_q, h_k):
+        kv_head = lambda h: h  # noqa: E731
+    else:
+        # Symbolic head counts, which _check cannot prove to divide: h * Hkv / H stays below
+        # Hkv for any counts (no read out of bounds) and is h // (H / Hkv) where they do.
+        # (truncdiv: equal for these non-negative operands; floordiv by a variable lowers
+        # to a Let that LLVM codegen rejected as bound twice in the vectorized rows kernel)
+        kv_head = lambda h: tirx.truncdiv(h * h_k, h_q)  # noqa: E731
+        per_query = True
     if scale:
         f = tirx.const(scale, "float32")
     elif isinstance(d, (int, tirx.IntImm)):
@@ -154,11 +183,16 @@ def attention(
     # K transposed per key head, (B, Hk, D, mp), the keys padded to a multiple of KEY_PAD
     # (the last key repeated: no branch; the padded scores are masked out below). The
     # many-query schedule reads a tile of keys of one head dim as one vector; the decode
-    # schedule inlines it (K read in place).
+    # schedule inlines it (K read in place). With symbolic head counts that may differ, per
+    # query head (H, reading its key head): a generic rule's task of one (batch, head) then
+    # needs one kt head, not a range of them (else the rows rule made one task per batch
+    # over all heads, a much larger kernel to compile in verify's symbolic builds).
     mp = (m + KEY_PAD - 1) // KEY_PAD * KEY_PAD
     kt = te.compute(
-        (q.shape[0], h_k, d, mp),
-        lambda b, h, e, j: at(k, b, tirx.min(j, m - 1), h, e), name="kt")
+        (q.shape[0], h_q if per_query else h_k, d, mp),
+        lambda b, h, e, j: at(k, b, tirx.min(j, m - 1), kv_head(h) if per_query else h, e),
+        name="kt")
+    kt_head = (lambda h: h) if per_query else kv_head
     # The stages between hold the query rows padded to a multiple of QUERY_PAD (the last
     # query repeated), so a block of rows is whole; only the output drops the padding.
     np_ = (n + QUERY_PAD - 1) // QUERY_PAD * QUERY_PAD
@@ -166,7 +200,7 @@ def attention(
     sc = te.compute(
         (q.shape[0], h_q, np_, mp),
         lambda b, h, i, j: te.sum(
-            at(q, b, tirx.min(i, n - 1), h, rd) * kt[b, h // group, rd, j], axis=rd),
+            at(q, b, tirx.min(i, n - 1), h, rd) * kt[b, kt_head(h), rd, j], axis=rd),
         name="scores")
 
     def live(i, j):  # a real key the query sees
@@ -197,7 +231,7 @@ def attention(
 
     pv = te.compute(
         (q.shape[0], h_q, np_, d),
-        lambda b, h, i, e: te.sum(ex[b, h, i, rv] * at(v, b, rv, h // group, e), axis=rv),
+        lambda b, h, i, e: te.sum(ex[b, h, i, rv] * at(v, b, rv, kv_head(h), e), axis=rv),
         name="pv")
 
     def norm(b, a1, a2, e):

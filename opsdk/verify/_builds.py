@@ -57,7 +57,7 @@ def _build_key(d: OpDef, case: Case, tgt: Any, dims: Sequence[Any],
     dkey = tuple(int(x) if isinstance(x, int) else "?" for x in dims)
     # Free named dims are static in a static build (the size is part of the signature).
     fkey = tuple(sorted((k, int(v) if case.static else "?")
-                        for k, v in {**free_defaults(d), **case.free}.items()))
+                        for k, v in _free_sizes(d, case).items()))
     attrs = tuple(sorted((k, repr(v)) for k, v in case.attrs.items()))
     return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey, fkey)
 
@@ -93,9 +93,14 @@ def _signature(d: OpDef, case: Case, tgt: Any) -> tuple[tuple, list[Any], list[s
     return _build_key(d, case, tgt, dims, present), dims, present
 
 
+def _free_sizes(d: OpDef, case: Case) -> dict[str, Any]:
+    """The case's free named dims: its own sizes, else the op's defaults for its shape."""
+    return {**free_defaults(d, case.shape, case.attrs), **case.free}
+
+
 def _free_dims(d: OpDef, case: Case) -> dict[str, Any]:
     """Free named dims of the build: static sizes in a static build, else symbolic."""
-    sizes = {**free_defaults(d), **case.free}
+    sizes = _free_sizes(d, case)
     if case.static:
         return sizes
     return {k: tirx.Var(f"free_{k}", "int64") for k in sizes}

@@ -181,7 +181,7 @@ def _check_case(d: OpDef, case: Case, tgt: Any, runner: Any, *, generic: bool = 
         res.status = "type"
         res.message = f"the kernel returned {len(gots)} outputs, its type says {n_out}"
         return res
-    free = {**free_defaults(d), **case.free}
+    free = {**free_defaults(d, case.shape, case.attrs), **case.free}
     nattrs = d.normalize_attrs(d.bind_attrs(case.attrs), len(case.shape))
     promised = d.declared_dtypes(d.dtypes_for(case.dtype), nattrs)
     for k, (got, (oshape, odtype)) in enumerate(zip(gots, b.outs)):
@@ -594,7 +594,7 @@ def check_refusals(d: OpDef) -> list[RefusalResult]:
                                      ) if d.input_shapes else {}
         except Exception:  # the shape function cannot handle the wrong rank itself
             derived = {}
-        sizes = free_defaults(d)
+        sizes = free_defaults(d, prim, attrs)
         shp = {d.primary: prim, **{n: tuple(sizes.get(s, 2) if isinstance(s, str) else s
                                             for s in derived.get(n, (2,))) for n in required}}
         out.append(_refused(d, shp, input_dtypes(d, ok_dtype, list(shp)), attrs, d.primary,

@@ -160,9 +160,20 @@ def input_dtypes(d: OpDef, dtype: str, names: Sequence[str]) -> dict[str, str]:
     return d.dtypes_for(dtype, names)
 
 
-def free_defaults(d: OpDef) -> dict[str, int]:
-    """Sizes the op's free named dims take when a case does not set them."""
-    return {k: min(hi, max(lo, 8)) for k, (lo, hi) in getattr(d, "free_dims", {}).items()}
+def free_defaults(d: OpDef, shape: Sequence[Any] | None = None,
+                  attrs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Sizes the op's free named dims take when a case does not set them: their declared
+    defaults for a first input of ``shape`` with ``attrs`` (attention's key/value heads: the
+    query heads), else (no shape, or one the defaults do not fit) 8 within each range."""
+    ranges = getattr(d, "free_dims", {})
+    plain = {k: min(hi, max(lo, 8)) for k, (lo, hi) in ranges.items()}
+    if shape is None or not getattr(d, "free_dim_defaults", None):
+        return plain
+    try:
+        nattrs = d.normalize_attrs(d.bind_attrs(attrs or {}), len(shape))
+        return d.free_defaults(tuple(shape), nattrs)
+    except (ValueError, IndexError, TypeError):
+        return plain
 
 
 def _ulp(dtype: str, value: float) -> float:
@@ -355,10 +366,11 @@ def _present_shapes(d: OpDef, shape: Sequence[Any], attrs: Mapping[str, Any],
 
 
 def is_valid(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any],
-             present: Sequence[str]) -> bool:
-    """Whether the op accepts this combination (``d.validate`` does not raise)."""
+             present: Sequence[str], free: Mapping[str, Any] | None = None) -> bool:
+    """Whether the op accepts this combination (``d.validate`` does not raise); free named
+    dims without a size in ``free`` take their defaults."""
     try:
-        shapes = _present_shapes(d, shape, attrs, present)
+        shapes = _present_shapes(d, shape, attrs, present, free)
         d.validate(shapes, input_dtypes(d, dtype, list(shapes)), attrs)
     except ValueError:
         return False
@@ -653,8 +665,13 @@ def case_strategy(
                 data[name] = (_GRID_SCALE[data[d.primary]]
                               if name in scales and data[d.primary] in _GRID_SCALE
                               else draw(st.sampled_from(aux_recipes[name])))
-        free = {k: draw(st.sampled_from([n for n in lengths if lo_ <= n <= hi_] or [lo_]))
-                for k, (lo_, hi_) in sorted(getattr(d, "free_dims", {}).items())}
+        free: dict[str, int] = {}
+        for k, (lo_, hi_) in sorted(getattr(d, "free_dims", {}).items()):
+            sizes = [n for n in lengths if lo_ <= n <= hi_] or [lo_]
+            # A free dim the op ties to the shape (attention's key/value heads divide the
+            # query heads) is drawn among the sizes it accepts.
+            ok = [n for n in sizes if is_valid(d, shape, dtype, attrs, present, {**free, k: n})]
+            free[k] = draw(st.sampled_from(ok or sizes))
         seed = draw(st.integers(0, 2**31 - 1))
         static = draw(st.integers(0, 99)) >= 100 - knobs.p_static
         return Case(d.name, target, dtype, layout, tuple(shape), attrs, present, data, seed, static,
@@ -769,13 +786,10 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     big = [max(3, -(-rows // 3 ** max(rank - 2, 0))) if i == 0 else 3 for i in range(rank)]
     if rank:
         big[-1] = 4 * lanes + min(tail, lanes - 1)
-    # Free named dims (a dense layer's N) likewise: the largest odd length around the vector
-    # width in their range, so a blocked kernel sees whole blocks and a tail.
-    lengths = _lengths(lanes)
-    free = {k: max([n for n in lengths if lo_ <= n <= hi_ and n % 2] or [min(hi_, max(lo_, 8))])
-            for k, (lo_, hi_) in sorted(d.free_dims.items())}
     shape = _repair(d, big, dtype, base_attrs, optional)
+    cell = _cell_index(d, dtype, layout)
     if shape is not None:
+        free = _static_free(d, shape, dtype, base_attrs, optional, lanes, cell)
         data = {d.primary: "domain", **{n: "domain" for n in aux}}
         out.append(Case(d.name, target, dtype, layout, tuple(shape), dict(base_attrs),
                         tuple(optional), data, len(specs), static=True, free=free))
@@ -784,6 +798,7 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
     dec = _repair(d, [1, _DECODE_K], dtype, base_attrs, optional) \
         if d.kind == "dense" and rank == 2 else None
     if dec is not None and dec[0] == 1:
+        free = _static_free(d, shape or dec, dtype, base_attrs, optional, lanes, cell)
         data = {d.primary: "domain", **{n: "domain" for n in aux}}
         out.append(Case(d.name, target, dtype, layout, tuple(dec), dict(base_attrs),
                         tuple(optional), data, len(specs) + 1, static=True, free=free))
@@ -798,14 +813,40 @@ _DECODE_K = 3072
 _STATIC_TAILS = ((1, 0), (3, 1), (7, 3), (15, 7), (2, 5), (5, 2))
 
 
+def _cell_index(d: OpDef, dtype: str, layout: str) -> int:
+    """The cell's place in the op's capability matrix (1 for a cell outside it)."""
+    cells = [(dt, ly) for dt in d.dtypes for ly in d.layouts]
+    return cells.index((dtype, layout)) if (dtype, layout) in cells else 1
+
+
+def _static_free(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any],
+                 present: Sequence[str], lanes: int, cell: int) -> dict[str, int]:
+    """The static corner's free named dims (a dense layer's N): the largest odd length
+    around the vector width in their range, so a blocked kernel sees whole blocks and a tail.
+    A dim the op refuses that length for (attention's key/value heads must divide the query
+    heads) takes the odd lengths it accepts, smallest first, cell by cell: grouped heads in
+    some cells, as many as the queries in others."""
+    lengths = _lengths(lanes)
+    free: dict[str, int] = {}
+    for k, (lo_, hi_) in sorted(d.free_dims.items()):
+        odd = sorted(n for n in lengths if lo_ <= n <= hi_ and n % 2)
+        pick = odd[-1] if odd else min(hi_, max(lo_, 8))
+        if not is_valid(d, shape, dtype, attrs, present, {**free, k: pick}):
+            ok = [n for n in odd if is_valid(d, shape, dtype, attrs, present, {**free, k: n})]
+            if not ok:
+                continue  # the default
+            pick = ok[cell % len(ok)]
+        free[k] = pick
+    return free
+
+
 def _static_tail(d: OpDef, dtype: str, layout: str) -> tuple[int, int]:
     """The static corner's (last-axis remainder, extra rows) for a cell. An op's first cell
     gets round extents (no remainder: the shapes of most models, and the only ones on which
     some rules take their fast path, e.g. softmax's merged exp-and-sum loop); its other cells
     step through ``_STATIC_TAILS`` from a stable per-op offset, so up to six cells see six
     different remainders."""
-    cells = [(dt, ly) for dt in d.dtypes for ly in d.layouts]
-    k = cells.index((dtype, layout)) if (dtype, layout) in cells else 1
+    k = _cell_index(d, dtype, layout)
     if k == 0:
         return 0, 0
     return _STATIC_TAILS[(zlib.crc32(d.name.encode()) + k - 1) % len(_STATIC_TAILS)]

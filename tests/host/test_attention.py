@@ -7,7 +7,8 @@ handling (the padded rows, the epilogue pass over the real columns) is caught by
 The fused op (``opsdk.attention``): torch's ``F.scaled_dot_product_attention`` imports as one
 call where it fits (masks, causal, scale) and as the decomposition where not; the many-query
 schedule (register-tiled blocks of query rows) is chosen for 16 or more static queries and
-for a symbolic query count, and its kernels verify against the float64 reference."""
+for a symbolic query count, and its kernels verify against the float64 reference, with
+grouped key/value heads (fewer than the queries') on both schedules too."""
 
 from __future__ import annotations
 
@@ -248,7 +249,8 @@ def _import_and_run(q_shape, k_shape, kw, mask=None):
     ({"scale": 0.3, "is_causal": True}, None),
     ({"scale": 0.125}, "bool"),                             # BERT's padding mask (B, 1, 1, m)
     ({}, "float"),                                          # an additive (B, 1, n, m) mask
-], ids=["plain", "causal", "bool_mask", "float_mask"])
+    ({"enable_gqa": True, "is_causal": True}, None),        # one k / v head for the 3 of q
+], ids=["plain", "causal", "bool_mask", "float_mask", "grouped"])
 def test_sdpa_imports_as_one_fused_attention_call(kw, mask):
     import torch
 
@@ -256,7 +258,8 @@ def test_sdpa_imports_as_one_fused_attention_call(kw, mask):
     g = torch.Generator().manual_seed(1)
     m = {None: None, "bool": torch.rand(b, 1, 1, n, generator=g) > 0.3,
          "float": -2 * torch.rand(b, 1, n, n, generator=g)}[mask]
-    ops, rules = _import_and_run((b, h, n, d), (b, h, n, d), kw, m)
+    kv = (b, 1 if kw.get("enable_gqa") else h, n, d)
+    ops, rules = _import_and_run((b, h, n, d), kv, kw, m)
     assert ops == {"opsdk.attention": 1}, ops
     assert rules.get("x86.attention") == 1 and "x86.matmul" not in rules, rules
 
@@ -313,6 +316,24 @@ def test_many_query_kernels_verify(layout, shape, m, attrs, present):
     lay = "BHSD" if layout == "BHSD" else "BSHD"
     case = Case("attention", "x86", "float32", layout, shape, {**attrs, "layout": lay},
                 present, {}, 5, static=True, free={"M": m})
+    res = run_case(case)
+    assert res.ok, res.format(tir=False)
+    assert res.rule == "x86.attention"
+
+
+@pytest.mark.parametrize(("layout", "shape", "m", "kv_heads", "present"), [
+    ("causal", (1, 1, 8, 64), 37, 2, ()),        # a Llama decode step: 4 query heads per kv head
+    ("BHSD", (2, 4, 3, 32), 21, 1, ("mask",)),   # decode schedule, one kv head for all
+    ("causal", (1, 20, 4, 16), 29, 2, ("mask",)),  # many-query schedule (a prefill)
+    ("BHSD", (1, 6, 40, 32), 40, 3, ()),         # many-query schedule, BHSD
+], ids=["decode_bshd", "decode_bhsd", "many_bshd", "many_bhsd"])
+def test_grouped_heads_verify_on_both_schedules(layout, shape, m, kv_heads, present):
+    # k / v with fewer heads than q (the declared "Hkv"): against the float64 reference,
+    # which repeats each key / value head for its query heads.
+    lay = "BHSD" if layout == "BHSD" else "BSHD"
+    attrs = {"causal": layout == "causal", "scale": 0.0, "layout": lay}
+    case = Case("attention", "x86", "float32", layout, shape, attrs, present, {}, 7,
+                static=True, free={"M": m, "Hkv": kv_heads})
     res = run_case(case)
     assert res.ok, res.format(tir=False)
     assert res.rule == "x86.attention"

@@ -195,6 +195,22 @@ def test_symbolic_dims_that_may_differ_are_refused(op, build, dim, needle):
         assert relax.BlockBuilder().normalize(build(x, same)).ty.shape is not None
 
 
+@pytest.mark.parametrize(("layout", "q", "kv"), [
+    ("BSHD", (1, 5, 8, 16), lambda h: (1, 7, h, 16)),
+    ("BHSD", (1, 8, 5, 16), lambda h: (1, h, 7, 16)),
+])
+def test_attention_takes_grouped_kv_heads_that_divide_the_query_heads(layout, q, kv):
+    for heads in (8, 2, 1):  # as many as q, grouped, one for all
+        k = _var("k", kv(heads))
+        ty = _infer(opsdk.relax.attention(_var("q", q), k, k, layout=layout))
+        assert [int(d) for d in ty.shape.values] == list(q)
+    k = _var("k", kv(3))
+    _err(lambda: opsdk.relax.attention(_var("q", q), k, k, layout=layout),
+         "opsdk.attention", "argument 'k' has 3 heads", "the 8 heads of 'q'", layout)
+    _err(lambda: opsdk.relax.attention(_var("q", q), _var("k", kv(2)), _var("v", kv(4)),
+                                       layout=layout), "opsdk.attention", "argument 'v'")
+
+
 def test_error_attribute_value_and_type():
     with pytest.raises(
         ValueError, match=r"opsdk\.gelu: argument 'approximate' is 'fast'.*'none', 'tanh'"
