@@ -265,8 +265,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--decode", metavar="MODEL",
-        help="benchmark LLM decode (opsdk generate's models: gpt2, gpt2-medium, gpt2-tiny): "
-        "prefill ms and decode tokens/s of opsdk's int4 / int8 weights against llama.cpp's "
+        help="benchmark LLM decode (a model opsdk generate takes: gpt2, llama-1b, ..., or a "
+        "checkpoint folder): prefill ms, decode tokens/s and peak memory of opsdk's int4 / "
+        "int8 weights (a decoder artifact for this host, as deployed) against llama.cpp's "
         "q4_0 / q8_0 and torch, interleaved rounds (--repeats), --threads threads",
     )
     parser.add_argument(
