@@ -319,6 +319,7 @@ def run_artifact(
         "features": {"needed": need, "device": sorted(have) if have is not None else None,
                      "missing": missing},
         "inputs": "stored" if stored else ("random" if random_inputs else "given"),
+        "kind": m.get("kind", "model"),
         "outputs": outputs,
         "latency": timing,
         "warning": ("emulated timings are not performance: run on the board (--rpc) to "
@@ -344,13 +345,18 @@ def format_run(res: Mapping[str, Any]) -> str:
                     checks.append(f"vs {what}: {tag} {'ok' if v['ok'] else 'OUT OF TOLERANCE'}")
         lines.append(f"  {o['name']} {o['dtype']}{o['shape']}: " + "; ".join(checks))
     lat = res["latency"]
+    # A decoder's weights are in the kernels' form already: uploaded, not transformed.
+    verb = "uploaded" if res.get("kind") == "decoder" else "loaded and transformed"
+    if res.get("kind") == "decoder":
+        lines.append("(the check entry: a fresh KV cache, the prompt's prefill and the decode "
+                     "steps, timed as one call)")
     if lat.get("median_ms") is not None:
         n = lat.get("threads")
         threads = f", {n} thread{'s' if n != 1 else ''}" if n else ""
         lines.append(f"latency: first run {lat['first_ms']:.3f} ms (host wall clock), warm "
                      f"median {lat['median_ms']:.3f} ms over {len(lat['samples_ms'])} runs "
                      f"(timed on the device{threads})"
-                     + (f"; weights loaded and transformed once in {lat['load_ms']:.1f} ms"
+                     + (f"; weights {verb} once in {lat['load_ms']:.1f} ms"
                         if lat.get("load_ms") is not None else ""))
     if res.get("warning"):
         lines.append(f"warning: {res['warning']}")
