@@ -144,6 +144,7 @@ def op(
     output_dtype: Any = None,
     special_values: bool = False,
     dim_multiples: Mapping[int, int] | None = None,
+    weights: Sequence[str] = (),
 ) -> Callable[[Callable[..., te.Tensor]], OpDef]:
     """Declare an op from its TE compute.
 
@@ -211,6 +212,11 @@ def op(
         for that axis up to a multiple of ``m``, so its draws stay valid. ``m`` may be a
         function of the attributes, ``f(attrs) -> int`` (``dense_w8``: 32 with
         ``activations="q8_0"``, else 1).
+    weights
+        Names of the tensor inputs that are compile-time constants in a model (a dense
+        layer's weight matrix, a conv's filter): the schedule rules may pack those at compile
+        time (``layout_free_buffers``), and ``opsdk verify`` builds some cases with them
+        bound as constants (packed cases) as well as at run time.
 
     Returns
     -------
@@ -260,6 +266,7 @@ def op(
         free = _free_dims(opname, free_dims)
         _check_domains(opname, params, dict(domain or {}), dict(attr_domain or {}))
         _check_examples(opname, examples)
+        _check_weights(opname, params, weights)
         attr_names = {p.name for p in params if p.kind == "attr"}
         rules = output_dtype if isinstance(output_dtype, (tuple, list)) else [output_dtype]
         for rule in rules:
@@ -287,6 +294,7 @@ def op(
             special_values=bool(special_values),
             dim_multiples=_dim_multiples(opname, dim_multiples),
             free_dim_defaults={k: v[2] for k, v in free.items() if len(v) == 3},
+            weights=tuple(weights),
         )
         _self_check(d)
         return d
@@ -353,6 +361,14 @@ def _split_dtypes(opname: str, params: Sequence[Param], dtypes: Any
         except ValueError as e:  # a typo: name the op and the argument
             raise OpDefinitionError(f"op {opname!r}: dtypes= {e}") from None
     return per_input, primary_dtypes
+
+
+def _check_weights(opname: str, params: Sequence[Param], weights: Any) -> None:
+    """``weights=``: names of tensor inputs (a string would be read letter by letter)."""
+    tensors = [p.name for p in params if p.kind == "tensor"]
+    if isinstance(weights, (str, bytes)) or any(w not in tensors for w in weights):
+        raise OpDefinitionError(f"op {opname!r}: weights={weights!r} must name tensor inputs "
+                                f"({', '.join(tensors)})")
 
 
 def _check_examples(opname: str, examples: Any) -> None:

@@ -140,6 +140,9 @@ class OpDef:
     # ``f(primary_shape, attrs)`` (attention's key/value heads: the query heads); a dim not
     # here takes 8 within its range (see :meth:`free_defaults`)
     free_dim_defaults: dict[str, Any] = field(default_factory=dict)
+    # tensor inputs that are compile-time constants in a model (see :func:`op`): verify's
+    # packed cases bind them as constants, as a model's weights are
+    weights: tuple[str, ...] = ()
     torch_maps: dict[str, Callable | None] = field(default_factory=dict)
     # ONNX op types -> converter (None: the default one), used by opsdk.frontend.from_onnx
     onnx_maps: dict[str, Callable | None] = field(default_factory=dict)

@@ -150,6 +150,8 @@ def _error(m) -> np.ndarray:
         "activation": list(ACTIVATIONS),
     },
     kind="conv2d",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "bias"),
     examples=[(2, 4, 8, 8)],
 )
 def tvm_conv2d(

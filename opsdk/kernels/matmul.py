@@ -79,6 +79,8 @@ def _error(m) -> np.ndarray:
     # fewer than one vector, several tiles; 67 no vector width divides (its tiles are padded).
     attr_domain={"n": [33, 16, 1, 10, 24, 64, 80, 7, 67], "activation": list(ACTIVATIONS)},
     kind="matmul",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "bias"),
     examples=[(4, 3, 8)],
 )
 def tvm_matmul(

@@ -248,6 +248,8 @@ def _error(m) -> np.ndarray:
         "activation": list(ACTIVATIONS),
     },
     kind="winograd",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "bias"),
     examples=[(2, 8, 8, 4)],
 )
 def tvm_conv2d_winograd(

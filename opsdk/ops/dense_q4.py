@@ -271,6 +271,8 @@ def _check(shapes, dtypes, attrs):
     attr_domain={"activation": list(ACTIVATIONS)},
     layouts={"float32": {"activations": "float32"}, "q8_0": {"activations": "q8_0"}},
     kind="dense",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("qs", "d", "bias"),
     examples=[(4, 64)],
 )
 def dense_q4(

@@ -271,6 +271,8 @@ def _error(m: ModelInput) -> np.ndarray:
     check=lambda shapes, dtypes, attrs: _check(shapes, attrs, "dense_w8"),
     dim_multiples={1: lambda attrs: QBLOCK if attrs.get("activations") == "q8_0" else 1},
     kind="dense",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "w_scale", "bias"),
     examples=[(4, 64)],
 )
 def dense_w8(

@@ -209,6 +209,8 @@ def _epilogue(v, oc, w_scale, x_scale, out_dtype, out_scale, out_zero_point, per
         **QUANT_ATTR_DOMAIN,
     },
     kind="conv2d",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "w_scale", "bias"),
     output_dtype="out_dtype",
     examples=[(1, 4, 5, 6)],
 )

@@ -113,6 +113,8 @@ def _check(shapes, dtypes, attrs):
     },
     attr_domain=QUANT_ATTR_DOMAIN,
     kind="dense",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("w", "w_scale", "bias"),
     output_dtype="out_dtype",
     examples=[(4, 20)],
 )

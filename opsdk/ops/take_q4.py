@@ -99,6 +99,8 @@ error_model(_reference)(exact_model)
     # Not elementwise: the kernel stays whole (a fused neighbour would hide it from the
     # rules that gather from the packed table); "dense": the table is a dense layer's weight.
     kind="dense",
+    # constants in a model: the rules pack them at compile time (verify's packed cases)
+    weights=("qs", "d"),
     output_dtype="float32",
     examples=[(40, 32)],
 )

@@ -1,6 +1,13 @@
 """Verify's builds: one kernel per signature (op, target, dtype, attributes, rank, inputs
 present) with symbolic dims, compiled once and run on every drawn shape, cached for the run,
-with the generic (unscheduled) lowering beside it as the schedule-invariance oracle."""
+with the generic (unscheduled) lowering beside it as the schedule-invariance oracle.
+
+A packed case (``Case.packed``) binds the op's weights as a model does: they are the
+function's trailing parameters past ``num_input``, and the model pipeline's own passes
+(LegalizeOpsDeferred, AttachAttrLayoutFreeBuffers, ScheduleKernels,
+SplitLayoutRewritePreproc) give the rules constant weights to pack in a function of their
+own. A model folds that function at compile time; here the VM runs it before the kernel on
+every call, on the same inputs, so the packing is checked through the kernel's output."""
 
 from __future__ import annotations
 
@@ -22,8 +29,15 @@ from ..registry import builder
 from ..runners.local import host_arch
 from ..schedules import GENERIC, generic_only
 from ..targets import target_arch
-from ..transform import LowerOps
-from ._strategies import Case, _present_shapes, free_defaults, input_dtypes, static_axes
+from ..transform import LegalizeOpsDeferred, LowerOps, ScheduleKernels
+from ._strategies import (
+    Case,
+    _present_shapes,
+    free_defaults,
+    input_dtypes,
+    static_axes,
+    weight_axes,
+)
 
 
 @dataclass
@@ -49,6 +63,8 @@ class _Build:
 
 
 _BUILDS: OrderedDict[tuple, _Build] = OrderedDict()
+#: The suffix SplitLayoutRewritePreproc gives the weight-packing function it splits off.
+_PREPACK = "_weight_prepack"
 _MAX_BUILDS = 256
 
 
@@ -56,18 +72,33 @@ def _build_key(d: OpDef, case: Case, tgt: Any, dims: Sequence[Any],
                present: Sequence[str]) -> tuple:
     dkey = tuple(int(x) if isinstance(x, int) else "?" for x in dims)
     # Free named dims are static in a static build (the size is part of the signature).
-    fkey = tuple(sorted((k, int(v) if case.static else "?")
+    fkey = tuple(sorted((k, int(v) if _static_free(case) else "?")
                         for k, v in _free_sizes(d, case).items()))
     attrs = tuple(sorted((k, repr(v)) for k, v in case.attrs.items()))
-    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey, fkey)
+    return (d.name, id(d), str(tgt), case.dtype, attrs, tuple(present), dkey, fkey,
+            bool(case.packed))
+
+
+def _static_free(case: Case) -> bool:
+    # A model's weights have static shapes: a packed build fixes the free dims they use.
+    return bool(case.static or case.packed)
+
+
+def _weights(d: OpDef, case: Case, present: Sequence[str]) -> list[str]:
+    """The inputs bound as constants in ``case``'s build (none unless it is packed)."""
+    return [w for w in d.weights if w in present] if case.packed else []
 
 
 def _relax_module(d: OpDef, shapes: Mapping[str, tuple], dtype: str,
-                  attrs: Mapping[str, Any]) -> tuple[tvm.IRModule, relax.Var]:
+                  attrs: Mapping[str, Any], weights: Sequence[str] = ()
+                  ) -> tuple[tvm.IRModule, relax.Var]:
+    """``main(inputs...)`` calling the op; with ``weights``, those are the trailing params
+    past ``num_input`` (``shapes`` must list them last), as a model's bound weights are."""
     bb = relax.BlockBuilder()
     dts = input_dtypes(d, dtype, list(shapes))
     params = [relax.Var(n, relax.TensorType(list(s), dts[n])) for n, s in shapes.items()]
-    with bb.function("main", params):
+    fattrs = {"num_input": len(params) - len(weights)} if weights else None
+    with bb.function("main", params, attrs=fattrs):
         with bb.dataflow():
             y = bb.emit(builder(d)(**dict(zip(shapes, params)), **attrs))
             out = bb.emit_output(y)
@@ -75,9 +106,25 @@ def _relax_module(d: OpDef, shapes: Mapping[str, tuple], dtype: str,
     return bb.get(), y
 
 
+def _lower_packed(mod: tvm.IRModule, tgt: Any) -> tvm.IRModule:
+    """The model pipeline's own steps from legalization to the split of the weight packing
+    (:func:`opsdk._pipeline.schedule_passes`, without fusion and folding: one kernel, and
+    weights that stay parameters)."""
+    with tgt:
+        return tvm.transform.Sequential([
+            LegalizeOpsDeferred(tgt),
+            relax.transform.AttachAttrLayoutFreeBuffers(),
+            ScheduleKernels(tgt),
+            relax.transform.SplitLayoutRewritePreproc(),
+        ])(mod)
+
+
 def _prim_of(mod: tvm.IRModule, op_name: str) -> tuple[str, tirx.PrimFunc]:
     for gv, f in mod.functions.items():
-        if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("opsdk.op") == op_name:
+        # SplitLayoutRewritePreproc copies the kernel's attributes to the weight packing it
+        # splits off (a packed build): the kernel is the other function.
+        if (isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("opsdk.op") == op_name
+                and not gv.name_hint.endswith(_PREPACK)):
             return gv.name_hint, f
     raise RuntimeError(f"opsdk.{op_name}: lowering produced no PrimFunc")
 
@@ -90,6 +137,10 @@ def _signature(d: OpDef, case: Case, tgt: Any) -> tuple[tuple, list[Any], list[s
     else:
         fixed = static_axes(d, case.shape, case.dtype, case.attrs, case.present)
     dims = [case.shape[i] if i in fixed else tirx.Var(f"d{i}", "int64") for i in range(rank)]
+    if case.packed and d.weights:
+        # A weight's shape is static in a model: the primary's dims it uses are fixed too.
+        used = weight_axes(d, case.shape, case.attrs, case.present)
+        dims = [case.shape[i] if i in used else v for i, v in enumerate(dims)]
     return _build_key(d, case, tgt, dims, present), dims, present
 
 
@@ -101,7 +152,7 @@ def _free_sizes(d: OpDef, case: Case) -> dict[str, Any]:
 def _free_dims(d: OpDef, case: Case) -> dict[str, Any]:
     """Free named dims of the build: static sizes in a static build, else symbolic."""
     sizes = _free_sizes(d, case)
-    if case.static:
+    if _static_free(case):
         return sizes
     return {k: tirx.Var(f"free_{k}", "int64") for k in sizes}
 
@@ -142,7 +193,7 @@ def _get_builds(d: OpDef, cases: Sequence[Case], tgt: Any, *,
     jobs: dict[tuple, tuple] = {}
     keys = []
     for case in cases:
-        key, dims, _ = _signature(d, case, tgt)
+        key, dims, present = _signature(d, case, tgt)
         keys.append(key)
         want_generic = generic(case) if callable(generic) else generic
         if key in jobs:
@@ -160,8 +211,12 @@ def _get_builds(d: OpDef, cases: Sequence[Case], tgt: Any, *,
         t0 = time.perf_counter()
         free = _free_dims(d, case)
         shapes = _present_shapes(d, dims, case.attrs, case.present, free)
-        mod, y = _relax_module(d, shapes, case.dtype, case.attrs)
-        lowered = LowerOps(tgt)(mod)
+        weights = _weights(d, case, present)
+        if weights:  # the runner passes inputs in this order (b.params)
+            shapes = {**{k: v for k, v in shapes.items() if k not in weights},
+                      **{k: shapes[k] for k in weights}}
+        mod, y = _relax_module(d, shapes, case.dtype, case.attrs, weights)
+        lowered = _lower_packed(mod, tgt) if weights else LowerOps(tgt)(mod)
         prim_name, prim = _prim_of(lowered, d.name)
         tys = list(y.ty.fields) if isinstance(y.ty, relax.TupleType) else [y.ty]
         outs = [(list(t.shape.values) if t.shape is not None else [], str(t.dtype))

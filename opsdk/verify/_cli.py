@@ -326,6 +326,10 @@ def _check_case_fields(case: Any, d: Any) -> None:
                             f"copy; keep a case under {_MAX_CASE_BYTES // 2**30} GiB")
     if not isinstance(case.static, bool):  # "no" is truthy: it compiled static silently
         problems.append(f"static {case.static!r} is not true or false")
+    if not isinstance(case.packed, bool):
+        problems.append(f"packed {case.packed!r} is not true or false")
+    elif case.packed and not d.weights:  # else it ran with runtime inputs, as unpacked
+        problems.append("packed: the op declares no weights (weights= in @opsdk.op)")
     free_dims = getattr(d, "free_dims", {})
     for k, v in case.free.items():  # an unknown name was ignored: the default size ran
         if k not in free_dims:

@@ -107,6 +107,9 @@ class Case:
     seed: int = 0
     static: bool = False  # compile with every dim static (else symbolic dims)
     free: dict[str, int] = field(default_factory=dict)  # sizes of free named dims ("N")
+    # the op's weights (``OpDef.weights``) bound as constants, as in a model: the rules pack
+    # them in a function of their own, which a model folds at compile time
+    packed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -452,6 +455,26 @@ def static_axes(d: OpDef, shape: Sequence[int], dtype: str, attrs: Mapping[str, 
                                tuple(int(s) for s in shape))
 
 
+def weight_axes(d: OpDef, shape: Sequence[Any], attrs: Mapping[str, Any],
+                present: Sequence[str]) -> tuple[int, ...]:
+    """Axes of the primary input that the shapes of the op's weights (``d.weights``) use:
+    static in a packed build, as a model's weights are (a matmul's K, a batched weight's
+    batch dims, the rows of a ``take_q4`` table)."""
+    free = free_defaults(d, shape, attrs)
+    out = []
+    for i in range(len(shape)):  # one axis symbolic at a time: an op may refuse several
+        v = tirx.Var(f"d{i}", "int64")
+        try:
+            shapes = _present_shapes(d, [*shape[:i], v, *shape[i + 1:]], attrs, present, free)
+        except ValueError:
+            continue  # it must be static anyway (static_axes)
+        if any(v.same_as(u) for w in d.weights if w in shapes for e in shapes[w]
+               if not isinstance(e, int)
+               for u in tirx.analysis.undefined_vars(tirx.const(0, "int64") + e)):
+            out.append(i)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class LogAttr:
     """A float attribute drawn log-uniformly from ``dom``; ``first`` is its common value
@@ -567,6 +590,7 @@ class StrategyKnobs:
     p_common: int = 70  # percent of examples with the common signature (see case_strategy)
     p_long: int = 12  # percent of examples with one long axis
     p_static: int = 5  # percent compiled with static dims (exercises the vector code path)
+    p_packed: int = 15  # percent of an op with weights built with them constant (packed)
     max_extra_rank: int = 3  # ranks drawn from [lo, lo + max_extra_rank]
 
 
@@ -633,6 +657,12 @@ def case_strategy(
         if probe is None:
             reject()
         fixed = static_axes(d, probe, dtype, attrs, present)
+        # Drawn only for ops with weights, so other ops' draws stay as they were. A packed
+        # build has static weights: the dims they use are drawn like static ones (a few
+        # values, each a compile), not like the symbolic dims every shape may vary.
+        packed = bool(d.weights) and draw(st.integers(0, 99)) >= 100 - knobs.p_packed
+        if packed:
+            fixed = tuple(sorted({*fixed, *weight_axes(d, probe, attrs, present)}))
         shape: list[int] = []
         for _ in range(4):  # redraw shapes the op refuses (e.g. groups must divide channels)
             long_draw = draw(st.integers(0, 99)) >= 100 - knobs.p_long
@@ -671,11 +701,12 @@ def case_strategy(
             # A free dim the op ties to the shape (attention's key/value heads divide the
             # query heads) is drawn among the sizes it accepts.
             ok = [n for n in sizes if is_valid(d, shape, dtype, attrs, present, {**free, k: n})]
-            free[k] = draw(st.sampled_from(ok or sizes))
+            # static in a packed build: two sizes (each a compile) rather than every one
+            free[k] = draw(st.sampled_from((ok or sizes)[:2] if packed else ok or sizes))
         seed = draw(st.integers(0, 2**31 - 1))
         static = draw(st.integers(0, 99)) >= 100 - knobs.p_static
         return Case(d.name, target, dtype, layout, tuple(shape), attrs, present, data, seed, static,
-                    free)
+                    free, packed)
 
     return draw_case()
 
@@ -776,6 +807,15 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         c = Case(d.name, target, dtype, layout, tuple(shape), dict(attrs), tuple(present), data, k)
         if c not in out:
             out.append(c)
+    # An op with weights: them constant, as in a model, so every cell builds the rules'
+    # compile-time packing at least once (one more compile). The largest attributes (a
+    # matmul's 80 output features: several packed tiles, where 16 packs to a mere reshape)
+    # with every optional input present (a bias is a weight too).
+    packed = _repair(d, shape_of(lanes + 1, 3), dtype, big_attrs, optional)
+    if d.weights and packed is not None:
+        data = {d.primary: "domain", **{n: "domain" for n in aux}}
+        out.append(Case(d.name, target, dtype, layout, tuple(packed), dict(big_attrs),
+                        optional, data, len(specs) + 2, packed=True))
     # Static dims, as in a model with fixed shapes, and big enough (32 rows, 4 vectors) that a
     # schedule applies everything it claims: also the build the lints inspect. The
     # remainders left by the vector width and the rules' row tiles differ from cell to cell

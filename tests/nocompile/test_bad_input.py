@@ -128,6 +128,7 @@ def test_missing_entry_function_is_named(tmp_path, capsys):
     ("case", "needle"),
     [
         ({"static": "no"}, "static 'no' is not true or false"),
+        ({"packed": True}, "packed: the op declares no weights"),
         ({"op": "qdense", "dtype": "int8", "layout": "int8_per_channel", "free": {"ZZ": 4}},
          "free dim 'ZZ' is not one of the op's free dims (N)"),
         ({"op": "qdense", "dtype": "int8", "layout": "int8_per_channel", "free": {"N": 999}},

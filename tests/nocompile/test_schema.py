@@ -297,6 +297,20 @@ def test_definition_schema_errors():
             return te.compute(x.shape, lambda *i: x(*i, 0), name="y")
 
 
+def test_weights_are_declared_by_name_in_the_ops_own_file():
+    # The ops whose rules pack constant weights at compile time name them (verify's packed
+    # cases bind those as a model does).
+    assert opsdk.get_op("dense_q4").weights == ("qs", "d", "bias")
+    assert opsdk.get_op("qdense").weights == ("w", "w_scale", "bias")
+    assert opsdk.get_op("gelu").weights == ()
+    for bad in ("w", ("x", "nope")):  # a string would be read letter by letter
+        with pytest.raises(OpDefinitionError, match=r"op 'bad_weights': weights=.* tensor"):
+
+            @opsdk.op(reference=lambda x: x, weights=bad)
+            def bad_weights(x: Tensor) -> te.Tensor:
+                return te.compute(x.shape, lambda *i: x(*i), name="y")
+
+
 def test_consistent_declared_type_is_accepted_and_used():
     calls = []
 
