@@ -3,6 +3,11 @@ float, torch eager float, torch dynamic int8 (``quantize_dynamic`` of the Linear
 onnxruntime static int8 (``quantize_static``, QDQ, per-channel weights, on the same
 calibration data), interleaved in one process with the same thread count; plus each int8
 model's agreement with the float model.
+
+onnxruntime runs twice: with its default int8 activations (S8S8) and with uint8 activations
+(U8S8). Which is faster depends on the model and the CPU: on MobileBERT (x86 with VNNI) the
+S8S8 model left about half its MatMuls float, dequantizing their weights on every call, and
+ran about 3x slower than U8S8, so either alone could flatter opsdk (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ from ._timing import Timer, ort_session, py_step, setup_threads
 __all__ = ["run_int8_bench"]
 
 
+#: onnxruntime candidates: name -> the activation type of its ``quantize_static``.
+ORT_INT8 = {"onnxruntime_static_int8": "QInt8", "onnxruntime_static_u8s8": "QUInt8"}
+
+
 def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
-                     calibration: Sequence[Sequence[np.ndarray]]) -> bytes:
+                     calibration: Sequence[Sequence[np.ndarray]],
+                     activations: str = "QInt8") -> bytes:
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -49,7 +59,7 @@ def _ort_static_int8(onnx_bytes: bytes, names: Sequence[str],
             with open(src, "wb") as f:
                 f.write(onnx_bytes)
             quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=True, activation_type=QuantType.QInt8,
+                            per_channel=True, activation_type=QuantType[activations],
                             weight_type=QuantType.QInt8)
             with open(dst, "rb") as f:
                 return f.read()
@@ -91,8 +101,10 @@ def run_int8_bench(
         targs = tuple(torch.from_numpy(a) for a in inputs)
 
         def first(o: Any) -> np.ndarray:
-            while isinstance(o, (tuple, list)):
-                o = o[0]
+            # The first tensor, as opsdk's import returns it (a transformers ModelOutput is
+            # a dataclass of tensors: its tuple).
+            while isinstance(o, (tuple, list)) or hasattr(o, "to_tuple"):
+                o = o.to_tuple()[0] if hasattr(o, "to_tuple") else o[0]
             return o.detach().numpy()
 
         with torch.no_grad():
@@ -103,18 +115,19 @@ def run_int8_bench(
                                                              dtype=torch.qint8)
             outs["torch_dynamic_int8"] = first(dyn(*targs))
             timers["torch_dynamic_int8"] = Timer(py_step(lambda: dyn(*targs)))
-    if loaded.onnx is not None:
+    for cand, act in ORT_INT8.items():
+        if loaded.onnx is None:
+            notes[cand] = loaded.onnx_error or "no ONNX export"
+            continue
         try:
             sess_names = [i.name for i in ort_session(loaded.onnx, n).get_inputs()]
-            q = _ort_static_int8(loaded.onnx, sess_names, calibration)
+            q = _ort_static_int8(loaded.onnx, sess_names, calibration, act)
             sess = ort_session(q, n)
             feed = dict(zip(sess_names, inputs))
-            outs["onnxruntime_static_int8"] = sess.run(None, feed)[0]
-            timers["onnxruntime_static_int8"] = Timer(py_step(lambda: sess.run(None, feed)))
+            outs[cand] = sess.run(None, feed)[0]
+            timers[cand] = Timer(py_step(lambda sess=sess, feed=feed: sess.run(None, feed)))
         except Exception as e:  # an op quantize_static cannot handle: say so in the report
-            notes["onnxruntime_static_int8"] = f"{type(e).__name__}: {str(e)[:200]}"
-    else:
-        notes["onnxruntime_static_int8"] = loaded.onnx_error or "no ONNX export"
+            notes[cand] = f"{type(e).__name__}: {str(e)[:200]}"
     with torch.no_grad():
         _interleave(timers, repeats, budget_ms / 1e3)
     ref = outs["opsdk_float"]

@@ -69,6 +69,17 @@ def _bert() -> tuple[Any, tuple]:
     return BertModel(cfg).eval(), (torch.randint(0, cfg.vocab_size, (1, 128)),)
 
 
+def _mobilebert() -> tuple[Any, tuple]:
+    import torch  # heavy: torch
+    from transformers import MobileBertConfig, MobileBertModel  # heavy: transformers
+
+    torch.manual_seed(0)
+    # MobileBERT's default config: 24 layers, width 512 with 128-wide bottlenecks, 4 heads,
+    # 4 stacked FFNs of 512, NoNorm (an elementwise affine) instead of LayerNorm.
+    cfg = MobileBertConfig()
+    return MobileBertModel(cfg).eval(), (torch.randint(0, cfg.vocab_size, (1, 128)),)
+
+
 def _gpt2() -> tuple[Any, tuple]:
     import torch  # heavy: torch
     from transformers import GPT2Config, GPT2LMHeadModel  # heavy: transformers
@@ -93,6 +104,9 @@ _ENTRIES = (
     ZooModel("deit_small", "timm deit_small_patch16_224 (ViT-S/16, 197 tokens)",
              _timm("deit_small_patch16_224", 224), ("timm",)),
     ZooModel("bert_small", "transformers BertModel, L=4 H=512 A=8, 128 tokens", _bert,
+             ("transformers",)),
+    ZooModel("mobilebert", "transformers MobileBertModel, default config (24 layers, width 512, "
+             "128 bottleneck, 4 heads, 4 FFNs, NoNorm), 128 tokens", _mobilebert,
              ("transformers",)),
     ZooModel("gpt2_prefill", "transformers GPT2LMHeadModel, 4 layers, width 512, 50257 vocab, "
              "64-token prefill", _gpt2, ("transformers",)),

@@ -25,9 +25,12 @@ def _usage(msg: str) -> Exception:
 
 def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk quantize``."""
-    s.add_argument("model", type=model_file,
+    s.add_argument("model", type=model_file, nargs="?",
                    help="a Python file with a build_model() entry (like the "
-                   "examples), a .pt2 file or an .onnx file")
+                   "examples), a .pt2 file or an .onnx file (or use --zoo)")
+    s.add_argument("--zoo", metavar="MODEL",
+                   help="quantize a model of bench --zoo instead of a file (random weights, "
+                   "no downloads; see bench --zoo list)")
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--model-arg", action="append", metavar="NAME=VALUE",
                    help="keyword argument of the entry function (default: DEFAULT_ARGS)")
@@ -52,7 +55,8 @@ def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
                    "RMSE exceeds T (a fraction, e.g. 0.02) in float")
     s.add_argument("--bench", action="store_true",
                    help="also time int8 vs opsdk float, torch float, torch dynamic int8 and "
-                   "onnxruntime static int8 (interleaved, same threads)")
+                   "onnxruntime static int8 with int8 and with uint8 activations "
+                   "(interleaved, same threads)")
     s.add_argument("--repeats", type=positive_int, default=11)
     s.add_argument("--threads", type=positive_int, help="threads for every runtime")
     s.add_argument("--json", metavar="PATH", type=output_path, help="write the report as JSON")
@@ -62,9 +66,13 @@ def add_quantize_arguments(s: argparse.ArgumentParser) -> None:
 
 def _random_batches(inputs: Sequence[np.ndarray], n: int, seed: int = 1
                     ) -> Iterator[list[np.ndarray]]:
+    """``n`` random samples shaped like ``inputs``: standard normal for float inputs; an
+    integer input (token ids, indices) draws from the example's own values, the only ones
+    known to be valid (a rounded normal would index embeddings at -1)."""
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        yield [rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
+        yield [rng.choice(a.ravel(), a.shape) if a.dtype.kind in "iub" else
+               rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
 
 
 def _npz_batches(path: str, names: Sequence[str], inputs: Sequence[np.ndarray]
@@ -140,12 +148,28 @@ def _plot(rows: Sequence[dict[str, Any]], keep: Sequence[str], path: str) -> Non
     write_bytes_atomic(path, buf.getvalue())
 
 
+def _load_zoo(name: str, *, baselines: bool) -> Any:
+    """The zoo model ``name`` imported as :func:`opsdk.model.load_model` imports a file
+    (ValueError for an unknown name, ImportError when its package is missing)."""
+    from ..bench import ZOO  # heavy: TVM
+    from ..model import LoadedModel  # heavy: TVM
+
+    if name not in ZOO:
+        raise ValueError(f"no zoo model {name!r}; choose from {', '.join(ZOO)}")
+    module, example = ZOO[name].build()
+    return LoadedModel.from_torch(name, module, tuple(example), baselines=baselines)
+
+
 def run_quantize_command(args: argparse.Namespace) -> int:
     """``opsdk quantize``: exit 0 when quantized, 2 on a usage error."""
     from ..bench import setup_threads  # heavy: TVM
     from ..model import compile_model, load_model, parse_entry_args  # heavy: TVM
 
-    spec = args.model
+    if (args.model is None) == (args.zoo is None):
+        raise _usage("name one model: a MODEL file or --zoo MODEL")
+    if args.zoo is not None and (args.model_arg or args.entry != "build_model"):
+        raise _usage("--entry and --model-arg go with a MODEL file, not --zoo")
+    spec = args.model or args.zoo
     mp: int | float | None = None
     if args.mixed_precision is not None:
         try:
@@ -160,9 +184,12 @@ def run_quantize_command(args: argparse.Namespace) -> int:
     # threads, as the benchmark reports.
     setup_threads(args.threads)
     try:
-        entry_args = parse_entry_args(args.model_arg)
-        loaded = load_model(spec, entry=args.entry, entry_args=entry_args,
-                            baselines=args.bench)
+        if args.zoo is not None:
+            loaded = _load_zoo(args.zoo, baselines=args.bench)
+        else:
+            entry_args = parse_entry_args(args.model_arg)
+            loaded = load_model(spec, entry=args.entry, entry_args=entry_args,
+                                baselines=args.bench)
     except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
         raise _usage(f"cannot load model {spec!r}: {e}") from None
     names = [str(p.name) for p in loaded.opsdk_mod["main"].params]

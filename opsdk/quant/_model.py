@@ -3,10 +3,11 @@
 The float model's dense layers with a constant weight (``matmul(x, W)``, optionally with its
 bias ``+ b`` or an ``opsdk.bias_gelu(., b)`` after it) become ``quantize -> qdense`` with the
 bias folded into the int32 accumulator and a float32 output (GELU stays float after it).
-Its 2-D convolutions with a constant weight (``conv2d(x, W)``, groups 1, symmetric padding,
-equal strides, no dilation; optionally ``+ b`` per channel, as left by BatchNorm folding)
-become ``quantize -> qconv2d`` the same way; depthwise convs stay float for now (no
-scheduled int8 depthwise kernel yet).
+Its 2-D convolutions with a constant weight (``conv2d(x, W)``, groups 1 or depthwise,
+symmetric padding, equal strides, no dilation; optionally ``+ b`` per channel, as left by
+BatchNorm folding) become ``quantize -> qconv2d`` the same way. A layer that only feeds
+another, directly or through ReLU / ReLU6 clamps, outputs int8 in that layer's input
+parameters instead (``_chains``).
 Activation ranges come from calibration inputs streamed through the float model once (each
 layer's input is kept as exact min/max plus a bounded random sample for percentile / MSE);
 weights are symmetric int8 per channel or per tensor. Layers that should stay float
@@ -177,18 +178,20 @@ def _clamp_step(val: Any, bindings: dict[Any, Any]) -> tuple[Any, float, float] 
 
 def _chains(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig
             ) -> dict[str, tuple[QuantSite, list[Any]]]:
-    """Consumer conv site name -> (producer conv site, the clamp vars between) for int8
-    chains: the producer's only use is the consumer's input, directly or through ReLU /
-    ReLU6 clamps that nothing else reads. The producer then requantizes straight to the
-    consumer's input parameters and the consumer's quantize disappears; the clamps fold into
-    the saturation, which is exact when the int8 range lies inside the clamp's (a zero point
-    of -128 for a ReLU; also ``127`` at or under 6 for a ReLU6). Otherwise no chain."""
+    """Consumer site name -> (producer site, the clamp vars between) for int8 chains of
+    convs and dense layers: the producer's only use is the consumer's input, directly or
+    through ReLU / ReLU6 clamps that nothing else reads. The producer then requantizes
+    straight to the consumer's input parameters and the consumer's quantize disappears; the
+    clamps fold into the saturation, which is exact when the int8 range lies inside the
+    clamp's (a zero point of -128 for a ReLU; also ``127`` at or under 6 for a ReLU6).
+    Otherwise no chain. A producer with a GELU after it (``bias_gelu``) has no chain: the
+    GELU is not a saturation."""
     bindings, users, _ = _graph(mod["main"])
     quant = [s for s in sites if s.name not in cfg.keep_float]
-    by_root = {s.root: s for s in quant if s.conv}
+    by_root = {s.root: s for s in quant if not s.gelu}
     out = {}
     for t in quant:
-        if not t.conv or t.act is None or t.act.dtype != "int8":
+        if t.act is None or t.act.dtype != "int8":
             continue
         src, lo, hi, between = t.x, -float("inf"), float("inf"), []
         while (step := _clamp_step(bindings.get(src), bindings)) is not None:
@@ -574,13 +577,14 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
                     relax.op.reshape(y2, [*shape[:-1], tirx.IntImm("int64", n)]))
                 self.set_var_remap(binding.var, new)
                 return
-            xq = self.builder_.emit(ops.quantize(
+            xq = x2 if s.name in chains else self.builder_.emit(ops.quantize(
                 x2, relax.const(np.array([act.scale], "float32")),
                 relax.const(np.array([act.zero_point], "int32")), out_dtype=act.dtype))
+            out = to_int8.get(s.name)
+            attrs = q.qdense_attrs("int8", out) if out is not None else q.qdense_attrs()
             y2 = self.builder_.emit(ops.qdense(
                 xq, relax.const(q.w_q), relax.const(q.w_scale), relax.const(q.bias_q),
-                x_scale=float(act.scale), x_zero_point=int(act.zero_point),
-                out_dtype="float32", per_channel=q.per_channel))
+                **attrs))
             y = relax.op.reshape(y2, [*shape[:-1], tirx.IntImm("int64", n)])
             if s.gelu:
                 y = ops.gelu(self.builder_.emit(y))

@@ -56,6 +56,22 @@ def build_model():
     return GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 256, (1, 16)),)
 """
 
+# MobileBERT's structure (the zoo's `mobilebert` is its default config): NoNorm, 128-wide
+# bottlenecks, stacked ReLU feed-forward networks, trigram embeddings; tiny here.
+MOBILEBERT = """\
+import torch
+from transformers import MobileBertConfig, MobileBertModel
+
+
+def build_model():
+    torch.manual_seed(0)
+    cfg = MobileBertConfig(vocab_size=256, hidden_size=64, embedding_size=32,
+                           intra_bottleneck_size=32, true_hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=64,
+                           num_feedforward_networks=2, max_position_embeddings=32)
+    return MobileBertModel(cfg).eval(), (torch.randint(0, 256, (1, 16)),)
+"""
+
 
 def _outputs(value) -> list:
     if isinstance(value, torch.Tensor):
@@ -86,3 +102,25 @@ def test_zoo_model_compiles_and_matches_torch(tmp_path, name, source, n_out):
         assert g.shape == r.shape
         check = within_tolerance(g, r)
         assert check["ok"], check
+
+
+
+def test_mobilebert_shaped_encoder_quantizes(tmp_path):
+    # Token ids calibrate on draws from the example's (a rounded normal would index the
+    # embeddings at -1); every dense layer becomes int8, each ReLU FFN one int8 chain.
+    from opsdk.quant import agreement, quantize_model
+    from opsdk.quant._cli import _random_batches
+    from opsdk.transform import op_counts
+
+    path = tmp_path / "mobilebert_tiny.py"
+    path.write_text(MOBILEBERT)
+    m = load_model(str(path), baselines=False)
+    qm = quantize_model(m.opsdk_mod, _random_batches(m.inputs, 4))
+    counts = op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.qdense"] == len(qm.sites)
+    assert counts["opsdk.quantize"] == len(qm.sites) - 2  # the layer's 2 FFNs chain
+    vm = relax.VirtualMachine(compile_model(qm.mod, "x86", cache=False).ex, tvm.cpu())
+    got = _outputs(vm["main"](*[tvm.runtime.tensor(a) for a in m.inputs]))[0]
+    with torch.no_grad():
+        ref = _outputs(m.torch_module(*m.torch_args))[0]
+    assert agreement(got, ref)["rel_rmse"] < 0.05

@@ -96,6 +96,36 @@ def test_one_layer_is_bit_exact_with_the_qdense_reference():
 
 
 
+def test_dense_relu_dense_chain_is_bit_exact():
+    # A ReLU FFN (MobileBERT's): fc1 requantizes straight to fc2's input parameters (zero
+    # point -128: saturation is the ReLU), so fc2 has no quantize of its own.
+    from opsdk.ops.qdense import _reference as qdense_ref
+
+    rng = np.random.default_rng(0)
+    w1, b1 = rng.standard_normal((24, 48)).astype("float32"), rng.standard_normal(48)
+    w2 = rng.standard_normal((48, 16)).astype("float32")
+    x = relax.Var("x", relax.TensorType((2, 5, 24), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w1)))
+            y = bb.emit(relax.op.add(y, relax.const(b1.astype("float32"))))
+            y = bb.emit(relax.op.nn.relu(y))
+            y = bb.emit_output(relax.op.matmul(y, relax.const(w2)))
+        bb.emit_func_output(y)
+    data = [rng.standard_normal((2, 5, 24)).astype("float32") for _ in range(3)]
+    qm = quantize_model(bb.get(), data)
+    s1, s2 = qm.sites
+    assert s2.act.zero_point == -128
+    counts = opsdk.transform.op_counts(qm.mod, "opsdk.")
+    assert counts["opsdk.qdense"] == 2 and counts["opsdk.quantize"] == 1
+    q1 = quantize_dense(w1.T, b1.astype("float32"), s1.act)
+    mid = q1.run(data[0].reshape(10, 24), out_dtype="int8", out=s2.act)
+    q2 = quantize_dense(w2.T, None, s2.act)
+    want = qdense_ref(mid, q2.w_q, q2.w_scale, q2.bias_q, **q2.qdense_attrs())
+    assert np.array_equal(_run(qm.mod, [data[0]]), want.reshape(2, 5, 16))
+
+
 def _conv_model(w1, b1, w2=None):
     """conv(+bias) NCHW, and with ``w2`` a ReLU and a second conv after it."""
     x = relax.Var("x", relax.TensorType((2, w1.shape[1], 9, 11), "float32"))

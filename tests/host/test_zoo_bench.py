@@ -21,6 +21,7 @@ REQUIRED = {
     "ConvNeXt-Tiny": ("convnext_tiny", ("timm",)),
     "DeiT-Small": ("deit_small", ("timm",)),
     "BERT encoder": ("bert_small", ("transformers",)),
+    "MobileBERT encoder": ("mobilebert", ("transformers",)),
     "GPT-2 prefill": ("gpt2_prefill", ("transformers",)),
     "YOLOv8 detector": ("yolov8n", ()),
     "UNet": ("unet", ()),

@@ -213,6 +213,10 @@ BAD_ARGUMENTS = [
     (["drift", "m.py", "--json", "/nonexistent/d.json"], "its directory does not exist"),
     (["quantize", __file__, "--json", "q.out", "--plot", "q.out"],  # any .py that exists
      "--json and --plot name the"),
+    (["quantize"], "name one model: a MODEL file or --zoo MODEL"),
+    (["quantize", __file__, "--zoo", "mobilebert"], "name one model"),
+    (["quantize", "--zoo", "mobilebert", "--model-arg", "n=1"], "go with a MODEL file"),
+    (["quantize", "--zoo", "nosuch"], "no zoo model 'nosuch'; choose from"),
     (["bench", "gelux"], "error: no opsdk op named 'gelux'"),  # not the KeyError's quotes
     (["bench", "gelu", "--json", "r.out", "--plot", "./r.out"], "--json and --plot name the same"),
     (["drift", "m.py", "--max-rel", "nan"], "--max-rel: must be a finite number >= 0"),
