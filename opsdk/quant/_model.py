@@ -537,6 +537,9 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
     to_int8 = {p.name: by_name[t].act for t, (p, _) in chains.items()}
     clamps = {v for _, between in chains.values() for v in between}
     bindings, _, _ = _graph(mod["main"])
+    # A chained consumer's input is int8 now: the float ops between it and the consumer's
+    # root (a matmul before its bias add) are dead, and must not be emitted on int8.
+    dead = {by_name[t].x for t in chains}
 
     @relax.expr_functor.mutator
     class _Quantize(relax.PyExprMutator):
@@ -544,6 +547,10 @@ def _rewrite(mod: Any, sites: Sequence[QuantSite], cfg: QuantConfig) -> Any:
             if binding.var in clamps:  # folded into the producer's saturation
                 step = _clamp_step(bindings[binding.var], bindings)
                 self.set_var_remap(binding.var, self.visit_expr(step[0]))
+                return
+            if binding.var not in todo and any(
+                    v in dead for v in relax.analysis.free_vars(binding.value)):
+                dead.add(binding.var)
                 return
             s = todo.get(binding.var)
             if s is None:

@@ -96,14 +96,18 @@ def test_one_layer_is_bit_exact_with_the_qdense_reference():
 
 
 
-def test_dense_relu_dense_chain_is_bit_exact():
+@pytest.mark.parametrize("fc2_bias", [False, True])
+def test_dense_relu_dense_chain_is_bit_exact(fc2_bias):
     # A ReLU FFN (MobileBERT's): fc1 requantizes straight to fc2's input parameters (zero
-    # point -128: saturation is the ReLU), so fc2 has no quantize of its own.
+    # point -128: saturation is the ReLU), so fc2 has no quantize of its own. With a bias
+    # fc2's matmul is not its root (the add is): the float matmul of the now int8 input
+    # must not be emitted (it failed to type).
     from opsdk.ops.qdense import _reference as qdense_ref
 
     rng = np.random.default_rng(0)
     w1, b1 = rng.standard_normal((24, 48)).astype("float32"), rng.standard_normal(48)
     w2 = rng.standard_normal((48, 16)).astype("float32")
+    b2 = rng.standard_normal(16).astype("float32") if fc2_bias else None
     x = relax.Var("x", relax.TensorType((2, 5, 24), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -111,7 +115,10 @@ def test_dense_relu_dense_chain_is_bit_exact():
             y = bb.emit(relax.op.matmul(x, relax.const(w1)))
             y = bb.emit(relax.op.add(y, relax.const(b1.astype("float32"))))
             y = bb.emit(relax.op.nn.relu(y))
-            y = bb.emit_output(relax.op.matmul(y, relax.const(w2)))
+            y = bb.emit(relax.op.matmul(y, relax.const(w2)))
+            if b2 is not None:
+                y = bb.emit(relax.op.add(y, relax.const(b2)))
+            y = bb.emit_output(y)
         bb.emit_func_output(y)
     data = [rng.standard_normal((2, 5, 24)).astype("float32") for _ in range(3)]
     qm = quantize_model(bb.get(), data)
@@ -121,7 +128,7 @@ def test_dense_relu_dense_chain_is_bit_exact():
     assert counts["opsdk.qdense"] == 2 and counts["opsdk.quantize"] == 1
     q1 = quantize_dense(w1.T, b1.astype("float32"), s1.act)
     mid = q1.run(data[0].reshape(10, 24), out_dtype="int8", out=s2.act)
-    q2 = quantize_dense(w2.T, None, s2.act)
+    q2 = quantize_dense(w2.T, b2, s2.act)
     want = qdense_ref(mid, q2.w_q, q2.w_scale, q2.bias_q, **q2.qdense_attrs())
     assert np.array_equal(_run(qm.mod, [data[0]]), want.reshape(2, 5, 16))
 
