@@ -156,10 +156,12 @@ class _Torch:
 
 def _peak_rss_child(folder: Path, prompt: list[int], steps: list[int]) -> float | None:
     """Peak resident memory growth (MiB) of loading the decoder artifact ``folder`` and
-    running it, in a fresh process (the build's own memory excluded)."""
+    running it, in a fresh process (the build's own memory and the import of opsdk's code
+    excluded, as llama.cpp's import is for its figure)."""
     code = (
         "import json, sys\n"
         "from opsdk.deploy import load_decoder\n"
+        "from opsdk.llm import Decoder\n"  # the runtime's code, imported before the baseline
         "from opsdk.bench._llamacpp import _vm_hwm_kib\n"
         "a = json.loads(sys.argv[1])\n"
         "h0 = _vm_hwm_kib()\n"

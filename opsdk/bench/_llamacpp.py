@@ -477,6 +477,8 @@ def _last_logits(llm: Any) -> np.ndarray:
 def _bench_in_process(gguf_path: str, prompt_ids: list[int], n_decode: int,
                       decode_ids: list[int] | None, threads: int, repeats: int,
                       kv_type: str, flash_attn: bool) -> dict[str, Any]:
+    import llama_cpp  # noqa: F401  # heavy: llama_cpp (its code is not the model's memory)
+
     hwm0 = _vm_hwm_kib()
     t0 = time.perf_counter()
     llm = _open(gguf_path, len(prompt_ids) + n_decode + 8, max(len(prompt_ids), 1), threads,
