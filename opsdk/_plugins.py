@@ -17,27 +17,9 @@ from ._userfile import import_user_module, user_code
 from .ops import BUILTIN_OPS
 from .registry import register
 
-__all__ = ["import_beside", "load_plugins", "loaded_modules", "ops_of"]
+__all__ = ["import_beside", "load_plugins", "ops_of"]
 
 ENTRY_POINT_GROUP = "opsdk.ops"
-
-# The modules load_plugins imported by name, in order: a reproducer replays them (a plug-in
-# rule module registers rules and may list no op at all).
-_LOADED: list[str] = []
-
-
-def loaded_modules() -> tuple[str, ...]:
-    """The modules :func:`load_plugins` imported by name in this process (``opsdk verify
-    --module``), in order; opsdk's own are left out.
-
-    Examples
-    --------
-    >>> import opsdk
-    >>> _ = opsdk.load_plugins(["opsdk.ops"])
-    >>> "opsdk.ops" in loaded_modules()
-    False
-    """
-    return tuple(_LOADED)
 
 
 def ops_of(obj: object, where: str) -> list[OpDef]:
@@ -79,8 +61,6 @@ def load_plugins(modules: Iterable[str] | None = None, *, entry_points: bool = T
 
     for name in modules or ():
         mod = import_user_module(name)
-        if not name.startswith("opsdk.") and name not in _LOADED:
-            _LOADED.append(name)
         if name == "opsdk.ops":
             items = list(mod.BUILTIN_OPS)
         else:

@@ -22,7 +22,7 @@ from .._files import write_text_atomic
 from .._userfile import UserCodeError
 from ..runners import RunnerUnavailable
 from ._engine import _runner_for, run_case, verify
-from ._report import VerifyReport
+from ._report import VerifyReport, run_modules
 from ._strategies import GRID_RECIPES, INT_AUX_RECIPES, RECIPES, SPECIAL_RECIPES, Case, cell_dtypes
 
 __all__ = ["add_verify_arguments", "run_verify_command"]
@@ -184,7 +184,11 @@ def run_verify_command(args: argparse.Namespace) -> int:
     >>> run_verify_command(p.parse_args(["no_such_op", "--quiet"]))
     2
     """
+    with run_modules(args.module):  # a failure's reproducer loads them again
+        return _run_verify(args)
 
+
+def _run_verify(args: argparse.Namespace) -> int:
     try:
         defs, tname, dtypes, layouts = _check_usage(args)
         if args.case:

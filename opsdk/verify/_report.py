@@ -3,14 +3,16 @@ JUnit XML and the summary table."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from .._plugins import loaded_modules
 from ._strategies import Case
 
 __all__ = ["CaseResult", "CellResult", "LintResult", "RefusalResult", "VerifyReport"]
@@ -363,14 +365,43 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# The modules an ``opsdk verify --module M`` run loaded (plug-in ops or rules): a failure's
+# reproducer must load them again. Per run, not per process: another run's modules (a test
+# before) must not leak into this one's reproducers.
+_RUN_MODULES: ContextVar[tuple[str, ...]] = ContextVar("opsdk_verify_modules", default=())
+
+
+@contextlib.contextmanager
+def run_modules(modules: Iterable[str] | None) -> Iterator[None]:
+    """Within the block, reproducers also name ``modules`` (``--module``), the modules the
+    run loaded.
+
+    Examples
+    --------
+    >>> from opsdk.verify import Case
+    >>> case = Case(op="gelu", dtype="float32", layout="default", shape=(3,), attrs={},
+    ...             present=(), seed=0, target="x86")
+    >>> with run_modules(["my_rules"]):
+    ...     "--module my_rules" in reproducer_command(case)
+    True
+    >>> "--module" in reproducer_command(case)
+    False
+    """
+    token = _RUN_MODULES.set(tuple(m for m in modules or () if not m.startswith("opsdk.")))
+    try:
+        yield
+    finally:
+        _RUN_MODULES.reset(token)
+
+
 def reproducer_command(case: Case, module: str | None = None, *, kernels: bool = False) -> str:
     """The one-line command that re-runs ``case`` exactly (``kernels``: the op is a kernel
     family of :mod:`opsdk.kernels`, which ``opsdk verify`` finds with ``--kernels``): the
-    op's own module and every module loaded by name in this run (plug-in rules a kernel
-    family's case ran with) come along as ``--module``."""
+    op's own module and the modules the run loaded (:func:`run_modules`: plug-in rules a
+    kernel family's case ran with) come along as ``--module``."""
     parts = ["opsdk", "verify", *(["--kernels"] if kernels else []), case.op, "--target",
              case.target]
-    for name in dict.fromkeys([*([module] if module else []), *loaded_modules()]):
+    for name in dict.fromkeys([*([module] if module else []), *_RUN_MODULES.get()]):
         parts += ["--module", name]
     parts += ["--case", case.to_json()]
     return shlex.join(parts)

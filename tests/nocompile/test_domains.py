@@ -367,16 +367,15 @@ def test_special_data_in_float16_is_drawn_without_warnings(name, layout):
     assert np.isinf(x).any()
 
 
-def test_reproducer_keeps_the_plugin_modules_a_kernel_case_ran_with(tmp_path, monkeypatch):
+def test_reproducer_keeps_the_plugin_modules_a_kernel_case_ran_with():
     # A module of plug-in rules (they register at import, no op of their own): a kernel
-    # family's failure under them replays only with the module loaded again.
-    import opsdk._plugins
+    # family's failure under them replays only with the module loaded again; another run's
+    # modules (an earlier test's) do not leak into this one's reproducers.
+    from opsdk.verify._report import run_modules
 
-    monkeypatch.setattr(opsdk._plugins, "_LOADED", [])
-    (tmp_path / "my_conv_rules.py").write_text("OPS = []\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    opsdk.load_plugins(["my_conv_rules"])
     case = _draw(_scale_op(), "float32", "default", n=1)[0]
-    argv = shlex.split(reproducer_command(case, kernels=True))
+    with run_modules(["my_conv_rules", "opsdk.ops"]):
+        argv = shlex.split(reproducer_command(case, kernels=True))
     assert argv[argv.index("--module") + 1] == "my_conv_rules"
     assert argv.count("--module") == 1
+    assert "--module" not in reproducer_command(case, kernels=True)
