@@ -430,6 +430,35 @@ def needed_features(tgt: Any) -> list[str]:
     return []
 
 
+def _target_facts(target: Any, tgt: Any, arch: str) -> dict[str, Any]:
+    """The manifest's ``target``: the name given, TVM's target, the architecture, its
+    ``-mcpu`` and the CPU features the code needs."""
+    mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
+    return {"name": target if isinstance(target, str) else None, "target": str(tgt),
+            "arch": arch, "mcpu": mcpu, "features": needed_features(tgt)}
+
+
+def _versions() -> dict[str, str | None]:
+    """The manifest's ``versions``."""
+    return {"opsdk": __version__, "apache-tvm": _version("apache-tvm"),
+            "apache-tvm-ffi": _version("apache-tvm-ffi")}
+
+
+def _copy_runtime(folder: Path, arch: str) -> list[str]:
+    """Copy TVM's runtime libraries for ``arch`` into ``folder/runtime/``; their paths
+    relative to ``folder``."""
+    from .runtime import runtime_paths
+
+    try:
+        libs = runtime_paths(arch)["libs"]
+    except RuntimeError as e:
+        raise ArtifactError(str(e)) from None
+    (folder / "runtime").mkdir()
+    for p in libs:
+        shutil.copyfile(p, folder / "runtime" / p.name)
+    return [f"runtime/{p.name}" for p in libs]
+
+
 def _export(cm: Any, path: Path, arch: str) -> None:
     """Write the compiled model's library to ``path`` (from the compile cache: a copy of
     the cached file; a library loaded back cannot be exported again)."""
@@ -674,29 +703,16 @@ def build_artifact(
         else:
             host_lib = "check/host.so"
             _export(host_cm, tmp / host_lib, host_arch())
-        runtime_files: list[str] = []
-        if with_runtime:
-            from .runtime import runtime_paths
-
-            try:
-                libs = runtime_paths(arch)["libs"]
-            except RuntimeError as e:
-                raise ArtifactError(str(e)) from None
-            (tmp / "runtime").mkdir()
-            for p in libs:
-                shutil.copyfile(p, tmp / "runtime" / p.name)
-                runtime_files.append(f"runtime/{p.name}")
+        runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
         _write_checks(check, ins, inputs, host_out, framework, fw_out)
         _write_io(tmp / "io.txt", ins, weights, outs)
-        spec_name = target if isinstance(target, str) else None
         facts = _module_facts(cm, inputs)
         w_info = _weights_info(tmp, weights, facts)
         manifest = {
             "format": MANIFEST_FORMAT,
             "model": {"source": source, "entry": entry if loaded is not None else None,
                       "entry_args": dict(entry_args or {}), "framework": framework or None},
-            "target": {"name": spec_name, "target": str(tgt), "arch": arch, "mcpu": mcpu,
-                       "features": needed_features(tgt)},
+            "target": _target_facts(target, tgt, arch),
             "library": {"file": "model.so", "bytes": lib.stat().st_size,
                         "sha256": sha256_file(lib),
                         "weights": (f"{WEIGHTS_FILE}, transformed once at load by "
@@ -715,8 +731,7 @@ def build_artifact(
             "check": {"host_library": host_lib, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",
                       "framework": framework or None},
-            "versions": {"opsdk": __version__, "apache-tvm": _version("apache-tvm"),
-                         "apache-tvm-ffi": _version("apache-tvm-ffi")},
+            "versions": _versions(),
             "build_seconds": round(time.perf_counter() - t0, 2),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

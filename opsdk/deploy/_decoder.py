@@ -24,18 +24,19 @@ from typing import Any
 import numpy as np
 
 from .._files import sha256_file
-from .._version import __version__
+from ..runners import KernelWeights, LocalRunner
 from ._artifact import (
     ArtifactError,
+    _copy_runtime,
     _export,
     _fix_modes,
     _io_specs,
     _log_to,
     _prepare_folder,
     _swap_into_place,
-    _version,
+    _target_facts,
+    _versions,
     _write_checks,
-    needed_features,
     read_manifest,
 )
 
@@ -204,7 +205,6 @@ def build_decoder_artifact(
     except ValueError as e:
         raise ArtifactError(str(e)) from None
     mod = FuseIntoOps()(add_check_entry(built, cfg, len(prompt), len(follow)))
-    mcpu = str(tgt.attrs.get("mcpu", "") or "") if tgt.kind.name == "llvm" else ""
     say(f"compiling the decoder ({cfg.weight_count() / 1e6:.0f}M parameters, {weights} "
         f"weights, {act} activations) for {target if isinstance(target, str) else 'target'} "
         f"({arch})")
@@ -216,8 +216,6 @@ def build_decoder_artifact(
     # The host's expected logits: a target build's packed weights are the target's, so
     # another target's check runs a host build of its own.
     host_cm = cm if same_host else compile_model(mod, host_tgt, weights_apart=True)
-    from ..runners import KernelWeights, LocalRunner  # heavy: TVM
-
     with LocalRunner() as local:
         hw = host_cm.weights
         host_out = local.run(host_cm.ex, inputs, entry="check",
@@ -246,18 +244,7 @@ def build_decoder_artifact(
         specs = _write_raw(tmp / RAW_WEIGHTS_FILE, kw.tensors)
         (tmp / "check" / "inputs").mkdir(parents=True)
         _write_checks(tmp / "check", ins, inputs, host_out, "", [])
-        runtime_files: list[str] = []
-        if with_runtime:
-            from .runtime import runtime_paths
-
-            try:
-                libs = runtime_paths(arch)["libs"]
-            except RuntimeError as e:
-                raise ArtifactError(str(e)) from None
-            (tmp / "runtime").mkdir()
-            for p in libs:
-                shutil.copyfile(p, tmp / "runtime" / p.name)
-                runtime_files.append(f"runtime/{p.name}")
+        runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
         raw = tmp / RAW_WEIGHTS_FILE
         entries = {gv.name_hint: len(f.params) - len(kw.uses.get(gv.name_hint, []))
                    for gv, f in cm.scheduled.functions.items()
@@ -269,9 +256,7 @@ def build_decoder_artifact(
             "decoder": {
                 "config": dict(cfg.__dict__), "weights": weights, "activations": act,
                 "entries": entries, "check": checked},
-            "target": {"name": target if isinstance(target, str) else None,
-                       "target": str(tgt), "arch": arch, "mcpu": mcpu,
-                       "features": needed_features(tgt)},
+            "target": _target_facts(target, tgt, arch),
             "library": {"file": "model.so", "bytes": lib.stat().st_size,
                         "sha256": sha256_file(lib),
                         "weights": f"{RAW_WEIGHTS_FILE}, in the form the kernels read",
@@ -292,8 +277,7 @@ def build_decoder_artifact(
             "check": {"host_library": None, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",
                       "framework": None},
-            "versions": {"opsdk": __version__, "apache-tvm": _version("apache-tvm"),
-                         "apache-tvm-ffi": _version("apache-tvm-ffi")},
+            "versions": _versions(),
             "build_seconds": round(time.perf_counter() - t0, 2),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

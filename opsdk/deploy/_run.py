@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runners import LocalRunner, runner_for
+from ..runners import KernelWeights, LocalRunner, runner_for
 from ._artifact import ArtifactError, _log_to, read_manifest, read_weights
 from ._decoder import read_kernel_weights
 
@@ -251,8 +251,6 @@ def run_artifact(
             raise ArtifactError(f"{root} is a decoder: opsdk run checks it on its stored "
                                 "prompt only (drop --inputs / --random); generate with "
                                 "opsdk.deploy.load_decoder on the device")
-        from ..runners import KernelWeights  # heavy: TVM
-
         arrays_w = read_kernel_weights(root, m)
         weights: Any = KernelWeights(arrays_w[i] for i in m["weights"]["uses"].get(entry, []))
     else:

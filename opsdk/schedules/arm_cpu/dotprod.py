@@ -86,8 +86,8 @@ def _qwdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
     """activations="q8_0" weight-only dense on sdot: x quantized per (row, 32-block) to int8
     in one pass, weights packed 4 channels x 4 bytes (folded at compile time), per block
     exact int32 sums (q4: and / shift of the nibbles and a -8 * sum(xq) start) scaled once
-    into float32 accumulators; 1-2 row x 16-channel tiles for a decode GEMV, 4 x 8
-    otherwise, in parallel; scale, bias and activation fused. Declines
+    into float32 accumulators; 1-2 rows (a decode GEMV) or 3 rows x 4 vectors of 4
+    channels, in parallel; scale, bias and activation fused. Declines
     activations="float32"."""
     return schedule_qwdense(func, target, Q8_SDOT)
 

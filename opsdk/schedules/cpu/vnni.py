@@ -75,7 +75,7 @@ def _qwdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     int8 in one pass, weights packed 16 channels x 4 bytes (folded at compile time), per
     block exact int32 sums (q4: and / shift of the nibbles, -8 * sum(xq) start; w8: weights
     + 128, -128 * sum(xq) start) scaled once into float32 accumulators; 1-2 row x 64-channel
-    tiles for a decode GEMV, 4 x 32 otherwise (a symbolic M padded to whole row tiles), in
+    tiles for a decode GEMV, 3 x 64 otherwise (a symbolic M padded to whole row tiles), in
     parallel; scale, bias and activation fused. Declines activations="float32"."""
     return schedule_qwdense(func, target, Q8_VNNI)
 
