@@ -156,8 +156,10 @@ def _explain_from_record(args: argparse.Namespace) -> int | None:
         if cm is None:
             return None
         inputs = read_inputs(root, key) if not args.no_profile else None
+        # the verify cells as the first run kept them (none kept: the ordinary path)
         rep = opsdk.model.report(cm, args.target, inputs=inputs, profile=not args.no_profile,
-                                 asm=not args.no_asm, name=rec["name"])
+                                 asm=not args.no_asm, name=rec["name"], cells=True,
+                                 verify_kernels=args.verify_kernels)
     except Exception:  # e.g. the asm counts not stored: the ordinary path states them
         return None
     finally:
@@ -178,6 +180,8 @@ def _print_model_report(args: argparse.Namespace, rep) -> int:
     print(rep.format())
     if args.json:
         _write_json(args.json, rep.as_dict())
+    if rep.verified is not None and rep.verified["failed"]:  # a kernel's own case failed
+        return 1
     return 1 if rep.problems and args.strict else 0
 
 
@@ -200,7 +204,8 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
     except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
         raise UsageError(f"cannot load model {spec!r}: {e}") from None
     rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
-                             asm=not args.no_asm)
+                             asm=not args.no_asm, cells=True,
+                             verify_kernels=args.verify_kernels)
     found = _explain_record_key(args)
     if found is not None and rep.cache_key:  # the next explain of this source reads it back
         from opsdk._modelcache import module_dependencies, write_record
@@ -260,6 +265,8 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     import opsdk
 
+    if args.verify_kernels and not args.model:
+        raise UsageError("--verify-kernels runs the kernels of a model: add --model FILE")
     if args.zoo is not None:
         return _cmd_explain_zoo(args)
     if args.model and not args.op:
@@ -325,8 +332,12 @@ def _write_json(path: str, data: object) -> None:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
+    if args.what == "farm":
+        return _cmd_setup_farm(args)
     if args.what != "arm":
-        raise UsageError(f"unknown setup target {args.what!r}; supported: arm")
+        raise UsageError(f"unknown setup target {args.what!r}; supported: arm, farm")
+    if args.boards is not None or args.stop or args.status:
+        raise UsageError("a number of boards, --stop and --status are for `opsdk setup farm`")
     from opsdk.runners import setup_arm
 
     try:
@@ -334,6 +345,30 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # missing tools, no apt-get, a failed download: say which
         raise UsageError(str(e)) from None  # exit 2, as verify's "cannot start the runner"
     print(f"arm emulation ready: {path}")
+    return 0
+
+
+def _cmd_setup_farm(args: argparse.Namespace) -> int:
+    """``opsdk setup farm N | --stop | --status``: a local farm of emulated boards."""
+    from opsdk.runners import FarmError, farm_status, start_farm, stop_farm
+
+    if args.stop + args.status + (args.boards is not None) != 1:
+        raise UsageError("opsdk setup farm: give the number of boards to start (e.g. "
+                         "`opsdk setup farm 4`), or --stop, or --status")
+    try:
+        if args.stop:
+            stopped = stop_farm()
+            print(f"stopped {', '.join(stopped)}" if stopped else "no local farm was running")
+            return 0
+        if args.status:
+            print(farm_status(args.tracker, args.key))
+            return 0
+        state = start_farm(args.boards, key=args.key or "opsdk-farm", port=args.port,
+                           cpu=args.cpu, log=print)
+    except FarmError as e:
+        raise UsageError(str(e)) from None
+    print(f"farm ready: opsdk verify --target arm --tracker {state.tracker} --key {state.key} "
+          "--boards all\nstop it with: opsdk setup farm --stop")
     return 0
 
 
@@ -387,7 +422,8 @@ COMMANDS: dict[str, str] = {
            "and time it",
     "generate": "decode with a GPT-2-style model (KV cache, float32 / int8 / int4 weights): "
                 "prefill and tokens/s, logits checked",
-    "setup": "prepare an execution environment (arm: cross compiler + qemu)",
+    "setup": "prepare an execution environment (arm: cross compiler + qemu; farm N: a "
+             "tracker and N emulated boards)",
 }
 
 
@@ -422,6 +458,10 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
     s.add_argument("--strict", action="store_true",
                    help="with --model / --zoo: exit 1 when a kernel has a problem (unscheduled, "
                    "serial, on the catch-all rule, no vector instructions, ...)")
+    s.add_argument("--verify-kernels", action="store_true",
+                   help="with --model: run opsdk verify on each distinct kernel's own case (its "
+                   "real shapes, attributes and epilogue) and show pass/fail per kernel with "
+                   "the command that reruns it; exit 1 if one fails")
     s.add_argument(
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )
@@ -461,8 +501,25 @@ def _args_new_op(s: argparse.ArgumentParser) -> None:
 
 
 def _args_setup(s: argparse.ArgumentParser) -> None:
-    s.add_argument("what", choices=["arm"])
+    from opsdk._cliargs import host_port, positive_int
+
+    s.add_argument("what", choices=["arm", "farm"])
+    s.add_argument("boards", nargs="?", type=positive_int, metavar="N",
+                   help="farm: start TVM's RPC tracker and N emulated aarch64 boards registered "
+                   "to it, on 127.0.0.1 only (docs/farm.md)")
     s.add_argument("--force", action="store_true", help="rebuild the cached aarch64 environment")
+    s.add_argument("--key", help="farm: the boards' device key (default opsdk-farm); with "
+                   "--status, only this key")
+    s.add_argument("--port", type=positive_int, default=9190,
+                   help="farm: the tracker's port (default 9190)")
+    s.add_argument("--cpu", default="cortex-a72", help="farm: the boards' qemu -cpu "
+                   "(default cortex-a72)")
+    s.add_argument("--stop", action="store_true",
+                   help="farm: stop the processes `opsdk setup farm N` started, and only those")
+    s.add_argument("--status", action="store_true",
+                   help="farm: the tracker's boards per key (the local farm's, or --tracker's)")
+    s.add_argument("--tracker", type=host_port, metavar="HOST:PORT",
+                   help="farm --status: another tracker than the local farm's")
     s.set_defaults(fn=_cmd_setup)
 
 

@@ -58,6 +58,7 @@ from ._pipeline import (
     kernel_kind_rule,
     load_compiled,
     record_timings,
+    schedule_passes,
     scheduled_kernels,
 )
 from ._quiet import fd_silenced
@@ -65,10 +66,11 @@ from ._roofline import machine_roof
 from ._userfile import load_onnx_file, read_user_file
 from .errors import UnloweredOpError
 from .runners.local import host_arch
-from .schedules import GENERIC, Kernel, rules_for
+from .schedules import GENERIC, Kernel, rules_for, vector_lanes
 from .targets import target as resolve_target
-from .targets import target_arch
+from .targets import target_arch, target_spec
 from .transform import FuseIntoOps
+from .transform._lift import lift_passes, lifts_weights
 
 __all__ = [
     "ATOL",
@@ -84,6 +86,8 @@ __all__ = [
     "compile_default",
     "compile_model",
     "export_torch",
+    "fused_module",
+    "kernel_cells",
     "kernel_facts",
     "kernel_kind_rule",
     "load_compiled",
@@ -355,6 +359,9 @@ class KernelReport:
     problems: list[str] = field(default_factory=list)
     #: Rules that raised on this kernel before another took it (``"<rule>: <error>"``).
     rule_failures: list[str] = field(default_factory=list)
+    #: The verify cell that covers it (:meth:`opsdk.verify.KernelCell.as_dict`: family,
+    #: layout, shape class, gaps, its own case and command; ``status`` once its case ran).
+    verify: dict[str, Any] | None = None
 
     @property
     def scheduled(self) -> bool:
@@ -375,6 +382,8 @@ class ModelReport:
     cache_key: str | None = None  # its compile-cache entry (load_compiled), if it has one
     #: This machine's ceilings at ``threads`` (:class:`opsdk._roofline.Roof`), when profiled.
     roof: Any = None
+    #: ``{"cases", "failed"}`` when the kernels' own cases ran (``report(verify_kernels=)``).
+    verified: dict[str, int] | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -403,6 +412,8 @@ class ModelReport:
         w = max([6, *(len(k.name) for k in self.kernels)])
         wk = max([4, *(len(k.kind) for k in self.kernels)])
         wr = max([4, *(len(k.rule) for k in self.kernels)])
+        cells = any(k.verify is not None for k in self.kernels)
+        wc = max([4, *(len(_cell_text(k)) for k in self.kernels)])
         lines = [
             f"model: {self.model}   target: {self.target}   kernels: {len(self.kernels)}   "
             f"compile: {self.compile_s:.1f} s" + (" (cached)" if self.cached else "")
@@ -410,7 +421,9 @@ class ModelReport:
                if self.kernel_ms else ""),
             f"{'kernel':<{w}}  {'kind':<{wk}}  {'rule':<{wr}}  {'vec':>3}  {'par':>3}  "
             f"{'vector insns':<16}  {'elements':>9}  {'ms':>8}  {'share':>6}  {'GF/s':>6}  "
-            f"{'GB/s':>6}  {'roof':>5}",
+            f"{'GB/s':>6}  {'roof':>5}"
+            + (f"  {'verify cell':<{wc}}  {'class':<7}" if cells else "")
+            + ("  case" if self.verified is not None else ""),
         ]
         for k in self.kernels:
             vec = ",".join(f"{a}={b}" for a, b in sorted(k.vector_ops.items()))
@@ -424,12 +437,16 @@ class ModelReport:
                    else f"{'-':>8}  {'-':>6}")
                 + f"  {_rate(k.gflops):>6}  {_rate(k.gbps):>6}  "
                 + (f"{k.roof_pct:>4.0f}%" if k.roof_pct is not None else f"{'-':>5}")
+                + (f"  {_cell_text(k):<{wc}}  {_class_text(k):<7}" if cells else "")
+                + (f"  {_case_text(k)}" if self.verified is not None else "")
             )
         if self.roof is not None:
             bw = ", ".join(f"{v:.0f} GB/s within {_size(n)}"
                            for n, v in sorted(self.roof.gbps.items()))
             lines.append(f"roof on {self.roof.threads} threads (opsdk's own kernels on this "
                          f"machine): GEMM {self.roof.gflops:.0f} GFLOP/s; {bw}")
+        if cells:
+            lines += self._format_cells()
         probs = self.problems
         lines.append("problems: " + ("none" if not probs else ""))
         lines += [f"  - {p}" for p in probs]
@@ -437,6 +454,71 @@ class ModelReport:
             lines.append("far below their roof:")
             lines += [f"  - {p}" for p in self.weak]
         return "\n".join(lines)
+
+
+    def _format_cells(self) -> list[str]:
+        """The verify cells' footer: kernels outside verify's classes, kernels without a
+        family, and after a run the cases that failed and each distinct case's command."""
+        lines: list[str] = []
+        gaps = [k for k in self.kernels if k.verify and k.verify.get("gaps")]
+        if gaps:
+            lines.append("kernels outside what verify draws (their own cases still run with "
+                         "--verify-kernels):")
+            lines += [f"  - {k.name} ({_cell_text(k)}): " + "; ".join(k.verify["gaps"])
+                      for k in gaps]
+        none = [k for k in self.kernels if k.verify is not None and not k.verify["family"]]
+        if none:
+            kinds: dict[str, int] = {}
+            for k in none:
+                kinds[k.kind] = kinds.get(k.kind, 0) + 1
+            lines.append(f"no kernel family (verified by: none): {len(none)} kernel"
+                         f"{'s' if len(none) != 1 else ''} ("
+                         + ", ".join(f"{n} {c}" for n, c in sorted(kinds.items())) + ")")
+        if self.verified is not None:
+            v = self.verified
+            lines.append(f"kernel cases: {v['cases']} distinct run, {v['failed']} failed")
+            seen: dict[str, list[str]] = {}
+            for k in self.kernels:
+                if k.verify and k.verify.get("command") and k.verify.get("status"):
+                    seen.setdefault(k.verify["command"], []).append(k.name)
+            for cmd, names in seen.items():
+                k = next(k for k in self.kernels if k.name == names[0])
+                more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
+                other = k.verify.get("case_rule")
+                note = (f" [the case took {other}, the model's kernel {k.rule}]"
+                        if other and other != k.rule else "")
+                lines.append(f"  {_case_text(k):<5} {names[0]}{more}{note}: {cmd}")
+                if k.verify.get("message") and k.verify["status"] != "pass":
+                    lines.append(f"        {k.verify['message']}")
+        return lines
+
+
+def _cell_text(k: KernelReport) -> str:
+    v = k.verify
+    if v is None:
+        return "-"
+    if not v.get("family"):
+        return "none"
+    return v.get("cell") or v["family"]
+
+
+def _class_text(k: KernelReport) -> str:
+    v = k.verify
+    if v is None or not v.get("family"):
+        return "-"
+    if v.get("covered") is None:
+        return "op"
+    return "covered" if v["covered"] else "gap"
+
+
+def _case_text(k: KernelReport) -> str:
+    v = k.verify
+    if v is None or v.get("status") is None:
+        return "-"
+    if v["status"] != "pass":
+        return v["status"].upper()
+    rule = v.get("case_rule")
+    return "pass" if not rule or rule == k.rule else "pass*"  # * another rule took the case
 
 
 #: A kernel is listed as far below its roof (:attr:`ModelReport.weak`) from this share of the
@@ -462,6 +544,9 @@ def report(
     asm: bool = True,
     name: str = "",
     cache: Any = None,
+    cells: bool = False,
+    verify_kernels: bool = False,
+    source: tvm.IRModule | None = None,
 ) -> ModelReport:
     """Compile ``model`` (an IRModule or :class:`LoadedModel`; a :class:`CompiledModel` is
     reported as it is) and report every kernel.
@@ -469,8 +554,31 @@ def report(
     With ``profile`` (host targets only) every kernel call of one run is timed on its own
     arguments and its share of the summed kernel time reported. ``cache`` is
     :func:`compile_model`'s (None: the environment decides).
+
+    ``cells``: link every kernel to the verify cell that covers it (:func:`kernel_cells`,
+    ``KernelReport.verify``: the model's fusion passes run once more, 1-4 s, kept with the
+    compile-cache entry). It needs the model's module: ``model`` itself, or ``source`` with
+    a :class:`CompiledModel` (else the cells the compile cache kept; ValueError when there
+    are none). ``verify_kernels`` (implies ``cells``): also run each distinct kernel's own
+    case (:func:`opsdk.verify.verify_cells`; ``ModelReport.verified``).
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    >>> w = relax.const(np.ones((32, 24), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+    ...     _ = bb.emit_func_output(y)
+    >>> r = opsdk.model.report(bb.get(), "x86", profile=False, asm=False, cells=True)
+    >>> [(k.verify["cell"], k.verify["covered"]) for k in r.kernels]
+    [('tvm_matmul/kn', True)]
     """
     tgt = resolve_target(target)
+    mod = source
     if isinstance(model, CompiledModel):  # compiled already (e.g. read back: load_compiled)
         cm = model
     else:
@@ -498,7 +606,137 @@ def report(
         _profile(cm.ex, list(inputs), rep, tgt)
     for k in rows:
         _judge(k, asm=asm)
+    if cells or verify_kernels:
+        found = _report_cells(cm, mod, target, tgt, rows)
+        if verify_kernels:
+            from .verify import verify_cells
+
+            rep.verified = verify_cells(found)
+        for k, c in zip(rows, found):
+            k.verify = c.as_dict()
     return rep
+
+
+def _verify_target(target: Any, tgt: Any) -> str:
+    """The verify target name of a model's target (``host`` is ``x86`` or ``arm``)."""
+    if isinstance(target, str):
+        try:
+            return target_spec(target).name
+        except ValueError:
+            pass
+    return "x86" if target_arch(tgt) == "x86_64" else "arm"
+
+
+def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt: Any,
+                  rows: Sequence[KernelReport]) -> list[Any]:
+    """The cells of ``rows`` (in their order), kept with the compile-cache entry; ValueError
+    when neither the module nor a kept copy is there."""
+    from .verify._cover import cells_from_dicts
+
+    def compute() -> list[dict[str, Any]]:
+        if mod is None:
+            raise LookupError("no module")
+        facts = {_fused_name(k.name): (k.kind, k.rule) for k in rows}
+        return [c.as_dict() for c in kernel_cells(mod, target, kinds=facts)]
+
+    try:
+        got = cells_from_dicts(cm.memo("verify-cells", compute))
+    except LookupError:
+        raise ValueError("report(cells=True): the verify cells need the model's module; pass "
+                         "the IRModule or LoadedModel, or source=<its IRModule> with a "
+                         "CompiledModel") from None
+    by_name = {c.kernel: c for c in got}
+    out = []
+    for k in rows:
+        c = by_name.get(_fused_name(k.name))
+        if c is None:
+            c = _no_cell(k, target, tgt)
+        c.kernel = k.name
+        out.append(c)
+    return out
+
+
+def _fused_name(name: str) -> str:
+    """A scheduled kernel's name before ``SplitLayoutRewritePreproc`` renamed a kernel whose
+    weights it packs (``<name>_prepacked``)."""
+    return name.removesuffix("_prepacked")
+
+
+def _no_cell(k: KernelReport, target: Any, tgt: Any) -> Any:
+    from .verify import KernelCell
+
+    return KernelCell(k.name, k.kind, _verify_target(target, tgt), rule=k.rule)
+
+
+def fused_module(mod: tvm.IRModule, target: Any = "x86") -> tvm.IRModule:
+    """``mod`` through the model pipeline up to the schedule: every kernel fused
+    (legalized, constants folded, epilogues joined) but not yet scheduled, with the names
+    :func:`compile_model`'s kernels have.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    >>> w = relax.const(np.ones((16, 24), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+    ...     _ = bb.emit_func_output(y)
+    >>> [gv.name_hint.startswith("fused_matmul_relu") for gv, f
+    ...  in fused_module(bb.get()).functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    [True]
+    """
+    tgt = resolve_target(target)
+    passes = schedule_passes(tgt)
+    if lifts_weights(mod):
+        passes = lift_passes(passes)
+    cut = [p.info.name for p in passes].index("opsdk.ScheduleKernels")
+    with tgt:
+        return tvm.transform.Sequential(passes[:cut])(mod)
+
+
+def kernel_cells(model: Any, target: Any = "x86", *,
+                 kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Any]:
+    """The verify cell of every kernel of ``model`` (an IRModule or :class:`LoadedModel`)
+    compiled for ``target``, sorted by kernel name (:class:`opsdk.verify.KernelCell`: the
+    kernel family or op, layout, shape class, what of it verify never draws, and the case
+    of the kernel's own shapes with its command).
+
+    ``kinds``: each kernel's (kind, rule) as the scheduled model has them (the report's);
+    None classifies the fused kernels here.
+
+    Examples
+    --------
+    >>> import numpy as np, opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    >>> w = relax.const(np.ones((16, 24), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+    ...     _ = bb.emit_func_output(y)
+    >>> [(c.family, c.layout, c.covered) for c in kernel_cells(bb.get(), "x86")]
+    [('tvm_matmul', 'kn', True)]
+    """
+    from .verify import kernel_cell
+
+    mod = model.opsdk_mod if isinstance(model, LoadedModel) else model
+    tgt = resolve_target(target)
+    vt = _verify_target(target, tgt)
+    lanes = vector_lanes(tgt, 32)
+    fused = fused_module(mod, tgt)
+    out = []
+    for gv, f in sorted(fused.functions.items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(f, tvm.tirx.PrimFunc):
+            continue
+        kind, rule = (kinds or {}).get(gv.name_hint, (None, None))
+        if kind is None:
+            kind = kernel_kind_rule(f)[0]
+        out.append(kernel_cell(gv.name_hint, f, vt, lanes=lanes, kind=kind, rule=rule))
+    return out
 
 
 #: Kernel kinds with rules of their own: one of these on a catch-all rule (``kind:any``, e.g.

@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 from ._compose import norm_model, per_output, reduction_model, rounding_model
+from ._cover import KernelCell, kernel_cell, verify_cells
 from ._engine import (
     capabilities,
     check_refusals,
@@ -36,6 +37,7 @@ __all__ = [
     "Case",
     "CaseResult",
     "CellResult",
+    "KernelCell",
     "LintResult",
     "ModelInput",
     "Profile",
@@ -48,6 +50,7 @@ __all__ = [
     "corner_cases",
     "database_path",
     "error_model",
+    "kernel_cell",
     "lint_cell",
     "make_inputs",
     "model_for",
@@ -58,5 +61,6 @@ __all__ = [
     "rounding_model",
     "run_case",
     "verify",
+    "verify_cells",
     "verify_op",
 ]
