@@ -69,8 +69,7 @@ from .runners.local import host_arch
 from .schedules import GENERIC, Kernel, rules_for, vector_lanes
 from .targets import target as resolve_target
 from .targets import target_arch, target_spec
-from .transform import FuseIntoOps
-from .transform._lift import lift_passes, lifts_weights
+from .transform import FuseIntoOps, lift_passes, lifts_weights
 
 __all__ = [
     "ATOL",
@@ -631,7 +630,7 @@ def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt:
                   rows: Sequence[KernelReport]) -> list[Any]:
     """The cells of ``rows`` (in their order), kept with the compile-cache entry; ValueError
     when neither the module nor a kept copy is there."""
-    from .verify._cover import cells_from_dicts
+    from .verify import KernelCell
 
     def compute() -> list[dict[str, Any]]:
         if mod is None:
@@ -640,7 +639,7 @@ def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt:
         return [c.as_dict() for c in kernel_cells(mod, target, kinds=facts)]
 
     try:
-        got = cells_from_dicts(cm.memo("verify-cells", compute))
+        got = [KernelCell.from_dict(r) for r in cm.memo("verify-cells", compute)]
     except LookupError:
         raise ValueError("report(cells=True): the verify cells need the model's module; pass "
                          "the IRModule or LoadedModel, or source=<its IRModule> with a "

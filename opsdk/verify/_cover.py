@@ -43,8 +43,6 @@ from tvm.sym.pattern import detect_linear_equation
 from tvm.tirx.analysis import undefined_vars
 
 from ..kernels import KERNEL_OPS
-from ..kernels._epilogue import ACTIVATIONS
-from ..schedules._gemm import analyze_gemm
 from ._report import reproducer_command
 from ._strategies import _STATIC_POOL, Case, corner_cases, is_valid, layout_attrs
 
@@ -57,7 +55,6 @@ _ACT_TOKENS: dict[str, tuple[str, ...]] = {
     "hardswish": ("add3", "max0", "min6", "mul", "div6"), "sigmoid": ("sigmoid",),
     "tanh": ("tanh",),
 }
-assert set(_ACT_TOKENS) == set(ACTIVATIONS)
 
 _FAMILIES = {d.name: d for d in KERNEL_OPS}
 
@@ -120,6 +117,20 @@ class KernelCell:
         d = asdict(self)
         d["cell"], d["covered"] = self.cell, self.covered
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KernelCell:
+        """The cell :meth:`as_dict` wrote (its derived ``cell`` / ``covered`` dropped).
+
+        Examples
+        --------
+        >>> from opsdk.verify import KernelCell
+        >>> c = KernelCell("transpose1", "elementwise", "x86")
+        >>> KernelCell.from_dict(c.as_dict()) == c
+        True
+        """
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 # ------------------------------------------------------------------------------ TIR reading
@@ -302,18 +313,38 @@ def _main_reduction(f: _Func) -> int:
 
 def _matmul(f: _Func) -> _Found:
     i = _main_reduction(f)
-    info = analyze_gemm(f.sch, f.rvs[i])
-    if info is None:
-        raise ValueError("not a multiply-accumulate the matmul family computes")
     blk = f.blocks[i]
-    a, b = blk.reads[info.a_read].source, blk.reads[info.b_read].source
+    out = blk.writes[0].source
+    reads = [r for r in blk.reads if not r.source.same_as(out)]
+    red = [iv for iv in blk.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reads) != 2 or len(red) != 1:
+        raise ValueError("not a multiply-accumulate the matmul family computes")
+    # ``C[..., i, j] += A[..., i, k] * B[..., k, j]``: B is the operand carrying j (the last
+    # output index), its indices each j, k or a batch dim (the kind classifier proved the
+    # form: every index one iter var)
+    jv = list(undefined_vars(blk.writes[0].region[-1].min))
+    kv = red[0].var
+
+    def uses(r: Any, v: Any) -> bool:
+        return any(x.same_as(v) for rg in r.region for x in undefined_vars(rg.min))
+
+    if len(jv) != 1:
+        raise ValueError("an output column index that is not one iter var")
+    rb = next((r for r in reads if uses(r, jv[0])), None)
+    if rb is None:
+        raise ValueError("no operand carries the output's columns")
+    ra = next(r for r in reads if r is not rb)
+    a, b = ra.source, rb.source
+    b_pos = ["J" if any(x.same_as(jv[0]) for x in undefined_vars(rg.min)) else
+             "K" if any(x.same_as(kv) for x in undefined_vars(rg.min)) else "S"
+             for rg in rb.region]
     why: list[str] = []
     wprod = f.producer(b)
     before = [p.name_hint for p in f.blocks[:i] if wprod is None or not p.same_as(wprod)]
     if before:
         why.append(f"a producer fused before the matmul ({', '.join(before)})")
-    layout_kn = info.b_pos[-2:] == ["K", "J"]
-    nb = info.b_pos.count("S")
+    layout_kn = b_pos[-2:] == ["K", "J"]
+    nb = b_pos.count("S")
     w = b
     if f.param_index(b) is None:  # read through a transpose block (a fused permute_dims)
         prod = f.producer(b)
@@ -323,8 +354,8 @@ def _matmul(f: _Func) -> _Found:
         else:
             why.append("its weight computed in the kernel")
     layout = ("batched" if layout_kn else "batched_nk") if nb else ("kn" if layout_kn else "nk")
-    kinds = info.kinds
-    ext = {k: _int(iv.dom.extent) for k, iv in zip(kinds, blk.iter_vars) if k in ("J", "K")}
+    ext = {"K": _int(red[0].dom.extent),
+           "J": next(_int(iv.dom.extent) for iv in blk.iter_vars if iv.var.same_as(jv[0]))}
     x = _shape(a)
     if nb and _shape(w)[:nb] != x[:nb]:
         why.append(f"batch dims broadcast (x {x}, w {_shape(w)})")
@@ -601,7 +632,7 @@ def kernel_cell(name: str, func: tirx.PrimFunc, target: str, *, lanes: int,
     'none'
     """
     if kind is None:
-        from ..schedules._kernels import classify
+        from ..schedules import classify
 
         kind = classify(func)
     cell = KernelCell(name, kind, target, rule=rule)
@@ -726,7 +757,3 @@ def verify_cells(cells: Sequence[KernelCell], *, runner: Any = None) -> dict[str
     return {"cases": len(todo), "failed": failed}
 
 
-def cells_from_dicts(rows: Iterable[Mapping[str, Any]]) -> list[KernelCell]:
-    """:class:`KernelCell` objects from :meth:`KernelCell.as_dict` rows (a cached copy)."""
-    names = set(KernelCell.__dataclass_fields__)
-    return [KernelCell(**{k: v for k, v in r.items() if k in names}) for r in rows]
