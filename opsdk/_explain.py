@@ -160,11 +160,17 @@ class ZooCheck:
     problems: list[str] = field(default_factory=list)
     #: Output agreement with torch (host targets; None when not run).
     torch: dict[str, Any] | None = None
+    #: With ``verify_kernels``: ``{"linked", "no_family", "gaps", "cases", "failed"}``: the
+    #: kernels linked to a verify cell, those of no family, ``"<kernel>: <gap>"`` for each
+    #: class verify never draws, the distinct kernel cases run and ``"<kernel> <status>:
+    #: <command>"`` for each that failed (None when not run).
+    kernel_cases: dict[str, Any] | None = None
 
     def failed(self, strict: bool = False) -> bool:
         """Whether this model fails the check (``strict``: any report problem too)."""
         return (not self.compiled or bool(self.fallback or self.unvectorized)
                 or (self.torch is not None and not self.torch["ok"])
+                or (self.kernel_cases is not None and bool(self.kernel_cases["failed"]))
                 or (strict and bool(self.problems)))
 
     def as_dict(self) -> dict[str, Any]:
@@ -188,11 +194,14 @@ def _heavy_unvectorized(k: Any, limit: int) -> bool:
 
 
 def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
-                    numerics: bool = True, cache: Any = None) -> ZooCheck:
+                    numerics: bool = True, cache: Any = None,
+                    verify_kernels: bool = False) -> ZooCheck:
     """Compile a zoo entry (:class:`opsdk.bench._zoo.ZooModel`) for ``target`` and state
     its structure (:class:`ZooCheck`). Nothing runs for a target other than the host (an arm
     target is cross-compiled only); on the host, with ``numerics``, the model runs once and
     its first output is compared with torch's (:func:`opsdk.model.within_tolerance`).
+    ``verify_kernels``: each distinct kernel's own case runs through ``opsdk verify`` (on
+    an arm target under qemu; ``ZooCheck.kernel_cases``).
 
     Examples
     --------
@@ -209,10 +218,13 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
         module, args = z.build()
         m = M.LoadedModel.from_torch(z.name, module, tuple(args), baselines=False)
         cm = M.compile_model(m.opsdk_mod, tgt, cache=cache)
-        rep = M.report(cm, tgt, profile=False, asm=asm, name=z.name)
+        rep = M.report(cm, target, profile=False, asm=asm, name=z.name,
+                       verify_kernels=verify_kernels, source=m.opsdk_mod)
     except Exception as e:  # the check goes on to the next model
         out.error = _one_line(e)
         return out
+    if verify_kernels:
+        out.kernel_cases = _kernel_cases(rep)
     out.compiled, out.kernels, out.compile_s = True, len(rep.kernels), cm.seconds
     catch_all = catch_all_rules()
     for k in rep.kernels:
@@ -236,6 +248,17 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
         except Exception as e:
             out.torch = {"ok": False, "error": f"run: {_one_line(e)}"}
     return out
+
+
+def _kernel_cases(rep: Any) -> dict[str, Any]:
+    """:attr:`ZooCheck.kernel_cases` of a report whose kernels' cases ran."""
+    cells = [k.verify for k in rep.kernels if k.verify is not None]
+    return {"linked": sum(1 for v in cells if v["family"]),
+            "no_family": sum(1 for v in cells if not v["family"]),
+            "gaps": [f"{v['kernel']}: {g}" for v in cells for g in v["gaps"]],
+            "cases": (rep.verified or {}).get("cases", 0),
+            "failed": [f"{v['kernel']} {v['status']}: {v['command']}" for v in cells
+                       if v.get("status") not in (None, "pass")]}
 
 
 def _one_line(e: BaseException) -> str:
@@ -274,6 +297,13 @@ def format_zoo_check(rows: list[ZooCheck], *, strict: bool = False) -> str:
             named.append("torch: " + (r.torch.get("error") or
                                       f"max abs error {r.torch['max_abs']:.3g} "
                                       f"(relative {r.torch['max_rel']:.3g})"))
+        kc = r.kernel_cases
+        if kc is not None:
+            named.append(f"kernel cases: {kc['linked']} kernels linked to a verify cell "
+                         f"({len(kc['gaps'])} gaps), {kc['no_family']} of no family; "
+                         f"{kc['cases']} distinct cases run, {len(kc['failed'])} failed")
+            named += [f"outside what verify draws: {g}" for g in kc["gaps"]]
+            named += [f"kernel case failed: {f}" for f in kc["failed"]]
         lines += [f"  {r.model}: {n}" for n in named]
     bad = [r.model for r in rows if r.failed(strict)]
     n = f"{len(rows)} model{'s' if len(rows) != 1 else ''}"

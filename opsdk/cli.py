@@ -254,7 +254,8 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
             continue
         print(f"  {z.name} ...", file=sys.stderr, flush=True)
         rows.append(check_zoo_model(z, args.target, asm=not args.no_asm,
-                                    cache=False if getattr(args, "no_cache", False) else None))
+                                    cache=False if getattr(args, "no_cache", False) else None,
+                                    verify_kernels=args.verify_kernels))
     print(format_zoo_check(rows, strict=args.strict))
     if args.json:
         _write_json(args.json, {"target": args.target, "skipped": skipped,
@@ -265,8 +266,9 @@ def _cmd_explain_zoo(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     import opsdk
 
-    if args.verify_kernels and not args.model:
-        raise UsageError("--verify-kernels runs the kernels of a model: add --model FILE")
+    if args.verify_kernels and not (args.model or args.zoo):
+        raise UsageError("--verify-kernels runs the kernels of a model: add --model FILE or "
+                         "--zoo MODELS")
     if args.zoo is not None:
         return _cmd_explain_zoo(args)
     if args.model and not args.op:
@@ -459,9 +461,9 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
                    help="with --model / --zoo: exit 1 when a kernel has a problem (unscheduled, "
                    "serial, on the catch-all rule, no vector instructions, ...)")
     s.add_argument("--verify-kernels", action="store_true",
-                   help="with --model: run opsdk verify on each distinct kernel's own case (its "
-                   "real shapes, attributes and epilogue) and show pass/fail per kernel with "
-                   "the command that reruns it; exit 1 if one fails")
+                   help="with --model / --zoo: run opsdk verify on each distinct kernel's own "
+                   "case (its real shapes, attributes and epilogue) and show pass/fail per "
+                   "kernel with the command that reruns it; exit 1 if one fails")
     s.add_argument(
         "--target", default="host", help="x86, arm, arm-dotprod, arm-sve, c (default: host)"
     )

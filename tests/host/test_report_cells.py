@@ -167,3 +167,18 @@ def test_verify_kernels_needs_a_model():
     from opsdk.cli import main
 
     assert main(["explain", "softmax", "--verify-kernels"]) == 2  # a usage error
+
+
+def test_the_zoo_check_counts_the_kernel_cases(verified):
+    from opsdk._explain import ZooCheck, _kernel_cases, format_zoo_check
+
+    kc = _kernel_cases(verified)
+    cells = [k.verify for k in verified.kernels]
+    assert kc["linked"] + kc["no_family"] == len(cells) and kc["failed"] == []
+    assert kc["cases"] == verified.verified["cases"]
+    row = ZooCheck("cells", "x86", compiled=True, kernels=len(cells), kernel_cases=kc)
+    assert not row.failed()
+    assert f"{kc['cases']} distinct cases run, 0 failed" in format_zoo_check([row])
+    bad = ZooCheck("cells", "x86", compiled=True, kernel_cases={
+        **kc, "failed": [f"{cells[0]['kernel']} mismatch: {cells[0]['command']}"]})
+    assert bad.failed() and "kernel case failed" in format_zoo_check([bad])
