@@ -644,6 +644,13 @@ def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt:
         raise ValueError("report(cells=True): the verify cells need the model's module; pass "
                          "the IRModule or LoadedModel, or source=<its IRModule> with a "
                          "CompiledModel") from None
+    except Exception as e:  # the cells are an addition to the report, never its failure
+        why = f"the kernels were not read back ({type(e).__name__}: {e})".split("\n")[0]
+        got = []
+        for k in rows:
+            c = _no_cell(k, target, tgt)
+            c.message = why
+            got.append(c)
     by_name = {c.kernel: c for c in got}
     out = []
     for k in rows:
