@@ -120,14 +120,41 @@ def test_verify_over_rpc_against_a_separately_started_server():
         server.wait(timeout=30)
 
 
-def test_rule_mutants_are_flagged_on_arm() -> None:
-    # The schedule-rule mutants of tests/host/verify_mutants.py (their rules are keyed
-    # "cpu", so they schedule the aarch64 build too), float32, run under the emulator.
+def _mutants():
     import pathlib
 
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "host"))
     import verify_mutants as M
 
+    return M
+
+
+def _corner_misses(M, target: str, runner) -> list[str]:
+    """The CORNER_MUTANTS checked on ``target`` that none of verify's corner cases of their
+    cell flags in their own rule (one cell each, no random search: the suite's budget;
+    scripts/kernel-mutants.py --target arm runs the full search)."""
+    by_name = {d.name: d for d in M.OPS}
+    missed = []
+    for name, (dtype, layout, t) in M.CORNER_MUTANTS.items():
+        if t != target:
+            continue
+        d = by_name[name]
+        opsdk.register(d, replace=True)
+        try:
+            res = M.first_failing_corner(d, target, dtype, layout, runner=runner)
+        finally:
+            opsdk.unregister(d)
+        if res is None or res.rule != "mut." + name.removeprefix("mut_"):
+            missed.append(f"{name} ({M.BUGS[name]}): {res and res.rule}")
+    return missed
+
+
+def test_rule_mutants_are_flagged_on_arm() -> None:
+    # The schedule-rule mutants of tests/host/verify_mutants.py (their rules are keyed
+    # "cpu", so they schedule the aarch64 build too), float32, run under the emulator: the
+    # older ones by the default profile, the newer kernel-rule ones (epilogue order,
+    # padding, packing, pool window, Winograd input transform) by their cell's corners.
+    M = _mutants()
     from opsdk.runners import runner_for
 
     by_name = {d.name: d for d in M.OPS}
@@ -144,7 +171,18 @@ def test_rule_mutants_are_flagged_on_arm() -> None:
                 opsdk.unregister(d)
             if report.ok:
                 missed.append(f"{name} ({M.BUGS[name]})")
+        missed += _corner_misses(M, "arm", runner)
     assert not missed, f"not flagged on arm: {missed}"
+
+
+def test_int8_rule_mutants_are_flagged_on_arm_dotprod() -> None:
+    # The int8 rules a dotprod CPU takes (sdot): the compensation mutant.
+    M = _mutants()
+    from opsdk.runners import runner_for
+
+    with runner_for("arm-dotprod") as runner:
+        missed = _corner_misses(M, "arm-dotprod", runner)
+    assert not missed, f"not flagged on arm-dotprod: {missed}"
 
 
 @pytest.mark.parametrize("last", [19, 21, 23])

@@ -956,11 +956,304 @@ def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
         sch.mod["main"], lambda n: n.loop_var.name == "q" and int(n.extent) > 1,
         lambda e: e - 1))
 
+# ------------------------------------------------------------- more kernel-rule bug classes
+# One bug each in a real rule's schedule (the rule's own function, then one node of its
+# output changed): the fused epilogue's order, the padding, the weight packing, the pooling
+# window, a Winograd transform coefficient, the int8 zero-point compensation.
+
+from tvm.ir import Call, TensorLoad  # noqa: E402
+
+from opsdk.kernels import tvm_pool2d  # noqa: E402
+from opsdk.schedules._fallback import schedule_fallback  # noqa: E402
+
+
+def _store_values(func: tirx.PrimFunc, pick, change) -> tirx.PrimFunc:
+    """``func`` with ``change(value)`` for the value of every BufferStore ``pick(store)``
+    selects."""
+    def store(node: tirx.BufferStore, mut) -> tirx.BufferStore:
+        node = mut.default_mutate(node)
+        if not pick(node):
+            return node
+        return tirx.BufferStore(node.buffer, change(node.value), node.indices)
+
+    return structural_mutate(func, [(tirx.BufferStore, store)])
+
+
+def _replace(expr: tirx.PrimExpr, typ, change) -> tirx.PrimExpr:
+    """``expr`` with each ``typ`` node ``n`` replaced by ``change(n)`` (None: kept)."""
+    def visit(node, mut):
+        node = mut.default_mutate(node)
+        out = change(node)
+        return node if out is None else out
+
+    return structural_mutate(expr, [(typ, visit)])
+
+
+mut_matmul_epilogue_order = _family_copy(tvm_matmul, "mut_matmul_epilogue_order")
+
+
+@opsdk.rule("mut_matmul_epilogue_order", "cpu", name="mut.matmul_epilogue_order",
+            priority=1000, claims=("vectorize",))
+def _matmul_epilogue_order(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.matmul whose fused write-back applies the activation before the residual add:
+    ``act(acc + bias) + residual`` for ``act(acc + bias + residual)``."""
+    sch = schedule_matmul(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    if not any(p.name == "residual" for p in f.params):
+        return sch
+    out = f.params[-1].name
+
+    def reorder(v: tirx.PrimExpr) -> tirx.PrimExpr:
+        loads: list = []
+
+        def drop(n):  # (pre + residual) -> pre, remembering the residual's load
+            if isinstance(n.b, TensorLoad) and n.b.source.name == "residual":
+                loads.append(n.b)
+                return n.a
+            return None
+
+        v = _replace(v, tirx.Add, drop)
+        return v + loads[0] if loads else v
+
+    return s_tir.Schedule(_store_values(f, lambda st: st.buffer.name == out, reorder))
+
+
+mut_conv_pad_edge = _family_copy(tvm_conv2d, "mut_conv_pad_edge")
+
+
+@opsdk.rule("mut_conv_pad_edge", "cpu", name="mut.conv_pad_edge", priority=1000,
+            claims=("vectorize",))
+def _conv_pad_edge(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.conv2d whose padding bounds are one short at the far edges: the padded copy (or
+    the in-place bounds test of a depthwise NHWC or few-channel conv) reads the input's
+    last row and last column as zeros."""
+    sch = schedule_conv2d(func, target, acc_regs=24)
+    if sch is None:
+        return None
+
+    def short_bound(n):  # `i < H + p` -> `i < H + p - 1`
+        if isinstance(n.b, tirx.IntImm):
+            return n.a < n.b.value - 1
+        return None
+
+    def pad(n):
+        if getattr(n.op, "name", "") != "prim.if_then_else":
+            return None
+        return tirx.if_then_else(_replace(n.args[0], tirx.LT, short_bound), *n.args[1:])
+
+    return s_tir.Schedule(_store_values(sch.mod["main"], lambda st: True,
+                                        lambda v: _replace(v, Call, pad)))
+
+
+mut_conv_pack_short = _family_copy(tvm_conv2d, "mut_conv_pack_short",
+                                   weights=tvm_conv2d.weights)
+
+
+@opsdk.rule("mut_conv_pack_short", "cpu", name="mut.conv_pack_short", priority=1000,
+            claims=("vectorize",))
+def _conv_pack_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.conv2d whose weight packing (at run time, or folded at compile time for constant
+    weights) leaves its last element block short: the innermost copy loop of the last
+    packing nest (the last output channel in HWIO, the last window column in OIHW, the
+    channel tail's block where the channels do not fill the tile) runs one step fewer."""
+    sch = schedule_conv2d(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    from tvm_ffi.structural import structural_walk
+
+    loops: list = []
+    structural_walk(f, [(tirx.For, lambda n: loops.append(n))])
+    # the packing is the cache_read of the weight (blocks w_global*); its innermost loops
+    # hold no other loop
+    pack = [lp for lp in loops if 'sblock("w_global' in str(lp.body)
+            and "for " not in str(lp.body)]
+    if not pack:
+        return sch
+    return s_tir.Schedule(_shorten(f, lambda n: n.same_as(pack[-1]), lambda e: e - 1))
+
+
+mut_pool_window_short = _family_copy(tvm_pool2d, "mut_pool_window_short")
+
+
+@opsdk.rule("mut_pool_window_short", "cpu", name="mut.pool_window_short", priority=1000,
+            claims=("vectorize",))
+def _pool_window_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.pool (the fallback schedule) whose window-column loop stops one tap early: each
+    window's last column is never read (an average still divides by the full count)."""
+    sch = schedule_fallback(func, target)
+    if sch is None:
+        return None
+    # topi.nn.pool2d names its window loops rv0 (rows), rv1 (columns)
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: str(n.loop_var.name) == "rv1",
+                                   lambda e: e - 1))
+
+
+mut_winograd_input_sign = _family_copy(tvm_conv2d_winograd, "mut_winograd_input_sign")
+
+
+@opsdk.rule("mut_winograd_input_sign", "cpu", name="mut.winograd_input_sign", priority=1000,
+            claims=("vectorize",))
+def _winograd_input_sign(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """x86.winograd whose input transform has one wrong coefficient: the first -1 of
+    B^T d B's table (point 2, ``-d[0][1]``) written as +1."""
+    sch = schedule_winograd(func, target, acc_regs=24)
+    if sch is None:
+        return None
+    done: list = []
+
+    def flip(n):
+        if done or n.value != -1.0:
+            return None
+        done.append(n)
+        return tirx.const(1.0, "float32")
+
+    return s_tir.Schedule(_store_values(
+        sch.mod["main"], lambda st: st.buffer.name == "wino_input",
+        lambda v: _replace(v, tirx.FloatImm, flip)))
+
+
+_QDENSE = opsdk.get_op("qdense")
+mut_qdense_comp_short = _like(_QDENSE, name="mut_qdense_comp_short",
+                              weights=_QDENSE.weights)(_QDENSE.compute)
+
+
+def _int8_kernel(target: Target):
+    """The micro-kernel, activation dtype and tile (rows, cols) the host's real int8 rules
+    use on ``target``: VNNI or AVX2 on x86, sdot or smull on aarch64."""
+    from opsdk.targets import target_arch, target_features
+
+    feats = target_features(target)
+    if target_arch(target) == "aarch64":
+        from opsdk.schedules.arm_cpu.dotprod import COLS, NEON_SMULL, ROWS, SDOT
+
+        return (SDOT if "dotprod" in feats else NEON_SMULL), "int8", ROWS, COLS
+    if "avx512vnni" in feats:
+        from opsdk.schedules.cpu.vnni import COLS, ROWS, VNNI
+
+        return VNNI, "uint8", ROWS, COLS
+    from opsdk.schedules.cpu.avx2 import AVX2_PMADDWD, COLS, ROWS
+
+    return AVX2_PMADDWD, "int8", ROWS, COLS
+
+
+@opsdk.rule("mut_qdense_comp_short", "cpu", name="mut.qdense_comp_short", priority=1000,
+            claims=("vectorize", "parallel"))
+def _qdense_comp_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The int8 qdense rule (VNNI / AVX2 on x86, sdot / smull on aarch64) whose zero-point
+    compensation ``(x_zero_point + shift) * sum_k w`` sums the weights over all 4-byte K
+    groups but the last (the GEMM itself is right)."""
+    from opsdk.schedules._qgemm import schedule_qdense
+
+    kernel, act, rows, cols = _int8_kernel(target)
+    sch = schedule_qdense(func, target, kernel, act_dtype=act, rows=rows, cols=cols)
+    if sch is None:
+        return None
+    # wsum_lanes' reduction over the K groups (absent when the zero point cancels the shift)
+    return s_tir.Schedule(_shorten(sch.mod["main"], lambda n: str(n.loop_var.name) == "rg",
+                                   lambda e: tirx.max(e - 1, 0)))
+
+
+_DENSE_Q4 = opsdk.get_op("dense_q4")
+mut_q4_scale_short = _like(_DENSE_Q4, name="mut_q4_scale_short",
+                           weights=_DENSE_Q4.weights)(_DENSE_Q4.compute)
+
+
+@opsdk.rule("mut_q4_scale_short", "cpu", name="mut.q4_scale_short", priority=1000,
+            claims=("vectorize", "parallel"))
+def _q4_scale_short(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The weight-only dense rule (x86.wdense / neon.wdense, float32 activations) whose
+    packing of the q4_0 group scales (``dp``) stops one group early: the last 32 weights of
+    every row are scaled by whatever the buffer held."""
+    from tvm_ffi.structural import structural_walk
+
+    from opsdk.schedules._core import accumulator_registers
+    from opsdk.schedules._wgemm import schedule_wdense
+
+    sch = schedule_wdense(func, target, acc_regs=accumulator_registers(target))
+    if sch is None:
+        return None
+    f = sch.mod["main"]
+    group_vars: list = []  # the loop variables dp's group index (its 2nd axis) is bound to
+
+    def realize(n):
+        if n.block.name_hint == "dp":
+            structural_walk(n.iter_values[1], [(tirx.Var, lambda v: group_vars.append(v))])
+
+    structural_walk(f, [(s_tir.SBlockRealize, realize)])
+    if not group_vars:
+        return sch
+    return s_tir.Schedule(_shorten(f, lambda n: any(n.loop_var.same_as(v) for v in group_vars),
+                                   lambda e: e - 1))
+
+
 #: Mutants whose bug is in a schedule rule (the compute is correct): checked on arm too.
 RULE_MUTANTS = ("mut_ln_vec_tail", "mut_gelu_last_tile", "mut_matmul_drop_tail",
                 "mut_matmul_tile_edge", "mut_conv_tile_edge", "mut_matmul_short_k",
                 "mut_conv_short_rc", "mut_softmax_merge_short", "mut_winograd_short_c",
                 "mut_winograd_tile_edge", "mut_mean_columns_short", "mut_reduce_rows_short")
+
+#: Kernel-rule mutants checked in the suite on one cell, by verify's corner cases alone (no
+#: random search, no shrinking: the suite's time budget): name -> (dtype, layout, arm target).
+#: ``scripts/kernel-mutants.py`` runs them like the others, every cell, over many seeds.
+CORNER_MUTANTS = {
+    "mut_matmul_epilogue_order": ("float32", "kn", "arm"),
+    "mut_conv_pad_edge": ("float32", "NHWC", "arm"),
+    "mut_conv_pack_short": ("float32", "NCHW", "arm"),
+    "mut_pool_window_short": ("float32", "NHWC_avg", "arm"),
+    "mut_winograd_input_sign": ("float32", "NHWC", "arm"),
+    # the sdot rule on arm: the int8 rules' compensation there
+    "mut_qdense_comp_short": ("uint8", "float32", "arm-dotprod"),
+    "mut_q4_scale_short": ("float32", "float32", "arm"),
+}
+
+#: Not run by the suite (its time budget): checked by hand or by scripts/kernel-mutants.py.
+BY_HAND = ("mut_winograd_packed_e",)
+
+
+def first_failing_corner(d: opsdk.OpDef, target: str, dtype: str, layout: str,
+                         runner=None):
+    """The first of verify's corner cases for the cell that fails on ``target`` (a
+    CaseResult), or None: verify's deterministic examples without its random search and
+    shrinking. ``d`` must be registered."""
+    from opsdk._dtypes import np_dtype
+    from opsdk.schedules import vector_lanes
+    from opsdk.verify import run_case
+    from opsdk.verify._strategies import corner_cases
+
+    lanes = vector_lanes(opsdk.target(target), np_dtype(dtype).itemsize * 8)
+    for case in corner_cases(d, target, dtype, layout, lanes):
+        res = run_case(case, runner=runner, op=d)
+        if not res.ok:
+            return res
+    return None
+
+
+#: Every kernel-rule mutant (a real rule's schedule with one bug), by bug class: what
+#: ``scripts/kernel-mutants.py`` measures.
+KERNEL_MUTANTS = {
+    "mut_matmul_drop_tail": "tail",
+    "mut_matmul_tile_edge": "tile edge",
+    "mut_conv_tile_edge": "tile edge",
+    "mut_matmul_short_k": "reduction",
+    "mut_conv_short_rc": "reduction",
+    "mut_winograd_short_c": "reduction",
+    "mut_winograd_tile_edge": "tile edge",
+    "mut_matmul_packed_k": "layout packing",
+    "mut_winograd_packed_e": "Winograd weight transform",
+    "mut_mean_columns_short": "reduction",
+    "mut_reduce_rows_short": "reduction",
+    "mut_qconv2d_short_k": "int8 reduction",
+    "mut_matmul_epilogue_order": "epilogue order",
+    "mut_conv_pad_edge": "padding",
+    "mut_conv_pack_short": "layout packing",
+    "mut_pool_window_short": "pool window",
+    "mut_winograd_input_sign": "Winograd input transform",
+    "mut_qdense_comp_short": "int8 compensation",
+    "mut_q4_scale_short": "weight-only dequant scale",
+}
 
 #: Mutants caught by a check other than the numbers (mismatch / invariance).
 STATUS = {"mut_gelu_f32_out": "type", "mut_quantize_int8_only": "type"}
@@ -1008,6 +1301,14 @@ BUGS = {
     "mut_qconv2d_zp_sign": "qconv2d adds the input zero point instead of subtracting it",
     "mut_qconv2d_int16_acc": "qconv2d accumulates in int16 (wraps)",
     "mut_qconv2d_short_k": "qconv2d rule's kernel forgets the last 4-channel block",
+    "mut_matmul_epilogue_order": "matmul rule applies the activation before the residual add",
+    "mut_conv_pad_edge": "conv2d rule's padding reads the input's last row and column as 0",
+    "mut_conv_pack_short": "conv2d rule's weight packing leaves its last element unpacked",
+    "mut_pool_window_short": "pool rule skips the last column of each window",
+    "mut_winograd_input_sign": "winograd rule's input transform has +1 for one -1",
+    "mut_qdense_comp_short": "int8 qdense rule's compensation misses the last K group",
+    "mut_q4_scale_short": "dense_q4 rule's scale packing skips the last group",
+    "mut_winograd_packed_e": "winograd rule's constant weight transform skips a point",
 }
 
 #: Correct rewrites of built-ins (another evaluation order, a division for a reciprocal,
@@ -1056,7 +1357,7 @@ OPS = [
     mut_winograd_short_c,
     mut_winograd_tile_edge,
     mut_matmul_packed_k,
-    mut_winograd_packed_e,  # in OPS for --module, not in BUGS: see its rule
+    mut_winograd_packed_e,  # not run by the suite: see its rule
     mut_softmax_merge_short,
     mut_mean_columns_short,
     mut_reduce_rows_short,
@@ -1064,6 +1365,13 @@ OPS = [
     mut_qconv2d_int16_acc,
     mut_qconv2d_short_k,
     mut_ln_overflow_zero,
+    mut_matmul_epilogue_order,
+    mut_conv_pad_edge,
+    mut_conv_pack_short,
+    mut_pool_window_short,
+    mut_winograd_input_sign,
+    mut_qdense_comp_short,
+    mut_q4_scale_short,
     eq_ln_gamma_folded,
     eq_ln_div_sqrt,
     eq_softmax_divide,
