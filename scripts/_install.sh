@@ -25,7 +25,7 @@ stamp=.venv/.opsdk-installed
 want=$(cat pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$PY" -c "import opsdk, pytest, ruff" 2>/dev/null; then
   "$PY" -m pip install --disable-pip-version-check -q --upgrade pip
-  "$PY" -m pip install --disable-pip-version-check -q -e ".[dev,torch,onnx,bench,zoo]" -c <(echo torch==2.13.0)
+  "$PY" -m pip install --disable-pip-version-check -q -e ".[dev,torch,onnx,bench,zoo,farm]" -c <(echo torch==2.13.0)
   echo "$want" > "$stamp"
 fi
 export PATH="$(pwd)/.venv/bin:$PATH"

@@ -4,7 +4,9 @@ One interface (:class:`Runner`) over three places to run:
 
 - :class:`LocalRunner`: the host CPU;
 - :class:`EmulatedRunner`: aarch64 under qemu-user, through TVM RPC (needs :func:`setup_arm`);
-- :class:`RPCRunner`: a real board running TVM's RPC server, directly or through a tracker.
+- :class:`RPCRunner`: a real board running TVM's RPC server, directly or through a tracker;
+  :class:`FarmRunner` one of a tracker's boards that names the board it is on (a sharded
+  verify runs one per board; :func:`start_farm` starts a local farm of emulated boards).
 
 Examples
 --------
@@ -41,6 +43,18 @@ if TYPE_CHECKING:
         to_numpy,
         to_tensor,
     )
+    from ._farm import (
+        FarmError,
+        FarmRunner,
+        farm_state,
+        farm_status,
+        probe_board,
+        request_board,
+        start_farm,
+        stop_farm,
+        tracker_boards,
+        tracker_summary,
+    )
     from ._provision import (
         arm_env,
         arm_ready,
@@ -57,6 +71,8 @@ __all__ = [
     "DeviceCrash",
     "DeviceTimeout",
     "EmulatedRunner",
+    "FarmError",
+    "FarmRunner",
     "InputMismatch",
     "KernelWeights",
     "LocalRunner",
@@ -68,11 +84,19 @@ __all__ = [
     "arm_tools_available",
     "check_inputs",
     "cross_compiler",
+    "farm_state",
+    "farm_status",
+    "probe_board",
+    "request_board",
     "runner_for",
     "setup_arm",
     "site_packages",
+    "start_farm",
+    "stop_farm",
     "to_numpy",
     "to_tensor",
+    "tracker_boards",
+    "tracker_summary",
 ]
 
 _LAZY = {
@@ -92,6 +116,9 @@ _LAZY = {
     "arm_tools_available": "._provision",
     "setup_arm": "._provision",
     "EmulatedRunner": ".emulated",
+    **{n: "._farm" for n in ("FarmError", "FarmRunner", "farm_state", "farm_status",
+                             "probe_board", "request_board", "start_farm", "stop_farm",
+                             "tracker_boards", "tracker_summary")},
     "LocalRunner": ".local",
     "RPCRunner": ".rpc",
 }

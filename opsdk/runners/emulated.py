@@ -37,6 +37,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .._cliargs import host_port
 from ._base import DeviceTimeout
 from ._provision import ArmEnv, arm_env, setup_arm
 from .rpc import RPCRunner
@@ -45,11 +46,15 @@ __all__ = ["EmulatedRunner", "main", "serve"]
 
 _READY_RE = re.compile(r"OPSDK_SERVER_READY port=(\d+)")
 
-# Runs inside the emulated aarch64 CPython: argv = host port key parent_pid.
+# Runs inside the emulated aarch64 CPython: argv = host port key parent_pid [tracker].
+# With a tracker ("HOST:PORT") it registers there the way tvm.rpc.server._listen_loop does
+# (UPDATE_INFO, then PUT of a fresh match key before each session, re-PUT when a key handed
+# out by the tracker is not used), so TVM's tracker hands it out like a stock rpc_server.
 _GUEST_SERVER = r"""
 import ctypes, os, resource, shutil, signal, socket, struct, sys, tempfile, time, traceback
 
 HOST, PORT, KEY, PARENT = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+TRACKER = sys.argv[5] if len(sys.argv) > 5 else ""
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no qemu core files for crashed kernels
 _libc = ctypes.CDLL(None)
 _child = 0
@@ -92,13 +97,13 @@ def parent_gone():
     return PARENT > 0 and os.getppid() != PARENT
 
 
-def handshake(conn):
+def handshake(conn, matchkey):
     conn.settimeout(30)
     if struct.unpack("<i", base.recvall(conn, 4))[0] != base.RPC_MAGIC:
         return None
     size = struct.unpack("<i", base.recvall(conn, 4))[0]
     parts = base.recvall(conn, size).decode("utf-8").split()
-    if not parts or parts[0] != "client:" + KEY:
+    if not parts or parts[0] != "client:" + matchkey:
         conn.sendall(struct.pack("<i", base.RPC_CODE_MISMATCH))
         return None
     server_key = ("server:" + KEY).encode("utf-8")
@@ -172,20 +177,88 @@ def serve(lsock, conn, timeout):
     _work = None
 
 
+class Tracker:
+    # This server's registration with a TVM RPC tracker (tvm.rpc.server's protocol).
+
+    def __init__(self, addr, port):
+        host, _, tport = addr.rpartition(":")
+        self.addr, self.port, self.sock = (host, int(tport)), port, None
+        self.matchkey, self.used, self.unmatched = None, set(), 0
+
+    def connect(self):
+        sock = socket.create_connection(self.addr, timeout=30)
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        if struct.unpack("<i", base.recvall(sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+            raise RuntimeError("%s:%d is not a TVM RPC tracker" % self.addr)
+        base.sendjson(sock, [base.TrackerCode.UPDATE_INFO,
+                             {"key": "server:" + KEY, "addr": [None, self.port]}])
+        assert base.recvjson(sock) == base.TrackerCode.SUCCESS
+        self.sock = sock
+        log("registered with tracker %s:%d key %s" % (self.addr + (KEY,)))
+
+    def put(self):
+        # A fresh match key: the one handed out for the last session is spent.
+        if self.matchkey:
+            self.used.add(self.matchkey)
+        self.matchkey = base.random_key(KEY, cmap=self.used)
+        base.sendjson(self.sock, [base.TrackerCode.PUT, KEY, (self.port, self.matchkey), None])
+        assert base.recvjson(self.sock) == base.TrackerCode.SUCCESS
+        self.unmatched = 0
+
+    def idle(self):
+        # As _accept_conn: a key the tracker gave a client that never came is replaced.
+        base.sendjson(self.sock, [base.TrackerCode.GET_PENDING_MATCHKEYS])
+        if self.matchkey in base.recvjson(self.sock):
+            self.unmatched = 0
+        else:
+            self.unmatched += 1
+            if self.unmatched * 2 > 6:
+                self.put()
+
+    def close(self):
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+        self.sock = None
+
+
 def main():
     lsock = socket.socket(base.get_addr_family((HOST, PORT)), socket.SOCK_STREAM)
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lsock.bind((HOST, PORT))
     lsock.listen(8)
-    lsock.settimeout(1.0)
-    log("OPSDK_SERVER_READY port=%d" % lsock.getsockname()[1])
+    lsock.settimeout(2.0)
+    port = lsock.getsockname()[1]
+    tracker = Tracker(TRACKER, port) if TRACKER else None
+    log("OPSDK_SERVER_READY port=%d" % port)
+    fresh = True  # a match key must be put before the next accept
     while not parent_gone():
+        if tracker is not None:
+            try:
+                if tracker.sock is None:
+                    tracker.connect()
+                    fresh = True
+                if fresh:
+                    tracker.put()
+                    fresh = False
+            except (OSError, AssertionError, ValueError) as e:
+                log("tracker %s:%d: %s; retrying" % (tracker.addr + (e,)))
+                tracker.close()
+                time.sleep(1.0)
+                continue
         try:
             conn, addr = lsock.accept()
         except socket.timeout:
+            if tracker is not None:
+                try:
+                    tracker.idle()
+                except (OSError, AssertionError, ValueError):
+                    tracker.close()
             continue
         try:
-            timeout = handshake(conn)
+            timeout = handshake(conn, tracker.matchkey if tracker is not None else KEY)
         except Exception as e:
             log("bad handshake from %s: %s" % (addr, e))
             timeout = None
@@ -194,7 +267,10 @@ def main():
             continue
         log("connection from %s:%s" % addr[:2])
         serve(lsock, conn, timeout)
+        fresh = True
     log("parent %d is gone, exiting" % PARENT)
+    if tracker is not None:
+        tracker.close()
 
 
 main()
@@ -234,8 +310,9 @@ def _stop_all() -> None:
 class _GuestServer:
     """One emulated RPC server process (group) and its log."""
 
-    def __init__(self, env: ArmEnv, cpu: str | None, host: str, port: int, key: str) -> None:
-        self.env, self.cpu, self.host, self.key = env, cpu, host, key
+    def __init__(self, env: ArmEnv, cpu: str | None, host: str, port: int, key: str,
+                 tracker: str = "") -> None:
+        self.env, self.cpu, self.host, self.key, self.tracker = env, cpu, host, key, tracker
         self.requested_port = port
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -259,6 +336,8 @@ class _GuestServer:
         script.write_text(_GUEST_SERVER)
         cmd = [str(self.env.python), str(script)]
         cmd += [self.host, str(self.requested_port), self.key, str(os.getpid())]
+        if self.tracker:
+            cmd.append(self.tracker)
         with open(self.log_path, "ab") as log:
             offset = log.tell()  # the log is appended across restarts
             self.proc = subprocess.Popen(
@@ -458,15 +537,18 @@ class EmulatedRunner(RPCRunner):
 
 
 def serve(port: int = 9090, cpu: str | None = "cortex-a72", host: str = "127.0.0.1",
-          key: str = "", start_timeout: float = 120.0) -> None:  # fmt: skip
+          key: str = "", start_timeout: float = 120.0, tracker: str = "") -> None:  # fmt: skip
     """Serve emulated aarch64 TVM RPC on ``host:port`` until Ctrl-C or SIGTERM.
 
     Behaves like ``python -m tvm.exec.rpc_server`` on a board, so ``RPCRunner(host, port)``
-    can be tested against it. The server is restarted if it ever dies.
+    can be tested against it. The server is restarted if it ever dies. With ``tracker``
+    (``HOST:PORT`` of ``python -m tvm.exec.rpc_tracker``) it registers there under ``key``,
+    as ``rpc_server --tracker HOST:PORT --key KEY`` does, and is handed out by the tracker.
 
     Examples
     --------
     >>> serve(port=9090, cpu="cortex-a72")  # doctest: +SKIP
+    >>> serve(port=0, tracker="127.0.0.1:9190", key="opsdk-farm")  # doctest: +SKIP
     """
     try:
         env = arm_env()
@@ -479,13 +561,14 @@ def serve(port: int = 9090, cpu: str | None = "cortex-a72", host: str = "127.0.0
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
-    server = _GuestServer(env, cpu, host, port, key)
+    server = _GuestServer(env, cpu, host, port, key, tracker)
     try:
         while True:
             bound = server.start(start_timeout)
+            where = f", registered with tracker {tracker} key {key}" if tracker else ""
             print(
                 f"opsdk: emulated aarch64 TVM RPC server (qemu -cpu {cpu or 'default'}) "
-                f"listening on {host}:{bound}",
+                f"listening on {host}:{bound}{where}",
                 flush=True,
             )
             while server.alive():
@@ -510,9 +593,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=9090, help="port to bind (0: any free one)")
     parser.add_argument("--cpu", default="cortex-a72", help="qemu -cpu model (default cortex-a72)")
-    parser.add_argument("--key", default="", help="RPC key clients must present (default none)")
+    parser.add_argument("--key", default="", help="RPC key clients must present (default none); "
+                        "with --tracker, the device key the tracker hands this server out by")
+    parser.add_argument("--tracker", metavar="HOST:PORT", type=host_port,
+                        help="register with this TVM RPC tracker (python -m "
+                        "tvm.exec.rpc_tracker), as rpc_server --tracker does; needs --key")
     args = parser.parse_args(argv)
-    serve(port=args.port, cpu=args.cpu, host=args.host, key=args.key)
+    if args.tracker and not args.key:
+        parser.error("--tracker needs --key (the device key clients request, e.g. "
+                     "--key opsdk-farm)")
+    serve(port=args.port, cpu=args.cpu, host=args.host, key=args.key,
+          tracker=args.tracker or "")
     return 0
 
 

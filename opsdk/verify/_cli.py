@@ -17,12 +17,13 @@ from typing import Any, TextIO
 import opsdk
 from opsdk.targets import target_spec
 
-from .._cliargs import distinct_outputs, host_port, nonneg_int, output_path
+from .._cliargs import distinct_outputs, host_port, nonneg_int, output_path, positive_float
 from .._files import write_text_atomic
 from .._userfile import UserCodeError
 from ..runners import RunnerUnavailable
 from ._engine import _runner_for, run_case, verify
 from ._report import VerifyReport, run_modules
+from ._shard import board_count, verify_sharded
 from ._strategies import GRID_RECIPES, INT_AUX_RECIPES, RECIPES, SPECIAL_RECIPES, Case, cell_dtypes
 
 __all__ = ["add_verify_arguments", "run_verify_command"]
@@ -63,6 +64,14 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracker", metavar="HOST:PORT", type=host_port,
                         help="TVM RPC tracker to get a device")
     parser.add_argument("--key", help="device key (with --tracker)")
+    parser.add_argument("--boards", type=board_count, metavar="N|all",
+                        help="with --tracker and --key: spread the cells over N (or all) free "
+                        "boards of the key, one worker each; a board that dies or hangs has "
+                        "its cell requeued on another and is named in the report "
+                        "(docs/farm.md)")
+    parser.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
+                        help="with --boards: a cell with no result after this long has its "
+                        "board counted as hung and is requeued (default 900)")
     parser.add_argument("--module", action="append", metavar="MODULE",
                         help="also load ops from this module (OPS = [...])")
     parser.add_argument("--kernels", action="store_true",
@@ -138,6 +147,10 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[Any], str, list[str] | 
             raise _Usage(f"unknown layout {ly!r}; known: {', '.join(sorted(known_ly))}")
     if args.tracker and not args.key:
         raise _Usage("--tracker needs --key")
+    if args.boards is not None and (not args.tracker or args.rpc or args.case):
+        raise _Usage("--boards shards a run over a tracker's boards: give --tracker HOST:PORT "
+                     "--key K (not --rpc or --case); `opsdk setup farm N` starts a local "
+                     "farm")
     try:
         distinct_outputs(report=args.report, junit=args.junit)
     except ValueError as e:
@@ -198,22 +211,18 @@ def _run_verify(args: argparse.Namespace) -> int:
         return 2
 
     progress = _Progress(sys.stderr, args.quiet)
+    common = dict(dtypes=dtypes, layouts=layouts, profile=args.profile or "dev",
+                  seed=args.seed, max_examples=args.examples,
+                  database=None if args.no_db else "default", lints=not args.no_lints,
+                  progress=progress)
     try:
-        report = verify(
-            defs or None,
-            tname,
-            dtypes=dtypes,
-            layouts=layouts,
-            profile=args.profile or "dev",
-            seed=args.seed,
-            max_examples=args.examples,
-            database=None if args.no_db else "default",
-            lints=not args.no_lints,
-            progress=progress,
-            rpc=args.rpc,
-            tracker=args.tracker,
-            key=args.key,
-        )
+        if args.boards is not None:
+            report = verify_sharded(defs or None, tname, tracker=args.tracker, key=args.key,
+                                    boards=args.boards, cell_timeout=args.cell_timeout,
+                                    **common)
+        else:
+            report = verify(defs or None, tname, rpc=args.rpc, tracker=args.tracker,
+                            key=args.key, **common)
     except (ValueError, RunnerUnavailable) as e:
         progress.close()
         print(f"opsdk verify: error: {e}", file=sys.stderr)
@@ -228,6 +237,11 @@ def _run_verify(args: argparse.Namespace) -> int:
             print(f"\nERROR {c.op} {c.dtype} {c.layout}: {c.error}")
     examples = sum(c.examples for c in report.cells)
     device = report.device.get("device", "?")
+    if report.device.get("boards"):
+        print("\ncells per board: " + ", ".join(f"{b} {n}" for b, n in
+                                                report.device["boards"].items()))
+    for note in report.device.get("lost", []):
+        print(note)
     print(
         f"\n{len(report.cells)} cells, {examples} examples, profile {report.profile}, "
         f"target {report.target} on {device}: {report.seconds:.1f} s wall"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -729,7 +729,9 @@ def verify(
     """Verify several ops (default: every registered op) on one target; see :func:`verify_op`.
 
     ``progress(label, examples_done)`` is called after each example. ``fail_fast`` stops
-    at the first failing cell. ``rpc``/``tracker``/``key`` pick a remote runner.
+    at the first failing cell. ``rpc``/``tracker``/``key`` pick a remote runner (one board;
+    ``opsdk.verify._shard.verify_sharded`` spreads the cells over every free board of a
+    tracker's key).
 
     Examples
     --------
@@ -758,31 +760,24 @@ def verify(
         except (RuntimeError, OSError) as e:
             raise RunnerUnavailable(f"cannot start the {tname} runner: {e}") from e
         for d in defs:
-            claimed = {(c["dtype"], c["layout"])
-                       for c in capabilities(d, [tname], rules=False) if c["claimed"]}
-            for dtype in cell_dtypes(d):
-                if dtypes and dtype not in dtypes:
-                    continue
-                for layout in d.layouts:
-                    if layouts and layout not in layouts:
-                        continue
-                    label = f"{d.name} {dtype} {layout}"
-                    if (dtype, layout) not in claimed or (fail_fast and not report.ok):
-                        continue
+            for dtype, layout in _cells_of(d, tname, dtypes, layouts):
+                if fail_fast and not report.ok:
+                    break
+                label = f"{d.name} {dtype} {layout}"
 
-                    def tick(label: str = label) -> None:
-                        done[0] += 1
-                        if progress:
-                            progress(label, done[0])
+                def tick(label: str = label) -> None:
+                    done[0] += 1
+                    if progress:
+                        progress(label, done[0])
 
-                    cell = verify_cell(d, tname, dtype, layout, runner=runner, profile=prof,
-                                       seed=seed, max_examples=max_examples, database=database,
-                                       on_example=tick)
-                    report.cells.append(cell)
-                    if fail_fast and not cell.ok:
-                        break
-                    if lints:
-                        report.lints += lint_cell(d, tname, dtype, layout)
+                cell = verify_cell(d, tname, dtype, layout, runner=runner, profile=prof,
+                                   seed=seed, max_examples=max_examples, database=database,
+                                   on_example=tick)
+                report.cells.append(cell)
+                if fail_fast and not cell.ok:
+                    break
+                if lints:
+                    report.lints += lint_cell(d, tname, dtype, layout)
             if refusals:
                 report.refusals += check_refusals(d)
     finally:
@@ -792,6 +787,24 @@ def verify(
             unregister(d)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _cells_of(d: OpDef, tname: str, dtypes: Sequence[str] | None,
+              layouts: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The op's cells a run verifies, in its order: claimed dtype x layout, filtered."""
+    claimed = {(c["dtype"], c["layout"])
+               for c in capabilities(d, [tname], rules=False) if c["claimed"]}
+    return [(dtype, layout) for dtype in cell_dtypes(d) if not dtypes or dtype in dtypes
+            for layout in d.layouts
+            if (not layouts or layout in layouts) and (dtype, layout) in claimed]
+
+
+def _claimed_cells(defs: Sequence[OpDef], tname: str, dtypes: Sequence[str] | None,
+                   layouts: Sequence[str] | None) -> Iterator[tuple[OpDef, str, str]]:
+    """Every cell of a run over ``defs``, in the order :func:`verify` runs them."""
+    for d in defs:
+        for dtype, layout in _cells_of(d, tname, dtypes, layouts):
+            yield d, dtype, layout
 
 
 def _as_def(op: str | OpDef, temporary: list[OpDef]) -> OpDef:

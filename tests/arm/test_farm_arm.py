@@ -1,0 +1,152 @@
+"""A sharded verify over a local farm: TVM's RPC tracker and 2 emulated aarch64 boards
+registered to it (`opsdk setup farm`). Every cell is reported exactly once whether or not a
+board dies mid-run, both boards get work, and a killed board is named in the report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections import Counter
+
+import pytest
+
+from opsdk.runners import farm_state, start_farm, stop_farm, tracker_boards
+from opsdk.verify._cli import add_verify_arguments, run_verify_command
+from opsdk.verify._engine import _claimed_cells, _target_name
+from opsdk.verify._shard import verify_sharded
+
+pytestmark = pytest.mark.arm
+
+OPS = ["gelu"]  # 2 float32 cells (erf, tanh), one per board; corner cases only
+KEY = "opsdk-test-farm"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    from opsdk.runners import setup_arm
+
+    setup_arm(log=lambda *_: None)
+    state_dir = tmp_path_factory.mktemp("farm")
+    state = start_farm(2, key=KEY, port=_free_port(), state_dir=state_dir)
+    try:
+        yield state, state_dir
+    finally:
+        stopped = stop_farm(state_dir)
+        assert len(stopped) >= 2, stopped  # the tracker and the board(s) still running
+        assert farm_state(state_dir) is None
+        left = [_stat(p) for p in [state.tracker_pid, *state.board_pids] if _stat(p)]
+        assert left == [], left  # nothing it started is left
+        # ... nor a board's qemu server (its command line names the tracker it served)
+        deadline = time.monotonic() + 10
+        while _processes_naming(state.tracker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_naming(state.tracker) == []
+
+
+def _stat(pid: int) -> str:
+    """The process's /proc stat line, "" when it is gone (or a zombie awaiting its reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            line = fh.read()
+    except OSError:
+        return ""
+    return "" if line[line.rfind(")") + 2:].startswith("Z") else line[:80]
+
+
+def _processes_naming(word: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if word in cmd and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def _expected_cells() -> list[tuple[str, str, str]]:
+    import opsdk
+
+    defs = [opsdk.get_op(n) for n in OPS]
+    return [(d.name, dt, ly) for d, dt, ly in
+            _claimed_cells(defs, _target_name("arm"), ["float32"], None)]
+
+
+def _cells(report) -> list[tuple[str, str, str]]:
+    return [(c.op, c.dtype, c.layout) for c in report.cells]
+
+
+def test_farm_registers_its_boards_on_loopback(farm):
+    state, _ = farm
+    boards, free = tracker_boards("127.0.0.1", state.tracker_port, KEY)
+    assert sorted(boards) == sorted(state.boards) and free == 2
+    assert all(b.startswith("127.0.0.1:") for b in boards)
+
+
+def test_sharded_verify_reports_every_cell_once_on_both_boards(farm):
+    state, _ = farm
+    report = verify_sharded(OPS, "arm", tracker=state.tracker, key=KEY, boards="all",
+                            dtypes=["float32"], max_examples=0, database=None, lints=False,
+                            seed=0)
+    assert report.ok, report.format_table()
+    assert _cells(report) == _expected_cells()  # each once, in a single-board run's order
+    assert all(c.examples > 0 for c in report.cells)
+    used = report.device["boards"]
+    assert set(used) == set(state.boards), used  # both boards got work
+    assert sum(used.values()) == len(report.cells)
+    assert report.device["lost"] == []
+    assert len(report.refusals) > 0  # the refusals of a single-board run are there too
+
+
+def test_bad_tracker_or_key_is_one_line_exit_2(farm, capsys):
+    import argparse
+
+    state, _ = farm
+    p = argparse.ArgumentParser()
+    add_verify_arguments(p)
+    cases = [
+        (["gelu", "--target", "arm", "--boards", "2"], "--boards shards a run over a tracker"),
+        (["gelu", "--target", "arm", "--tracker", f"127.0.0.1:{_free_port()}", "--key", KEY,
+          "--boards", "all"], "cannot connect"),
+        (["gelu", "--target", "arm", "--tracker", state.tracker, "--key", "no-such-key",
+          "--boards", "all"], "no board is registered under --key no-such-key"),
+    ]
+    for argv, words in cases:
+        assert run_verify_command(p.parse_args([*argv, "--quiet", "--no-db"])) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
+    # Last in this module: it takes one of the two boards down for good.
+    state, _ = farm
+    victim_pid, victim = state.board_pids[0], state.boards[0]
+    killed = []
+
+    def progress(label: str, done: int) -> None:
+        if done == 3 and not killed:  # both boards are mid-cell by now
+            os.killpg(victim_pid, signal.SIGKILL)  # the board's server, as a power cut
+            killed.append(label)
+
+    report = verify_sharded(OPS, "arm", tracker=state.tracker, key=KEY, boards="all",
+                            dtypes=["float32"], max_examples=0, database=None, lints=False,
+                            seed=0, progress=progress)
+    assert killed
+    assert report.ok, report.format_table()
+    counts = Counter(_cells(report))
+    assert sorted(counts) == sorted(_expected_cells()) and set(counts.values()) == {1}
+    lost = report.device["lost"]
+    assert len(lost) == 1 and lost[0].startswith(f"board {victim} lost at cell "), lost
+    assert lost[0].endswith("requeued"), lost
+    survivor = next(b for b in state.boards if b != victim)
+    assert report.device["boards"][survivor] >= 1
