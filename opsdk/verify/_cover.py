@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
+from tvm.sym import Analyzer
 from tvm.sym.pattern import detect_linear_equation
 from tvm.tirx.analysis import undefined_vars
 
@@ -193,6 +195,9 @@ def _token(f: _Func, blk: Any, prev: Any, out_shape: list[int | None],
         if _float(a) is not None:
             a, b = b, a
         c = _float(b)
+        if (isinstance(v, tirx.Max) and c == -math.inf) or (
+                isinstance(v, tirx.Min) and c == math.inf):
+            return "identity"  # torch's hardtanh exports clamp to +-inf too
         if isinstance(v, tirx.Max) and c == 0.0:
             return "max0"
         if isinstance(v, tirx.Min) and c == 6.0:
@@ -233,7 +238,7 @@ def _epilogue(f: _Func, after: int, channel_axis: int) -> list[str]:
 def _match_epilogue(tokens: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     """(``{"activation": ...}``, present optional inputs, "" or why the family's epilogue
     (bias, residual, then one activation) is not this one; the nearest is returned then)."""
-    toks = list(tokens)
+    toks = [t for t in tokens if t != "identity"]  # a clamp to +-inf changes nothing
     present = [n for n in ("bias", "residual") if n in toks]
     rest = [t for t in toks if t not in ("bias", "residual")]
     act = next((a for a, ts in _ACT_TOKENS.items() if list(ts) == rest), None)
@@ -465,6 +470,19 @@ def _pool_len(n: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -
     return out
 
 
+def _corner_count(blk: Any) -> float | None:
+    """The divisor of an average's division block at output position 0 (TVM writes it as
+    an expression of the output position for both ``count_include_pad`` settings)."""
+    ana = Analyzer()
+    for iv in blk.iter_vars:
+        ana.bind(iv.var, 0)
+    d = ana.simplify(blk.body.value.b)
+    while isinstance(d, tirx.Cast):
+        d = d.value
+    d = ana.simplify(d)
+    return float(d.value) if isinstance(d, (tirx.IntImm, tirx.FloatImm)) else None
+
+
 def _pool(f: _Func) -> _Found:
     i = _main_reduction(f)
     blk = f.blocks[i]
@@ -488,20 +506,23 @@ def _pool(f: _Func) -> _Found:
                    "square window and stride)")
     p = pads[0][0]
     got = [_shape(out)[a] for a in axes]
+    # TVM pads the bottom / right further for ceil_mode (whether or not the output grows),
+    # so uneven padding with a ceil-mode output length is ceil_mode
+    even = len(set(pads)) == 1 and pads[0][0] == pads[0][1]
     ceil = None
-    for mode in (False, True):  # the output length says whether it rounds up
+    for mode in ((False, True) if even else (True,)):
         if None not in xs and got == [_pool_len(xs[a], kern[0], sh, p, mode) for a in axes]:
             ceil = mode
             break
-    if ceil is None or (not ceil and (len(set(pads)) != 1 or pads[0][0] != pads[0][1])):
+    if ceil is None:
         why.append(f"padding {pads}, output {got} (the family pads every side alike)")
     tail = f.blocks[i + 1:]
     include = False
     if pool == "avg":
         if len(tail) != 1 or not isinstance(tail[0].body.value, tirx.Div):
             why.append("an average without its one division block")
-        else:  # a constant divisor counts the padding too
-            include = _float(tail[0].body.value.b) is not None
+        elif p > 0:  # the divisor at the first output: the whole window counts the padding
+            include = _corner_count(tail[0]) == kern[0] * kern[0]
     elif tail:
         why.append(f"blocks after the pool ({', '.join(b.name_hint for b in tail)})")
     layout = ("NHWC" if axes == [1, 2] else "NCHW") + f"_{pool}"

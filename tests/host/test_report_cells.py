@@ -182,3 +182,42 @@ def test_the_zoo_check_counts_the_kernel_cases(verified):
     bad = ZooCheck("cells", "x86", compiled=True, kernel_cases={
         **kc, "failed": [f"{cells[0]['kernel']} mismatch: {cells[0]['command']}"]})
     assert bad.failed() and "kernel case failed" in format_zoo_check([bad])
+
+
+def _stated(c, name, value):
+    """``value`` of attribute ``name`` is in the cell's case, or named among its gaps when
+    this family version has no such attribute."""
+    d = next(d for d in KERNEL_OPS if d.name == c.family)
+    if name in {p.name for p in d.attr_params}:
+        return c.case is not None and c.case["attrs"][name] == value
+    return any(g.startswith(f"{name} {value}:") for g in c.gaps)
+
+
+@pytest.mark.parametrize("include", [True, False])
+@pytest.mark.parametrize("ceil", [True, False])
+def test_pool_attributes_are_read_off_the_kernel(include, ceil):
+    x = te.placeholder((1, 13, 13, 8), name="x")
+    y = topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "avg", ceil, "NHWC",
+                       count_include_pad=include)
+    c = kernel_cell("pool", te.create_prim_func([x, y]), "x86", lanes=16)
+    assert c.family == "tvm_pool2d" and c.layout == "NHWC_avg", c
+    assert c.shape_class["kernel"] == 3 and c.shape_class["stride"] == 2
+    assert c.shape_class["padding"] == 1 and c.shape_class["ceil_mode"] == ceil
+    assert c.shape_class["count_include_pad"] == include
+    assert _stated(c, "ceil_mode", ceil) or not ceil
+    assert _stated(c, "count_include_pad", include) or not include
+
+
+@pytest.mark.parametrize("dilation,groups", [(2, 1), (1, 4), (1, 8)])
+def test_conv_dilation_and_groups_are_read_off_the_kernel(dilation, groups):
+    x = te.placeholder((1, 9, 9, 8), name="x")
+    w = te.placeholder((3, 3, 8 // groups, 16), name="w")  # 8 groups of 8: multiplier 2
+    y = topi.nn.conv(x, w, 1, 1, dilation, groups, "NHWC", "HWIO")
+    c = kernel_cell("conv", te.create_prim_func([x, w, y]), "x86", lanes=16)
+    assert c.family == "tvm_conv2d" and c.shape_class["dilation"] == dilation, c
+    if groups == 8:  # depthwise with two outputs per channel
+        assert c.layout == "NHWC_dw" and _stated(c, "multiplier", 2), c
+    else:
+        assert c.layout == "NHWC" and c.shape_class["channels"] == 16
+        assert _stated(c, "groups", groups) or groups == 1
+    assert _stated(c, "dilation", dilation) or dilation == 1
