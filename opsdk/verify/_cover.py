@@ -675,7 +675,8 @@ def kernel_cell(name: str, func: tirx.PrimFunc, target: str, *, lanes: int,
     cell.verified_by = f"{found.family} ({found.layout})"
     static = all(s is not None for s in found.x)
     cell.shape_class = {
-        "x": found.x, **found.attrs, **found.extra,
+        "x": [s if s is not None else "symbolic" for s in found.x], **found.attrs,
+        **found.extra,
         **({"n_residue": found.attrs["n"] % lanes} if found.attrs.get("n") else {}),
         **({"channel_residue": found.attrs["channels"] % lanes}
            if found.attrs.get("channels") else {}),
