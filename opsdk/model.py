@@ -626,6 +626,11 @@ def _verify_target(target: Any, tgt: Any) -> str:
     return "x86" if target_arch(tgt) == "x86_64" else "arm"
 
 
+#: The compile-cache memo of the verify cells; its number changes when what the cells state
+#: does (a cache entry keeps the cells its first report read).
+_CELLS_MEMO = "verify-cells-1"
+
+
 def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt: Any,
                   rows: Sequence[KernelReport]) -> list[Any]:
     """The cells of ``rows`` (in their order), kept with the compile-cache entry; ValueError
@@ -639,7 +644,7 @@ def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt:
         return [c.as_dict() for c in kernel_cells(mod, target, kinds=facts)]
 
     try:
-        got = [KernelCell.from_dict(r) for r in cm.memo("verify-cells", compute)]
+        got = [KernelCell.from_dict(r) for r in cm.memo(_CELLS_MEMO, compute)]
     except LookupError:
         raise ValueError("report(cells=True): the verify cells need the model's module; pass "
                          "the IRModule or LoadedModel, or source=<its IRModule> with a "
