@@ -221,3 +221,27 @@ def test_conv_dilation_and_groups_are_read_off_the_kernel(dilation, groups):
         assert c.layout == "NHWC" and c.shape_class["channels"] == 16
         assert _stated(c, "groups", groups) or groups == 1
     assert _stated(c, "dilation", dilation) or dilation == 1
+
+
+def test_the_cells_are_kept_with_the_compile_cache_entry(tmp_path, monkeypatch):
+    import numpy as np
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    w = relax.const(np.ones((32, 24), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    first = report(mod, "x86", profile=False, asm=False, cells=True, cache=tmp_path)
+
+    def refuse(*a, **k):
+        raise AssertionError("the cells were computed again")
+
+    monkeypatch.setattr("opsdk.model.kernel_cells", refuse)
+    second = report(mod, "x86", profile=False, asm=False, cells=True, cache=tmp_path)
+    assert (first.cached, second.cached) == (False, True)
+    assert [k.verify for k in second.kernels] == [k.verify for k in first.kernels]
+    assert [k.verify["cell"] for k in first.kernels] == ["tvm_matmul/kn"]
