@@ -1,9 +1,13 @@
-"""``tvm_conv2d``: the kernel TVM lowers ``conv2d`` to (dense, grouped by channel, depthwise).
+"""``tvm_conv2d``: the kernel TVM lowers ``conv2d`` to (dense, grouped, depthwise).
 
-``topi.nn.conv`` (what relax's conv2d legalization calls: a padding block and one
-multiply-accumulate block over a window) followed by the epilogue FuseOps appends: the bias
-of a folded BatchNorm, a residual add, ReLU / ReLU6. Layouts: ``NCHW`` (weights OIHW) and
-``NHWC`` (HWIO, what :class:`~opsdk.transform.ChannelsLast` makes), each dense and depthwise.
+``topi.nn.conv`` (what relax's conv2d legalization calls, with every attribute relax's
+``conv2d`` carries: strides, 4-value padding, dilation, groups) followed by the epilogue
+FuseOps appends: the bias of a folded BatchNorm, a residual add, an activation. Layouts:
+``NCHW`` (weights OIHW) and ``NHWC`` (HWIO, what :class:`~opsdk.transform.ChannelsLast`
+makes), each dense / grouped (``groups`` divides the input and output channels) and
+depthwise (``groups`` = input channels, ``multiplier`` output channels per input channel).
+Padding is ``(padding, pad_left, pad_bottom, pad_right)`` (top, left, bottom, right; -1 is
+``padding``): relax hands the legalization four values, uneven for TF-style ``SAME``.
 
 The channel count, the spatial size and the attributes are static (a model's are; each is a
 separate compile); the batch may be symbolic. Scheduled by the ``kind:conv2d`` rules.
@@ -30,7 +34,7 @@ from ._epilogue import (
     static_int,
 )
 
-__all__ = ["tvm_conv2d"]
+__all__ = ["pads4", "tvm_conv2d"]
 
 
 def _nchw(x: np.ndarray, layout: str) -> np.ndarray:
@@ -41,13 +45,36 @@ def _oihw(w: np.ndarray, layout: str) -> np.ndarray:
     return w if layout.startswith("NCHW") else np.transpose(w, (3, 2, 0, 1))
 
 
-def _conv_np(x, w, stride, padding, groups):
-    """float64 direct convolution, NCHW x OIHW -> NCHW."""
+def pads4(padding, pad_left: int = -1, pad_bottom: int = -1,
+          pad_right: int = -1) -> tuple[int, int, int, int]:
+    """``(top, left, bottom, right)`` of the families' padding attributes: each side that is
+    -1 takes ``padding`` (a 4-tuple ``padding`` is returned as it is).
+
+    Examples
+    --------
+    >>> from opsdk.kernels.conv2d import pads4
+    >>> pads4(1), pads4(1, pad_bottom=2, pad_right=0), pads4((0, 1, 2, 3))
+    ((1, 1, 1, 1), (1, 1, 2, 0), (0, 1, 2, 3))
+    """
+    if isinstance(padding, (tuple, list)):
+        t, left, b, r = (int(v) for v in padding)
+        return t, left, b, r
+    p = int(padding)
+    return (p, p if pad_left < 0 else pad_left, p if pad_bottom < 0 else pad_bottom,
+            p if pad_right < 0 else pad_right)
+
+
+def _conv_np(x, w, stride, padding, groups, dilation=1):
+    """float64 direct convolution, NCHW x OIHW -> NCHW. ``padding`` is one int or
+    ``(top, left, bottom, right)``; ``w`` has ``C / groups`` input channels and its output
+    channels in ``groups`` consecutive blocks (a depthwise multiplier m: groups = C, m
+    outputs per input channel)."""
     n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    oh = (h + 2 * padding - kh) // stride + 1
-    ow = (wd + 2 * padding - kw) // stride + 1
+    top, left, bottom, right = pads4(padding)
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    oh = (h + top + bottom - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + left + right - dilation * (kw - 1) - 1) // stride + 1
     out = np.zeros((n, o, oh, ow))
     og = o // groups
     for g in range(groups):
@@ -55,24 +82,33 @@ def _conv_np(x, w, stride, padding, groups):
         ws = w[g * og:(g + 1) * og]
         for i in range(kh):
             for j in range(kw):
-                patch = xs[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                r0, c0 = i * dilation, j * dilation
+                patch = xs[:, :, r0:r0 + stride * (oh - 1) + 1:stride,
+                           c0:c0 + stride * (ow - 1) + 1:stride]
                 out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
     return out
 
 
-def _groups(layout: str, c: int) -> int:
-    return c if layout.endswith("dw") else 1
+def _groups(layout: str, c: int, groups: int = 1) -> int:
+    return c if layout.endswith("dw") else groups
 
 
 def _reference(x, w, bias=None, residual=None, *, layout="NCHW", channels=16, kernel=3,
-               stride=1, padding=1, activation="none"):
+               stride=1, padding=1, pad_left=-1, pad_bottom=-1, pad_right=-1, dilation=1,
+               groups=1, multiplier=1, activation="none"):
     lay = layout
     xc = _nchw(x, lay)
-    y = _conv_np(xc, _oihw(w, lay), stride, padding, _groups(lay, xc.shape[1]))
+    y = _conv_np(xc, _oihw(w, lay), stride, pads4(padding, pad_left, pad_bottom, pad_right),
+                 _groups(lay, xc.shape[1], groups), dilation)
     if not lay.startswith("NCHW"):
         y = np.moveaxis(y, 1, -1)
     bshape = (1, -1, 1, 1) if lay.startswith("NCHW") else (1, 1, 1, -1)
     return epilogue_np(y, bias, residual, activation, bshape)
+
+
+def _pads(a) -> tuple[int, int, int, int]:
+    return pads4(a["padding"], a.get("pad_left", -1), a.get("pad_bottom", -1),
+                 a.get("pad_right", -1))
 
 
 def _dims(s, a):
@@ -81,19 +117,26 @@ def _dims(s, a):
         c, h, w = s[1], s[2], s[3]
     else:
         h, w, c = s[1], s[2], s[3]
-    o = c if a["layout"].endswith("dw") else a["channels"]
+    o = c * a.get("multiplier", 1) if a["layout"].endswith("dw") else a["channels"]
     return c, h, w, o
 
 
+def _span(a) -> int:
+    """The window's extent in input pixels: ``dilation * (kernel - 1) + 1``."""
+    return a.get("dilation", 1) * (a["kernel"] - 1) + 1
+
+
 def _out_hw(h, w, a):
-    k, st, p = a["kernel"], a["stride"], a["padding"]
-    return (h + 2 * p - k) // st + 1, (w + 2 * p - k) // st + 1
+    top, left, bottom, right = _pads(a)
+    k, st = _span(a), a["stride"]
+    return (h + top + bottom - k) // st + 1, (w + left + right - k) // st + 1
 
 
 def _input_shapes(s, a):
     c, h, w, o = _dims(s, a)
     k = a["kernel"]
-    cg = 1 if a["layout"].endswith("dw") else c
+    g = a.get("groups", 1)
+    cg = 1 if a["layout"].endswith("dw") else (c // g if g > 1 else c)
     nchw = a["layout"].startswith("NCHW")
     wshape = (o, cg, k, k) if nchw else (k, k, cg, o)
     hs, ws = static_int(h), static_int(w)
@@ -109,21 +152,31 @@ def _check(shapes, dtypes, attrs):
             raise ValueError(f"argument 'x' has a symbolic {name}; conv kernels need static "
                              "channels and spatial sizes (only the batch may be symbolic)")
     k, st, p = attrs["kernel"], attrs["stride"], attrs["padding"]
-    if k < 1 or st < 1 or p < 0 or attrs["channels"] < 1:
-        raise ValueError("arguments 'kernel', 'stride', 'channels' must be >= 1 and "
-                         "'padding' >= 0")
-    if h + 2 * p < k or w + 2 * p < k:
-        raise ValueError(f"argument 'x' is {h}x{w}, smaller than the {k}x{k} window with "
-                         f"padding {p}; pass a larger input or more padding")
+    dil, g, m = attrs["dilation"], attrs["groups"], attrs["multiplier"]
+    if min(k, st, dil, g, m, attrs["channels"]) < 1 or p < 0:
+        raise ValueError("arguments 'kernel', 'stride', 'dilation', 'groups', 'multiplier', "
+                         "'channels' must be >= 1 and 'padding' >= 0")
+    if min(attrs["pad_left"], attrs["pad_bottom"], attrs["pad_right"]) < -1:
+        raise ValueError("arguments 'pad_left', 'pad_bottom', 'pad_right' must be >= 0, or "
+                         "-1 for 'padding'")
+    if c % g or attrs["channels"] % g:
+        raise ValueError(f"argument 'groups' is {g}, which does not divide the {c} input and "
+                         f"{attrs['channels']} output channels; pick a common divisor")
+    top, left, bottom, right = _pads(attrs)
+    span = _span(attrs)
+    if h + top + bottom < span or w + left + right < span:
+        raise ValueError(f"argument 'x' is {h}x{w}, smaller than the {k}x{k} window "
+                         f"(dilation {dil}) with padding {(top, left, bottom, right)}; pass a "
+                         "larger input or more padding")
 
 
 def _error(m) -> np.ndarray:
-    """A float32 sum of K = C/groups * kh * kw products (gamma_K of the sum of |x w|), then
-    the bias and residual adds: the same bound as a dense layer's."""
+    """A float32 sum of K = C/groups * kh * kw products (gamma_K of the sum of |x w|; the
+    padding's zeros and the dilation's gaps add no terms), then the bias and residual adds:
+    the same bound as a dense layer's."""
     a = m.attrs
     x, w = m.inputs["x"], m.inputs["w"]
-    s = np.abs(_reference(np.abs(x), np.abs(w), layout=a["layout"], channels=a["channels"],
-                          kernel=a["kernel"], stride=a["stride"], padding=a["padding"]))
+    s = np.abs(_reference(np.abs(x), np.abs(w), **{**a, "activation": "none"}))
     k = int(np.prod(w.shape)) // w.shape[0 if a["layout"].startswith("NCHW") else -1]
     bshape = (1, -1, 1, 1) if a["layout"].startswith("NCHW") else (1, 1, 1, -1)
     return epilogue_error(m, gamma(k + 2, m.u) * (s + epilogue_abs(m, bshape)))
@@ -135,11 +188,13 @@ def _error(m) -> np.ndarray:
     ranks=(4, 4),
     input_shapes=_input_shapes,
     check=_check,
+    # A dense layout has no depthwise multiplier; a depthwise one has groups = its input
+    # channels and as many outputs as its multiplier says (``channels`` is not used).
     layouts={
-        "NCHW": {"layout": "NCHW"},
-        "NHWC": {"layout": "NHWC"},
-        "NCHW_dw": {"layout": "NCHW_dw"},
-        "NHWC_dw": {"layout": "NHWC_dw"},
+        "NCHW": {"layout": "NCHW", "multiplier": 1},
+        "NHWC": {"layout": "NHWC", "multiplier": 1},
+        "NCHW_dw": {"layout": "NCHW_dw", "groups": 1, "channels": 16},
+        "NHWC_dw": {"layout": "NHWC_dw", "groups": 1, "channels": 16},
     },
     domain={"x": (-2.0, 2.0), "w": (-1.0, 1.0), "bias": (-1.0, 1.0), "residual": (-2.0, 2.0)},
     attr_domain={
@@ -147,8 +202,17 @@ def _error(m) -> np.ndarray:
         "kernel": [3, 1, 7, 5],
         "stride": [1, 2],
         "padding": [1, 0, 3, 2],
+        "pad_left": [-1, 0, 2],
+        "pad_bottom": [-1, 0, 2],
+        "pad_right": [-1, 0, 1],
+        "dilation": [1, 2],
+        "groups": [1, 2, 4],
+        "multiplier": [1, 2, 3],
         "activation": list(ACTIVATIONS),
     },
+    # groups must divide the input channels: a drawn channel count is rounded up to them
+    dim_multiples={1: lambda a: a["groups"] if a["layout"] == "NCHW" else 1,
+                   3: lambda a: a["groups"] if a["layout"] == "NHWC" else 1},
     kind="conv2d",
     # constants in a model: the rules pack them at compile time (verify's packed cases)
     weights=("w", "bias"),
@@ -165,13 +229,21 @@ def tvm_conv2d(
     kernel: int = 3,
     stride: int = 1,
     padding: int = 1,
+    pad_left: int = -1,
+    pad_bottom: int = -1,
+    pad_right: int = -1,
+    dilation: int = 1,
+    groups: int = 1,
+    multiplier: int = 1,
     activation: Activation = "relu",
 ) -> te.Tensor:
-    """``act(conv2d(x, w) + bias + residual)``: ``topi.nn.conv`` plus a fused epilogue."""
+    """``act(conv2d(x, w) + bias + residual)``: ``topi.nn.conv`` plus a fused epilogue, with
+    relax's conv2d attributes as its legalization passes them (4-value padding)."""
     nchw = layout.startswith("NCHW")
     c = x.shape[1] if nchw else x.shape[3]
-    groups = int(c) if layout.endswith("dw") else 1
-    y = topi.nn.conv(x, w, stride, padding, 1, groups, "NCHW" if nchw else "NHWC",
+    g = int(c) if layout.endswith("dw") else groups
+    pads = list(pads4(padding, pad_left, pad_bottom, pad_right))
+    y = topi.nn.conv(x, w, stride, pads, dilation, g, "NCHW" if nchw else "NHWC",
                      "OIHW" if nchw else "HWIO")
     return epilogue_te(y, bias, residual, activation,
                        (lambda i: i[1]) if nchw else (lambda i: i[3]))

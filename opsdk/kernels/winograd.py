@@ -47,7 +47,7 @@ from ._epilogue import (
     gamma,
     static_int,
 )
-from .conv2d import _conv_np
+from .conv2d import _conv_np, pads4
 
 __all__ = [
     "MIN_CHANNELS",
@@ -194,17 +194,25 @@ def winograd_abs(x: np.ndarray, w: np.ndarray, padding: Any = 1) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ the kernel family
-def _reference(x, w, bias=None, residual=None, *, channels=16, padding=1, activation="relu"):
-    y = np.moveaxis(_conv_np(np.moveaxis(x, -1, 1), np.transpose(w, (3, 2, 0, 1)), 1, padding,
+def _reference(x, w, bias=None, residual=None, *, channels=16, padding=1, pad_left=-1,
+               pad_bottom=-1, pad_right=-1, activation="relu"):
+    pads = pads4(padding, pad_left, pad_bottom, pad_right)
+    y = np.moveaxis(_conv_np(np.moveaxis(x, -1, 1), np.transpose(w, (3, 2, 0, 1)), 1, pads,
                              1), 1, -1)
     return epilogue_np(y, bias, residual, activation, (1, 1, 1, -1))
 
 
+def _pads_of(a) -> tuple[int, int, int, int]:
+    return pads4(a["padding"], a.get("pad_left", -1), a.get("pad_bottom", -1),
+                 a.get("pad_right", -1))
+
+
 def _input_shapes(s, a):
-    c, o, p = s[3], a["channels"], a["padding"]
+    c, o = s[3], a["channels"]
+    top, left, bottom, right = _pads_of(a)
     hs, ws = static_int(s[1]), static_int(s[2])
-    oh, ow = (hs + 2 * p - 2, ws + 2 * p - 2) if hs is not None and ws is not None else (
-        s[1], s[2])
+    oh, ow = ((hs + top + bottom - 2, ws + left + right - 2)
+              if hs is not None and ws is not None else (s[1], s[2]))
     return {"w": (3, 3, c, o), "bias": (o,), "residual": (s[0], oh, ow, o)}
 
 
@@ -214,12 +222,15 @@ def _check(shapes, dtypes, attrs):
         if d is None:
             raise ValueError(f"argument 'x' has a symbolic {name}; the Winograd kernel needs "
                              "static channels and spatial sizes (only the batch may be symbolic)")
-    p = attrs["padding"]
-    if p < 0 or attrs["channels"] < 1:
+    if attrs["padding"] < 0 or attrs["channels"] < 1:
         raise ValueError("argument 'channels' must be >= 1 and 'padding' >= 0")
-    if h + 2 * p < 3 or w + 2 * p < 3:
+    if min(attrs["pad_left"], attrs["pad_bottom"], attrs["pad_right"]) < -1:
+        raise ValueError("arguments 'pad_left', 'pad_bottom', 'pad_right' must be >= 0, or "
+                         "-1 for 'padding'")
+    top, left, bottom, right = _pads_of(attrs)
+    if h + top + bottom < 3 or w + left + right < 3:
         raise ValueError(f"argument 'x' is {h}x{w}, smaller than the 3x3 window with padding "
-                         f"{p}; pass a larger input or more padding")
+                         f"{(top, left, bottom, right)}; pass a larger input or more padding")
 
 
 def _error(m) -> np.ndarray:
@@ -227,7 +238,7 @@ def _error(m) -> np.ndarray:
     short sum with exact coefficients: ``gamma(C + 21)`` of the four stages in absolute value
     (:func:`winograd_abs`), then the bias and residual adds."""
     x, w = m.inputs["x"], m.inputs["w"]
-    s = winograd_abs(x, w, m.attrs["padding"])
+    s = winograd_abs(x, w, _pads_of(m.attrs))
     k = x.shape[-1] + EXTRA_ROUNDINGS
     return epilogue_error(m, gamma(k + 2, m.u) * (s + epilogue_abs(m, (1, 1, 1, -1))))
 
@@ -241,10 +252,14 @@ def _error(m) -> np.ndarray:
     layouts={"NHWC": {}},
     domain={"x": (-2.0, 2.0), "w": (-1.0, 1.0), "bias": (-1.0, 1.0), "residual": (-2.0, 2.0)},
     # Output channels around the vector widths and tile widths; padding 0 leaves odd output
-    # sizes (a last tile half outside), 2 a tile that reads only padding.
+    # sizes (a last tile half outside), 2 a tile that reads only padding; the sides apart
+    # (top, left, bottom, right: relax's 4-value padding, uneven for TF-style SAME).
     attr_domain={
         "channels": [16, 24, 7, 33, 64, 1],
         "padding": [1, 0, 2],
+        "pad_left": [-1, 0, 2],
+        "pad_bottom": [-1, 0, 2],
+        "pad_right": [-1, 0, 1],
         "activation": list(ACTIVATIONS),
     },
     kind="winograd",
@@ -260,11 +275,16 @@ def tvm_conv2d_winograd(
     *,
     channels: int = 16,
     padding: int = 1,
+    pad_left: int = -1,
+    pad_bottom: int = -1,
+    pad_right: int = -1,
     activation: Activation = "relu",
 ) -> te.Tensor:
     """``act(conv2d(x, w) + bias + residual)``, 3x3 stride 1 NHWC, by Winograd F(2x2, 3x3):
-    what the model pipeline legalizes an eligible conv2d to, with FuseOps' epilogue."""
-    y = winograd_conv2d(x, w, padding)
+    what the model pipeline legalizes an eligible conv2d to, with FuseOps' epilogue. Padding
+    ``(padding, pad_left, pad_bottom, pad_right)`` (top, left, bottom, right; -1 is
+    ``padding``), as :func:`legalize_conv2d` passes relax's four values."""
+    y = winograd_conv2d(x, w, list(pads4(padding, pad_left, pad_bottom, pad_right)))
     return epilogue_te(y, bias, residual, activation, lambda i: i[3])
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
+from tvm.ir import Expr as PrimExpr
 from tvm.target import Target
 
 from ._core import _fuse, extent_of, schedule_prologue, vector_lanes
@@ -265,7 +266,7 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
 
 
 def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
-                        pixels_first=False):
+                        pixels_first=False, gather=False):
     """(lanes, channel vectors, pixels) of a channel-vector tile.
 
     Depthwise: one channel vector x :data:`_DEPTHWISE_PIXELS` pixels of the row. Each FMA
@@ -302,6 +303,13 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
     work.
     """
     lanes, _ = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
+    if gather:
+        # A depthwise multiplier reads input channel o / m: over one vector of every
+        # channel (no 4-lane vector divides them) that gather took LLVM 43 s to compile
+        # (31 channels x 3 = 93 lanes); full vectors with a partial last tile take 2 s.
+        # Without a multiplier the odd vector is the fast one (97 channels: 0.4 s, 11 s
+        # as predicated 16-lane tiles).
+        lanes = min(lanes, lanes_max)
     nvec = -(-o_ext // lanes)
     cands = [v for v in range(1, min(nvec, _MAX_CHANNEL_VECTORS) + 1) if nvec % v == 0]
     if depthwise:
@@ -355,6 +363,23 @@ _DEPTHWISE_PIXELS = 8
 _MAX_CHANNEL_VECTORS = 12
 
 
+def _multiplier(sch, info: ConvInfo) -> bool:
+    """Whether a depthwise conv has a channel multiplier: its input channel index divides
+    the output channel (``o // m + rc``)."""
+    if not info.depthwise:
+        return False
+    xr = sch.get(info.main).reads[info.x_read]
+    pos = [d for d, p in enumerate(info.x_pos) if p == "O"]
+
+    def divides(e) -> bool:
+        if isinstance(e, (tirx.FloorDiv, tirx.Div)):
+            return True
+        return any(divides(getattr(e, k)) for k in ("a", "b")
+                   if isinstance(getattr(e, k, None), PrimExpr))
+
+    return not pos or divides(xr.region[pos[0]].min)
+
+
 def _out_positions(sch, info: ConvInfo) -> list[str]:
     blk = sch.get(info.main)
     o_var = next(iv.var for iv, r in zip(blk.iter_vars, info.roles) if r == "O")
@@ -375,7 +400,8 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
     lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, lanes_max, acc_regs + acc_regs // 6,
                                         info.depthwise,
                                         long_k=k_len >= 256,
-                                        pixels_first=not in_place)
+                                        pixels_first=not in_place,
+                                        gather=_multiplier(sch, info))
     nr = lanes * nv
     _pack_weights(sch, func, info, nr, lanes_max)
     if not info.channels_last:
@@ -408,6 +434,12 @@ def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
     if w_ext is None:
         return None
     lanes, nv = tile_n(w_ext, lanes_max, max_vecs)
+    if w_ext % (lanes * nv):
+        # A partial last tile is predicated lane by lane, which LLVM compiled for 18 s
+        # (65 pixels in 4 x 16-lane tiles, 3x3). One odd vector dividing the row instead
+        # (66 pixels: 2 x 33), else the narrowest predicated tile (one vector: 4 s).
+        div = [v for v in range(lanes_max, lanes_max * max_vecs + 1) if w_ext % v == 0]
+        lanes, nv = (div[-1], 1) if div else (lanes, 1)
     nr = lanes * nv
     mr = tile_m(h_ext, max(1, min(4, acc_regs // nv)))
     wo, wi = sch.split(w, [None, nr])

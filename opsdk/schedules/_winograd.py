@@ -153,9 +153,15 @@ def _pack_weights(sch, func, block, nr: int, k_ext: int, lanes: int) -> None:
         sch.annotate(block, "meta_schedule.layout_rewrite_preproc", True)
         return
     # Runtime weights: input channels across the cores, the 16 outputs unrolled (each its
-    # own short sum once the select table folds), vectors along the output channels.
-    e, c, k = sch.get_loops(block)
-    sch.reorder(c, e, k)
+    # own short sum once the select table folds), vectors along the output channels. With
+    # padded output channels the block runs over the packed layout, (e, k / NR, c, NR).
+    loops = sch.get_loops(block)
+    if len(loops) == 3:
+        e, c, k = loops
+        sch.reorder(c, e, k)
+    else:
+        e, ko, c, k = loops
+        sch.reorder(c, ko, e, k)
     sch.parallel(c)
     sch.unroll(e)
     vectorize_loop(sch, k, lanes)

@@ -842,6 +842,10 @@ def corner_cases(d: OpDef, target: str, dtype: str, layout: str, lanes: int) -> 
         data = {d.primary: "domain", **{n: "domain" for n in aux}}
         out.append(Case(d.name, target, dtype, layout, tuple(dec), dict(base_attrs),
                         tuple(optional), data, len(specs) + 1, static=True, free=free))
+    # A kernel family's attribute combinations and tile edges, on purpose (_kcorners).
+    from ._kcorners import kernel_corners
+
+    out += [c for c in kernel_corners(d, target, dtype, layout, lanes) if c not in out]
     return out
 
 

@@ -152,3 +152,309 @@ def test_gemm_tiles_fill_the_registers_without_a_partial_row_tile(m, n, want):
     assert (lanes, nv, mr) == want
     assert mr * nv <= 24 and n % (lanes * nv) == 0
     assert m is None or m % mr == 0
+
+
+# ------------------------------------------------------------------ the new attributes
+def _direct_conv(x, w, stride, pads, dilation, groups):
+    """NCHW x OIHW, one output at a time (the definition, no vectorized slicing)."""
+    n, _, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    top, left, bottom, right = pads
+    oh = (h + top + bottom - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + left + right - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for oc in range(o):
+        g = oc // og
+        for i in range(oh):
+            for j in range(ow):
+                for ci in range(cg):
+                    for a in range(kh):
+                        for b in range(kw):
+                            r = i * stride + a * dilation - top
+                            s = j * stride + b * dilation - left
+                            if 0 <= r < h and 0 <= s < wd:
+                                out[:, oc, i, j] += x[:, g * cg + ci, r, s] * w[oc, ci, a, b]
+    return out
+
+
+@pytest.mark.parametrize("layout,groups,mult,dil,pads,stride", [
+    ("NCHW", 2, 1, 2, (1, 0, 2, 1), 2),
+    ("NHWC", 4, 1, 1, (0, 2, 1, 0), 1),
+    ("NCHW_dw", 1, 3, 2, (1, 1, 0, 2), 2),
+    ("NHWC_dw", 1, 2, 1, (2, 0, 0, 1), 3),
+])
+def test_conv_reference_handles_dilation_groups_multiplier_and_uneven_padding(
+        layout, groups, mult, dil, pads, stride):
+    from opsdk.kernels import tvm_conv2d
+
+    rng = np.random.default_rng(3)
+    c, o = 8, 12
+    dw = layout.endswith("dw")
+    x = rng.normal(size=(2, c, 9, 7))
+    w = rng.normal(size=(c * mult if dw else o, 1 if dw else c // groups, 3, 3))
+    want = _direct_conv(x, w, stride, pads, dil, c if dw else groups)
+    nchw = layout.startswith("NCHW")
+    attrs = dict(layout=layout, channels=o, kernel=3, stride=stride, padding=pads[0],
+                 pad_left=pads[1], pad_bottom=pads[2], pad_right=pads[3], dilation=dil,
+                 groups=groups, multiplier=mult, activation="none")
+    y = tvm_conv2d.reference(x if nchw else x.transpose(0, 2, 3, 1),
+                             w if nchw else w.transpose(2, 3, 1, 0), **attrs)
+    np.testing.assert_allclose(y if nchw else y.transpose(0, 3, 1, 2), want, rtol=1e-12,
+                               atol=1e-12)
+    # the shapes the family declares are the ones the reference takes and gives
+    shape = x.shape if nchw else x.transpose(0, 2, 3, 1).shape
+    shapes = tvm_conv2d.example_shapes(shape, attrs)
+    assert tuple(shapes["w"]) == (w.shape if nchw else w.transpose(2, 3, 1, 0).shape)
+    assert tuple(shapes["residual"]) == y.shape
+
+
+def test_winograd_reference_takes_four_value_padding():
+    from opsdk.kernels import tvm_conv2d_winograd as W
+
+    rng = np.random.default_rng(4)
+    x, w = rng.normal(size=(1, 7, 6, 3)), rng.normal(size=(3, 3, 3, 5))
+    y = W.reference(x, w, channels=5, padding=0, pad_left=2, pad_bottom=1, pad_right=-1,
+                    activation="none")
+    want = _direct_conv(x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1), 1, (0, 2, 1, 0),
+                        1, 1)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-12, atol=1e-12)
+
+
+def _direct_pool(x, pool, k, s, p, ceil_mode, include_pad):
+    """torch's pooling rules, one output at a time."""
+    n, c, h, w = x.shape
+
+    def out_len(m):
+        span = m + 2 * p - k
+        o = (-(-span // s) if ceil_mode else span // s) + 1
+        return o - 1 if ceil_mode and (o - 1) * s >= m + p else o
+
+    oh, ow = out_len(h), out_len(w)
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * s - p, j * s - p
+            rows = [r for r in range(r0, r0 + k) if 0 <= r < h]
+            cols = [q for q in range(c0, c0 + k) if 0 <= q < w]
+            win = x[:, :, rows][:, :, :, cols].reshape(n, c, -1)
+            if pool == "max":
+                y[:, :, i, j] = win.max(axis=-1)
+            else:
+                cnt = ((min(r0 + k, h + p) - r0) * (min(c0 + k, w + p) - c0)
+                       if include_pad else len(rows) * len(cols))
+                y[:, :, i, j] = win.sum(axis=-1) / cnt
+    return y
+
+
+@pytest.mark.parametrize("h,w,k,s,p", [(7, 8, 3, 2, 1), (5, 6, 2, 2, 1), (9, 9, 7, 3, 3),
+                                       (6, 7, 3, 3, 0), (1, 4, 3, 2, 1)])
+def test_pool_reference_ceil_mode_and_count_include_pad(h, w, k, s, p):
+    from opsdk.kernels import tvm_pool2d
+
+    x = np.random.default_rng(5).normal(size=(2, 3, h, w))
+    for pool in ("max", "avg"):
+        for ceil_mode in (False, True):
+            for inc in ((False, True) if pool == "avg" else (False,)):
+                want = _direct_pool(x, pool, k, s, p, ceil_mode, inc)
+                got = tvm_pool2d.reference(x, pool=pool, kernel=k, stride=s, padding=p,
+                                           ceil_mode=ceil_mode, count_include_pad=inc)
+                np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+                nhwc = tvm_pool2d.reference(x.transpose(0, 2, 3, 1), layout="NHWC", pool=pool,
+                                            kernel=k, stride=s, padding=p,
+                                            ceil_mode=ceil_mode, count_include_pad=inc)
+                np.testing.assert_allclose(nhwc.transpose(0, 3, 1, 2), want, rtol=1e-13)
+
+
+def test_new_attribute_references_agree_with_torch():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    from opsdk.kernels import tvm_conv2d, tvm_pool2d
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 8, 9, 10))
+    w = rng.normal(size=(16, 1, 3, 3))  # depthwise, multiplier 2
+    want = F.conv2d(F.pad(torch.from_numpy(x), (2, 1, 0, 1)), torch.from_numpy(w), stride=2,
+                    dilation=2, groups=8).numpy()
+    got = tvm_conv2d.reference(x, w, layout="NCHW_dw", kernel=3, stride=2, padding=0,
+                               pad_left=2, pad_bottom=1, pad_right=1, dilation=2, multiplier=2,
+                               activation="none")
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    for ceil_mode, inc in ((True, True), (True, False), (False, True)):
+        want = F.avg_pool2d(torch.from_numpy(x), 3, 2, 1, ceil_mode=ceil_mode,
+                            count_include_pad=inc).numpy()
+        got = tvm_pool2d.reference(x, pool="avg", kernel=3, stride=2, padding=1,
+                                   ceil_mode=ceil_mode, count_include_pad=inc)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_new_attributes_are_refused_where_they_cannot_hold():
+    from opsdk.kernels import tvm_conv2d, tvm_pool2d
+    from opsdk.verify._strategies import is_valid, layout_attrs
+
+    base = layout_attrs(tvm_conv2d, "NCHW")
+    assert is_valid(tvm_conv2d, (1, 8, 9, 9), "float32", {**base, "groups": 4,
+                                                           "channels": 12}, ())
+    # groups must divide the input and the output channels
+    assert not is_valid(tvm_conv2d, (1, 6, 9, 9), "float32", {**base, "groups": 4}, ())
+    assert not is_valid(tvm_conv2d, (1, 8, 9, 9), "float32", {**base, "groups": 4,
+                                                              "channels": 6}, ())
+    # a dilated window larger than the padded input
+    assert not is_valid(tvm_conv2d, (1, 8, 4, 4), "float32", {**base, "dilation": 3,
+                                                              "padding": 0}, ())
+    assert not is_valid(tvm_conv2d, (1, 8, 9, 9), "float32", {**base, "pad_right": -2}, ())
+    # a drawn channel count is rounded up to the groups
+    from opsdk.verify._strategies import round_dims
+
+    assert round_dims(tvm_conv2d, [2, 7, 5, 5], {**base, "groups": 4}) == [2, 8, 5, 5]
+    assert round_dims(tvm_conv2d, [2, 5, 5, 7], {**layout_attrs(tvm_conv2d, "NHWC"),
+                                                 "groups": 2}) == [2, 5, 5, 8]
+    # a ceil-mode window never starts past the input and its leading padding
+    pool = layout_attrs(tvm_pool2d, "NCHW_avg")
+    y = tvm_pool2d.reference(np.ones((1, 1, 5, 5)), **{**pool, "kernel": 2, "stride": 2,
+                                                         "padding": 1, "ceil_mode": True})
+    assert y.shape == (1, 1, 3, 3)
+
+
+# ------------------------------------------------------------------ kernel corners
+def test_pairwise_covers_every_allowed_pair_and_only_allowed_rows():
+    import itertools
+
+    from opsdk.verify._kcorners import pairwise
+
+    factors = {"a": [0, 1, 2, 3], "b": [0, 1, 2], "c": [0, 1], "d": [0, 1, 2], "e": [5, 6]}
+
+    def ok(r):  # a = 3 never with b = 0 (like a padding wider than half a pool window)
+        return not (r.get("a") == 3 and r.get("b") == 0)
+
+    rows = pairwise(factors, ok, balance="a")
+    assert all(ok(r) and set(r) == set(factors) for r in rows)
+    for (f, fv), (g, gv) in itertools.combinations(factors.items(), 2):
+        for x in fv:
+            for y in gv:
+                hit = any(r[f] == x and r[g] == y for r in rows)
+                assert hit == ok({f: x, g: y}), (f, x, g, y)
+    # far fewer rows than every combination (4 * 3 * 2 * 3 * 2 = 144), as balanced as the
+    # pairs allow
+    assert len(rows) <= 16
+    counts = [sum(r["a"] == v for r in rows) for v in factors["a"]]
+    assert max(counts) - min(counts) <= 2, counts
+
+
+def _pairs_covered(cases, factors):
+    import itertools
+
+    missing = []
+    for (f, fv), (g, gv) in itertools.combinations(factors.items(), 2):
+        for x in fv:
+            for y in gv:
+                if not any(c.attrs.get(f, c.layout) == x and c.attrs.get(g, c.layout) == y
+                           if f != "layout" else c.layout == x and c.attrs[g] == y
+                           for c in cases):
+                    missing.append((f, x, g, y))
+    return missing
+
+
+@pytest.mark.parametrize("lanes", [16, 4])
+def test_kernel_corners_cover_every_pair_of_attribute_values(lanes):
+    from opsdk.kernels import tvm_conv2d, tvm_conv2d_winograd, tvm_pool2d
+    from opsdk.verify._kcorners import kernel_rows
+
+    pads = {"padding": [0, 1, 2, 3], "pad_left": [-1, 0, 2], "pad_bottom": [-1, 0, 2],
+            "pad_right": [-1, 0, 1]}
+    conv = kernel_rows(tvm_conv2d, "x86", lanes)
+    dense = [c for c in conv if not c.layout.endswith("dw")]
+    dw = [c for c in conv if c.layout.endswith("dw")]
+    assert not _pairs_covered(dense, {"layout": ["NCHW", "NHWC"], "kernel": [1, 3, 5, 7],
+                                      "stride": [1, 2, 3], **pads, "dilation": [1, 2],
+                                      "groups": [1, 2, 4]})
+    assert not _pairs_covered(dw, {"layout": ["NCHW_dw", "NHWC_dw"], "kernel": [1, 3, 5, 7],
+                                   "stride": [1, 2, 3], **pads, "dilation": [1, 2],
+                                   "multiplier": [1, 2, 3]})
+    wino = kernel_rows(tvm_conv2d_winograd, "x86", lanes)
+    assert not _pairs_covered(wino, {"padding": [0, 1, 2], "pad_left": [-1, 0, 2],
+                                     "pad_bottom": [-1, 0, 2], "pad_right": [-1, 0, 1]})
+    pool = kernel_rows(tvm_pool2d, "x86", lanes)
+    missing = _pairs_covered(pool, {"layout": list(tvm_pool2d.layouts), "kernel": [2, 3, 7],
+                                    "stride": [1, 2, 3], "padding": [0, 1, 3],
+                                    "ceil_mode": [False, True]})
+    # only the pairs a pool refuses: a padding wider than half its window
+    assert set(missing) == {("kernel", 2, "padding", 3), ("kernel", 3, "padding", 3)}, missing
+    avg = [c for c in pool if c.attrs["pool"] == "avg"]
+    assert not _pairs_covered(avg, {"count_include_pad": [False, True],
+                                    "ceil_mode": [False, True], "kernel": [2, 3, 7],
+                                    "stride": [1, 2, 3]})
+    # the combinations random draws almost never make: a 1x1 window with stride 2, a dilated
+    # window with uneven padding, a grouped conv with stride 3
+    assert any(c.attrs["kernel"] == 1 and c.attrs["stride"] == 2 for c in dense)
+    assert any(c.attrs["dilation"] == 2 and c.attrs["pad_bottom"] != c.attrs["padding"]
+               for c in dense)
+    assert any(c.attrs["groups"] == 4 and c.attrs["stride"] == 3 for c in dense)
+
+
+def _out_channels(c):
+    return c.attrs["channels"] if not c.layout.endswith("dw") else (
+        c.shape[1 if c.layout.startswith("NCHW") else 3] * c.attrs["multiplier"])
+
+
+@pytest.mark.parametrize("lanes", [16, 4])
+def test_kernel_corners_hit_the_tile_edges(lanes):
+    from opsdk.kernels import tvm_conv2d, tvm_conv2d_winograd, tvm_matmul
+    from opsdk.verify._kcorners import kernel_rows, tile_edges
+
+    mm = kernel_rows(tvm_matmul, "x86", lanes)
+    ns = {c.attrs["n"] for c in mm}
+    # one below / at / above every tile width the rule builds (1 to 4 vectors), and heads
+    # no tile divides (the padded last tile)
+    assert set(tile_edges([lanes, 2 * lanes, 3 * lanes, 4 * lanes])) <= ns
+    assert {1000, 1001} <= ns and any(n > 4 * lanes and n % lanes for n in ns)
+    # M around the 8-row tile on static builds (M is symbolic otherwise)
+    assert {7, 8, 9} <= {c.shape[-2] for c in mm}
+    conv = kernel_rows(tvm_conv2d, "x86", lanes)
+    dense = [c for c in conv if not c.layout.endswith("dw")]
+    outs = {c.attrs["channels"] for c in dense}
+    assert set(tile_edges([lanes, 2 * lanes, 3 * lanes, 4 * lanes, 12 * lanes])) <= outs
+    assert any(o > 64 for o in outs)  # the wide tile paths
+    cins = {c.shape[1 if c.layout.startswith("NCHW") else 3] for c in conv}
+    assert {lanes - 1, lanes + 1, 3} <= cins  # no vector width divides; a stem
+    widths = {c.shape[3 if c.layout.startswith("NCHW") else 2] for c in conv}
+    heights = {c.shape[2 if c.layout.startswith("NCHW") else 1] for c in conv}
+    assert 1 in widths and 1 in heights  # 1x1 spatial
+    assert any(w > 32 and w % 2 for w in widths) and any(h > 32 for h in heights)
+    assert any(_out_channels(c) > c.shape[1 if c.layout.startswith("NCHW") else 3]
+               for c in conv if c.layout.endswith("dw"))  # depthwise multipliers
+    wino = kernel_rows(tvm_conv2d_winograd, "x86", lanes)
+    ows = set()
+    for c in wino:
+        left, right = (c.attrs["padding"] if c.attrs[k] < 0 else c.attrs[k]
+                       for k in ("pad_left", "pad_right"))
+        ows.add(c.shape[2] + left + right - 2)
+    tiles = {-(-ow // 2) for ow in ows}
+    assert {7, 8, 9} <= tiles  # 2x2 tiles per row around the 8-row register tile
+    assert any(ow % 2 for ow in ows) and any(ow % 2 == 0 for ow in ows) and 1 in ows
+
+
+def test_kernel_corners_run_every_epilogue_both_weight_paths_and_batches():
+    from opsdk.kernels import KERNEL_OPS
+    from opsdk.kernels._epilogue import ACTIVATIONS
+    from opsdk.verify._kcorners import kernel_corners, kernel_rows
+
+    for d in KERNEL_OPS:
+        rows = kernel_rows(d, "x86", 16)
+        assert rows, d.name
+        # every cell gets some, together at most a bounded number of compiles
+        for layout in d.layouts:
+            assert kernel_corners(d, "x86", "float32", layout, 16), (d.name, layout)
+        assert len(rows) <= 48, (d.name, len(rows))
+        assert len({c.to_json() for c in rows}) == len(rows)
+        assert any(c.shape[0] > 1 and not c.static for c in rows)  # a symbolic batch of 2+
+        assert any(c.static for c in rows)
+        if not d.weights:
+            continue
+        assert {c.attrs["activation"] for c in rows} == set(ACTIVATIONS), d.name
+        # chains: bias and residual, then a non-trivial activation
+        assert any(set(c.present) == {"bias", "residual"} and c.attrs["activation"] != "none"
+                   for c in rows)
+        assert {c.present for c in rows} >= {(), ("bias",), ("residual",)}
+        assert any(c.packed for c in rows) and any(not c.packed for c in rows)
+    assert sum(len(kernel_rows(d, "x86", 16)) for d in KERNEL_OPS) <= 110
