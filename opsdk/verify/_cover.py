@@ -216,10 +216,14 @@ def _token(f: _Func, blk: Any, prev: Any, out_shape: list[int | None],
                 if i is None:
                     return name
                 s = _shape(f.params[i])
-                if i in f.constant and [d for d in s if d != 1] == [out_shape[channel_axis]]:
-                    return "bias"
-                if i not in f.constant and s == out_shape:
+                if s == out_shape:  # a tensor of the output's shape: a skip connection
                     return "residual"
+                # a per-channel vector (a constant in a model): read at the output's channel
+                # index, every other index constant
+                chan = set(undefined_vars(blk.writes[0].region[channel_axis].min))
+                if all(n == 1 or set(undefined_vars(ix)) <= chan
+                       for n, ix in zip(s, other[0].indices)):
+                    return "bias"
     return name
 
 
@@ -265,14 +269,24 @@ def _window(expr: Any, spatial: set, reduce: set) -> tuple[int, int] | None:
     return _int(co[0]), _int(co[1])
 
 
+def _at_zero(expr: Any) -> int | None:
+    """``expr`` with every variable 0: ``-c`` of a read index ``v - c`` or ``2 t - c`` (an
+    extent-1 loop leaves a constant index; it is the same offset)."""
+    ana = Analyzer()
+    for v in undefined_vars(expr):
+        ana.bind(v, 0)
+    return _int(ana.simplify(expr))
+
+
 def _offset(expr: Any) -> int | None:
-    """``-c`` of an index ``v - c`` (a padding block's read of its input)."""
+    """``c`` of a padding block's read ``v - c`` of its input."""
     vs = list(undefined_vars(expr))
-    if len(vs) != 1:
+    if len(vs) > 1:
         return None
-    co = detect_linear_equation(expr, vs)
-    return -_int(co[1]) if len(co) == 2 and _int(co[0]) == 1 and _int(co[1]) is not None \
-        else None
+    if vs and [_int(c) for c in detect_linear_equation(expr, vs)][:1] != [1]:
+        return None
+    at = _at_zero(expr)
+    return None if at is None else -at
 
 
 def _unpadded(f: _Func, buf: Any, axes: Sequence[int]) -> tuple[Any, list[tuple[int, int]]]:
@@ -351,14 +365,16 @@ def _matmul(f: _Func) -> _Found:
     layout_kn = b_pos[-2:] == ["K", "J"]
     nb = b_pos.count("S")
     w = b
+    # the family's layouts as their TE reads the weight: ``kn`` / ``batched`` as (.., K, N),
+    # ``batched_nk`` as (.., N, K) directly (at rank 2 too), ``nk`` through a transpose block
+    layout = ("batched" if nb else "kn") if layout_kn else "batched_nk"
     if f.param_index(b) is None:  # read through a transpose block (a fused permute_dims)
         prod = f.producer(b)
         if prod is not None and len(prod.reads) == 1 \
                 and f.param_index(prod.reads[0].source) is not None and not nb:
-            w, layout_kn = prod.reads[0].source, False
+            w, layout = prod.reads[0].source, "nk"
         else:
             why.append("its weight computed in the kernel")
-    layout = ("batched" if layout_kn else "batched_nk") if nb else ("kn" if layout_kn else "nk")
     ext = {"K": _int(red[0].dom.extent),
            "J": next(_int(iv.dom.extent) for iv in blk.iter_vars if iv.var.same_as(jv[0]))}
     x = _shape(a)
@@ -422,6 +438,11 @@ def _conv(f: _Func) -> _Found:
     (top, bottom), (left, right) = pads
     attrs: dict[str, Any] = {"kernel": kh, "stride": sh,
                              **_pad_attrs(top, left, bottom, right), "dilation": dh}
+    d = _FAMILIES["tvm_conv2d"]
+    if depthwise and o != c and groups in d.attr_domain.get("groups", ()):
+        # groups = channels with several outputs each is a grouped conv as much as a
+        # depthwise one with a multiplier (the same TE): the label verify draws
+        depthwise = False
     if depthwise:  # groups = channels: the _dw layouts, ``multiplier`` outputs per channel
         attrs["multiplier"] = o // c
     else:
@@ -446,9 +467,11 @@ def _winograd(f: _Func) -> _Found:
     why: list[str] = []
     # a tile's first input row / column is ``tile * 2 - top``; the output has h + top +
     # bottom - 2 rows
-    top, left = (-(_int(detect_linear_equation(reg[a].min,
-                                                list(undefined_vars(reg[a].min)))[-1]) or 0)
-                 for a in (1, 2))
+    # (a region clipped to a tiny input no longer starts at the tile: its sides are taken as
+    # even then)
+    side = [-(_at_zero(reg[a].min) or 0) if _int(reg[a].extent) == 4
+            else (os_[a] - xs[a] + 2) // 2 for a in (1, 2)]
+    top, left = side
     bottom, right = os_[1] - xs[1] - top + 2, os_[2] - xs[2] - left + 2
     tokens = _epilogue(f, tag["output"], 3)
     act, present, ew = _match_epilogue(tokens)
@@ -470,17 +493,39 @@ def _pool_len(n: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -
     return out
 
 
-def _corner_count(blk: Any) -> float | None:
-    """The divisor of an average's division block at output position 0 (TVM writes it as
-    an expression of the output position for both ``count_include_pad`` settings)."""
+def _corner_count(blk: Any, last: bool = False) -> float | None:
+    """The divisor of an average's division block at the first output position (``last``:
+    the last); TVM writes it as an expression of the position for both
+    ``count_include_pad`` settings."""
     ana = Analyzer()
     for iv in blk.iter_vars:
-        ana.bind(iv.var, 0)
+        ext = _int(iv.dom.extent)
+        ana.bind(iv.var, (ext - 1) if last and ext else 0)
     d = ana.simplify(blk.body.value.b)
     while isinstance(d, tirx.Cast):
         d = d.value
     d = ana.simplify(d)
     return float(d.value) if isinstance(d, (tirx.IntImm, tirx.FloatImm)) else None
+
+
+def _counts_padding(blk: Any, sizes: Sequence[int], outs: Sequence[int], k: int, st: int,
+                    p: int) -> bool:
+    """Whether an average's divisor counts the padding (``count_include_pad``): its value at
+    the first and the last window against both settings' counts (the padding counts up to
+    ``p`` past each end; a window past that, with ``ceil_mode``, is cut there); False where
+    the two agree (no window reaches the padding: either is the same average)."""
+    def count(pos_last: bool, include: bool) -> int:
+        n = 1
+        for size, o in zip(sizes, outs):
+            start = (o - 1 if pos_last else 0) * st - p
+            lo, hi = (-p, size + p) if include else (0, size)
+            n *= max(0, min(start + k, hi) - max(start, lo))
+        return n
+
+    got = [_corner_count(blk, last) for last in (False, True)]
+    inc = [count(last, True) for last in (False, True)]
+    exc = [count(last, False) for last in (False, True)]
+    return inc != exc and got == [float(v) for v in inc]
 
 
 def _pool(f: _Func) -> _Found:
@@ -521,8 +566,8 @@ def _pool(f: _Func) -> _Found:
     if pool == "avg":
         if len(tail) != 1 or not isinstance(tail[0].body.value, tirx.Div):
             why.append("an average without its one division block")
-        elif p > 0:  # the divisor at the first output: the whole window counts the padding
-            include = _corner_count(tail[0]) == kern[0] * kern[0]
+        elif None not in xs:  # the divisor at the first and last windows says
+            include = _counts_padding(tail[0], [xs[a] for a in axes], got, kern[0], sh, p)
     elif tail:
         why.append(f"blocks after the pool ({', '.join(b.name_hint for b in tail)})")
     layout = ("NHWC" if axes == [1, 2] else "NCHW") + f"_{pool}"

@@ -245,3 +245,53 @@ def test_the_cells_are_kept_with_the_compile_cache_entry(tmp_path, monkeypatch):
     assert (first.cached, second.cached) == (False, True)
     assert [k.verify for k in second.kernels] == [k.verify for k in first.kernels]
     assert [k.verify["cell"] for k in first.kernels] == ["tvm_matmul/kn"]
+
+
+def _family_kernel(d, case):
+    """The PrimFunc of family ``d`` for ``case`` (its TE, unscheduled: what FuseTIR leaves of
+    the same computation in a model)."""
+    optional = {p.name for p in d.tensor_params if p.optional}
+    shapes = {k: v for k, v in d.example_shapes(case.shape, case.attrs).items()
+              if k not in optional or k in case.present}
+    out = d.trace(shapes, d.dtypes_for(case.dtype, list(shapes)), case.attrs)
+    found = {}
+
+    def collect(t):
+        if isinstance(t.op, te.PlaceholderOp):
+            found[t.op.name] = t
+        for i in t.op.input_tensors:
+            collect(i)
+
+    collect(out)
+    return te.create_prim_func([*(found[p.name] for p in d.tensor_params if p.name in found),
+                                out])
+
+
+def test_a_family_kernels_cell_builds_that_kernel_again():
+    # Every fifth corner of every cell: the cell read off the family's own kernel gives a
+    # case whose kernel is the same TIR (the reader states what verify would build).
+    import numpy as np
+    import tvm
+
+    lanes, n = 16, 0
+    for d in KERNEL_OPS:
+        for layout in d.layouts:
+            for case in corner_cases(d, "x86", "float32", layout, lanes)[::5]:
+                if d.name == "tvm_mean" and case.shape[1:] in ((1, 1, 1),):
+                    continue  # a mean over 1x1 reduces nothing: no axis to read back
+                f = _family_kernel(d, case)
+                c = kernel_cell("k", f, "x86", lanes=lanes)
+                assert c.family == d.name and c.case is not None, (case, c)
+                again = Case.from_dict(c.case)
+                try:
+                    tvm.ir.assert_structural_equal(f, _family_kernel(d, again))
+                except ValueError:
+                    # an average whose windows never reach the padding: either
+                    # count_include_pad is the same average (the reader says False)
+                    assert {k for k in case.attrs if case.attrs[k] != again.attrs.get(k)} \
+                        == {"count_include_pad"}, (case, again)
+                    x = np.random.default_rng(0).standard_normal(case.shape)
+                    np.testing.assert_array_equal(d.run_reference({"x": x}, case.attrs),
+                                                  d.run_reference({"x": x}, again.attrs))
+                n += 1
+    assert n > 15
