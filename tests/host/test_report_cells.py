@@ -295,3 +295,15 @@ def test_a_family_kernels_cell_builds_that_kernel_again():
                                                   d.run_reference({"x": x}, again.attrs))
                 n += 1
     assert n > 15
+
+
+def test_a_target_without_a_runner_fails_its_cases_with_the_reason(monkeypatch):
+    from opsdk.verify import verify_cells
+
+    def no_runner(name, **kw):
+        raise RuntimeError(f"no emulator for {name}")
+
+    monkeypatch.setattr("opsdk.verify._engine._runner_for", no_runner)
+    c = kernel_cell("dense", _matmul_func(24), "arm", lanes=4)
+    assert verify_cells([c]) == {"cases": 1, "failed": 1}
+    assert c.status == "error" and "no emulator for arm" in c.message
