@@ -936,25 +936,20 @@ def mut_qconv2d_short_k(
 
 
 @opsdk.rule("mut_qconv2d_short_k", "cpu", name="mut.qconv2d_short_k", priority=1000,
-            requires=("avx2",), claims=("vectorize", "parallel"))
+            claims=("vectorize", "parallel"))
 def _qconv2d_short_k(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """The host's x86 qconv2d rule (VNNI, else AVX2) whose register kernel stops one
-    input-channel block early."""
+    """The host's int8 qconv2d rule (VNNI, else AVX2 on x86; sdot, else smull on aarch64)
+    whose register kernel stops one input-channel block early."""
     from opsdk.schedules._qconv import schedule_qconv2d
-    from opsdk.schedules.cpu.avx2 import AVX2_PMADDWD
-    from opsdk.schedules.cpu.vnni import VNNI
-    from opsdk.targets import target_features
 
-    if "avx512vnni" in target_features(target):
-        kernel, act, rows, cols = VNNI, "uint8", 6, 64
-    else:
-        kernel, act, rows, cols = AVX2_PMADDWD, "int8", 4, 16
+    kernel, act, rows, cols = _int8_kernel(target)
     sch = schedule_qconv2d(func, target, kernel, act_dtype=act, rows=rows, cols=cols)
     if sch is None:
         return None
     return s_tir.Schedule(_shorten(
         sch.mod["main"], lambda n: n.loop_var.name == "q" and int(n.extent) > 1,
         lambda e: e - 1))
+
 
 # ------------------------------------------------------------- more kernel-rule bug classes
 # One bug each in a real rule's schedule (the rule's own function, then one node of its
