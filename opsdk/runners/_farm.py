@@ -381,7 +381,7 @@ def start_farm(boards: int, *, key: str = DEFAULT_KEY, port: int = 9190,
     Examples
     --------
     >>> state = start_farm(2)  # doctest: +SKIP
-    >>> state.tracker
+    >>> state.tracker  # doctest: +SKIP
     '127.0.0.1:9190'
     """
     if boards < 1:

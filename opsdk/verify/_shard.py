@@ -24,6 +24,7 @@ import contextlib
 import os
 import pickle
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ class _Worker:
 
 @dataclass
 class _Plan:
+    target: str
     cells: list[tuple[OpDef, str, str]]
     results: dict[int, tuple[CellResult, list[LintResult]]] = field(default_factory=dict)
     attempts: Counter[int] = field(default_factory=Counter)
@@ -205,7 +207,7 @@ def _sharded(
                          "wait for them or run with fewer --boards later")
     want = free if boards == "all" else min(int(boards), free)
     t0 = time.perf_counter()
-    plan = _Plan(cells=list(cells))
+    plan = _Plan(target=target, cells=list(cells))
     report = VerifyReport(target=target, profile=profile.name, seed=seed)
     lost_notes: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="opsdk-shard-"))
@@ -228,8 +230,8 @@ def _sharded(
         while len(plan.results) < len(plan.cells):
             live = [w for w in workers if not w.dead]
             if not live and not plan.results and not any(w.board for w in workers):
-                raise ValueError(f"no board could be had from tracker {tracker} (--key "
-                                 f"{key}): {failed[0] if failed else 'every worker failed'}")
+                raise ValueError(f"no worker could start on a board of --key {key} at "
+                                 f"{tracker}: {failed[0] if failed else 'all exited'}")
             if not live:
                 for idx in list(pending):
                     _give_up(plan, idx, "no board left to run it on (every worker's board was "
@@ -300,6 +302,7 @@ def _sharded(
             _stop(w)
         for w in workers:
             _finish(w)
+        shutil.rmtree(tmp, ignore_errors=True)
     for idx in range(len(plan.cells)):
         cell, cell_lints = plan.results[idx]
         report.cells.append(cell)
@@ -311,15 +314,12 @@ def _sharded(
     report.device = {
         "device": f"rpc tracker {tracker} key {key}, {len(used)} board"
                   + ("s" if len(used) != 1 else ""),
-        "arch": "aarch64" if target.startswith("arm") else "",
+        "arch": runner_for(target, tracker=tracker, key=key).arch,
         "runner": "rpc-farm",
         "boards": dict(sorted(used.items())),
         "lost": lost_notes,
     }
     report.seconds = time.perf_counter() - t0
-    import shutil
-
-    shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 
@@ -327,7 +327,7 @@ def _give_up(plan: _Plan, idx: int, why: str) -> None:
     d, dtype, layout = plan.cells[idx]
     lost = plan.lost_at.get(idx, [])
     boards = f" (lost boards: {', '.join(lost)})" if lost else ""
-    cell = CellResult(op=d.name, target="", dtype=dtype, layout=layout,
+    cell = CellResult(op=d.name, target=plan.target, dtype=dtype, layout=layout,
                       error=f"not verified: {why}{boards}")
     plan.results[idx] = (cell, [])
 
