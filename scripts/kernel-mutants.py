@@ -15,7 +15,7 @@ never applies there (the x86-only qconv2d rule) is reported ``n/a``.
 Usage::
 
     python scripts/kernel-mutants.py [--target x86|arm] [--seeds 10]
-        [--false-alarm-seeds 20] [--profile dev] [--mutants NAME ...]
+        [--false-alarm-seeds 20] [--first-seed 0] [--profile dev] [--mutants NAME ...]
 
 Prints one line per mutant (seeds caught / seeds run, seconds) and the false-alarm seeds;
 exits 1 when a mutant was missed on a seed or a real rule failed. Slow: one verify per
@@ -56,7 +56,9 @@ def _verify(d, target: str, seed: int, profile: str, runners: dict):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="x86", choices=("x86", "arm"))
-    ap.add_argument("--seeds", type=int, default=10, help="seeds per mutant (0..N-1)")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds per mutant")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed (of the mutants' and the false-alarm seeds)")
     ap.add_argument("--false-alarm-seeds", type=int, default=20,
                     help="seeds of the unmutated rules (0: skip)")
     ap.add_argument("--profile", default="dev")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.seeds:
             print(f"kernel-rule mutants, target {args.target}, profile {args.profile}, "
-                  f"seeds 0..{args.seeds - 1}")
+                  f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}")
             print(f"{'mutant':28} {'class':26} {'caught':>7} {'s':>6}  bug")
         for name in names if args.seeds else ():
             d = by_name[name]
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             opsdk.register(d, replace=True)
             caught, applied, t0 = 0, False, time.perf_counter()
             try:
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     rep = _verify(d, target, seed, args.profile, runners)
                     caught += not rep.ok
                     applied |= not rep.ok or any(r.startswith("mut.") for c in rep.cells
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             real = [*KERNEL_OPS, *(opsdk.get_op(n) for n in _INT8)]
             alarms = []
             t0 = time.perf_counter()
-            for seed in range(args.false_alarm_seeds):
+            for seed in range(args.first_seed, args.first_seed + args.false_alarm_seeds):
                 for d in real:
                     target = _targets(args.target, d)
                     runner(target)
