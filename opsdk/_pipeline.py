@@ -67,7 +67,7 @@ from .errors import UnloweredOpError
 from .frontend import bind_params
 from .kernels.winograd import legalize_conv2d
 from .registry import load_builtin_ops
-from .schedules import GENERIC, classify, rule_failures
+from .schedules import GENERIC, classify, rule_failures, tuned_rules
 from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
 from .transform import (
@@ -422,15 +422,17 @@ def _schedule_and_plan(mod: tvm.IRModule, tgt: Any, winograd: bool,
     return scheduled, planned, passes[cut:], weights
 
 
-def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any) -> tuple[Any, Any]:
+def _replan(mod: tvm.IRModule, tgt: Any, winograd: bool, folds: Any,
+            tuning: Sequence[Any] = ()) -> tuple[Any, Any]:
     """The scheduled and planned modules of a model read from the compile cache, folding
     through ``folds`` (the kernel cache's folded constants, or None)."""
-    with fold_cache(folds):
+    with fold_cache(folds), tuned_rules(tuning):
         return _schedule_and_plan(mod, tgt, winograd)[:2]
 
 
 def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = True,
-                  cache: Any = None, weights_apart: bool = False) -> CompiledModel:
+                  cache: Any = None, weights_apart: bool = False,
+                  tuning: Sequence[Any] = ()) -> CompiledModel:
     """Compile ``mod`` with :func:`opsdk.pipeline`, keeping the scheduled module
     (``winograd=False``: every conv direct, as ``opsdk.pipeline(target, winograd=False)``).
 
@@ -445,6 +447,10 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     unchanged module loads the library back instead. ``cache``: None follows the
     environment (``OPSDK_NO_CACHE=1`` turns it off, ``OPSDK_CACHE_DIR`` moves it), False
     compiles afresh, True uses the default folder, a path that folder.
+
+    ``tuning``: verified tuning records (:class:`opsdk.schedules.TunedRecord`, e.g.
+    ``opsdk.tune.TuningDB(folder).records(target)``); each schedules its own kernel ahead
+    of the hand rules (:func:`opsdk.schedules.tuned_rules`) and is part of the cache key.
 
     Examples
     --------
@@ -469,7 +475,10 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     key = None
     if store is not None:
         with contextlib.suppress(Exception):  # a module the printer refuses: not cached
-            key = store.key(mod, tgt, {"pipeline": "opsdk", "winograd": bool(winograd)})
+            opts: dict[str, Any] = {"pipeline": "opsdk", "winograd": bool(winograd)}
+            if tuning:  # a tuned compile is another entry than the hand rules' one
+                opts["tuning"] = sorted([r.workload, json.dumps(r.trace)] for r in tuning)
+            key = store.key(mod, tgt, opts)
     entry = store.load(key) if key else None
     if entry is not None:
         try:
@@ -482,10 +491,10 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
             return CompiledModel(
                 ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
                 library=entry.library, cached=True, entry=entry, timings=seconds,
-                rebuild=lambda: _replan(mod, tgt, winograd, folds))
+                rebuild=lambda: _replan(mod, tgt, winograd, folds, tuning))
     if key:
         seconds["model cache"] = time.perf_counter() - t0
-    with fold_cache(folds) as fold_stats:
+    with fold_cache(folds) as fold_stats, tuned_rules(tuning):
         scheduled, planned, rest, weights = _schedule_and_plan(mod, tgt, winograd, seconds,
                                                                weights_apart)
     with tgt:

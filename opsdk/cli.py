@@ -203,9 +203,17 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
                                    baselines=False)
     except (TypeError, ValueError, ImportError, AttributeError, FileNotFoundError) as e:
         raise UsageError(f"cannot load model {spec!r}: {e}") from None
-    rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
-                             asm=not args.no_asm, cells=True,
-                             verify_kernels=args.verify_kernels)
+    records = _tuning_records(args)
+    if records is not None:  # the report of the model as compiled with the records
+        cm = opsdk.model.compile_model(m.opsdk_mod, args.target, tuning=records)
+        rep = opsdk.model.report(cm, args.target, inputs=m.inputs, source=m.opsdk_mod,
+                                 name=m.name, profile=not args.no_profile,
+                                 asm=not args.no_asm, cells=True,
+                                 verify_kernels=args.verify_kernels)
+    else:
+        rep = opsdk.model.report(m, args.target, profile=not args.no_profile,
+                                 asm=not args.no_asm, cells=True,
+                                 verify_kernels=args.verify_kernels)
     found = _explain_record_key(args)
     if found is not None and rep.cache_key:  # the next explain of this source reads it back
         from opsdk._modelcache import module_dependencies, write_record
@@ -213,7 +221,25 @@ def _cmd_explain_model(args: argparse.Namespace) -> int:
         write_record(*found, {"compile_key": rep.cache_key, "name": rep.model,
                               "deps": module_dependencies(list(sys.modules))},
                      None if args.no_profile else m.inputs)
-    return _print_model_report(args, rep)
+    code = _print_model_report(args, rep)
+    if records is not None:
+        from opsdk.tune import format_tuned
+
+        print(format_tuned(rep.kernels, records))
+    return code
+
+
+def _tuning_records(args: argparse.Namespace) -> list | None:
+    """The records of ``--tuning DB`` for ``--target`` (None without the flag)."""
+    if not getattr(args, "tuning", None):
+        return None
+    import opsdk
+    from opsdk.tune import TuningDB, TuningDBError
+
+    try:
+        return TuningDB(args.tuning).records(opsdk.target(args.target))
+    except TuningDBError as e:
+        raise UsageError(str(e)) from None
 
 
 def _cmd_explain_zoo(args: argparse.Namespace) -> int:
@@ -419,6 +445,8 @@ COMMANDS: dict[str, str] = {
     "drift": "fused vs unfused difference per rewritten site of a model",
     "quantize": "int8 post-training quantization of a model: calibrate, per-layer "
                 "sensitivity, mixed precision, accuracy and speed",
+    "tune": "MetaSchedule tuning of a model's slowest kernels; a record is kept only when "
+            "verified and faster than the hand rule",
     "build": "compile a model into a deployable artifact (library, manifest, checks)",
     "run": "run an artifact on a board (--rpc), the emulator (--emulate) or the host; check "
            "and time it",
@@ -457,6 +485,9 @@ def _args_explain(s: argparse.ArgumentParser) -> None:
                    help="also write the report as JSON")
     s.add_argument("--no-profile", action="store_true",
                    help="with --model: skip timing the kernels")
+    s.add_argument("--tuning", metavar="DB",
+                   help="with --model: compile with the verified records of this tuning "
+                   "database (opsdk tune) and list the kernels they schedule")
     s.add_argument("--strict", action="store_true",
                    help="with --model / --zoo: exit 1 when a kernel has a problem (unscheduled, "
                    "serial, on the catch-all rule, no vector instructions, ...)")
@@ -532,6 +563,7 @@ _LAZY_COMMANDS = {
     "drift": ("opsdk.drift", "add_drift_arguments", "run_drift_command"),
     "verify": ("opsdk.verify._cli", "add_verify_arguments", "run_verify_command"),
     "build": ("opsdk.deploy._cli", "add_build_arguments", "run_build_command"),
+    "tune": ("opsdk.tune._cli", "add_tune_arguments", "run_tune_command"),
     "run": ("opsdk.deploy._cli", "add_run_arguments", "run_run_command"),
     "quantize": ("opsdk.quant._cli", "add_quantize_arguments", "run_quantize_command"),
     "generate": ("opsdk.llm._cli", "add_generate_arguments", "run_generate_command"),

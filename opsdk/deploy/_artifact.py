@@ -592,6 +592,7 @@ def build_artifact(
     winograd: bool = True,
     lift_weights: bool = True,
     log: Callable[[str], Any] | None = print,
+    tuning: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Compile ``model`` for ``target`` and write a deployable folder ``out_dir``.
 
@@ -638,6 +639,10 @@ def build_artifact(
         transformed at compile time (format 1's way; larger with Winograd).
     log
         Progress messages (None: quiet).
+    tuning
+        Verified tuning records (``opsdk.tune.TuningDB(folder).records(target)``): each
+        schedules its own kernel ahead of the hand rules. The records that scheduled a
+        kernel are written to ``tuning/`` and listed in the manifest (``tuning``).
 
     Returns
     -------
@@ -679,7 +684,7 @@ def build_artifact(
         if weights:  # else nothing to store apart: the module as it is
             mod = lifted
     w_arrays = [t.numpy() for t in weights.values()] if weights else None
-    cm = compile_model(mod, tgt, winograd=winograd)
+    cm = compile_model(mod, tgt, winograd=winograd, tuning=tuning)
     host_tgt = resolve_target("host")
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
     host_cm = cm if same_host else compile_model(mod, host_tgt, winograd=winograd)
@@ -707,6 +712,7 @@ def build_artifact(
         _write_checks(check, ins, inputs, host_out, framework, fw_out)
         _write_io(tmp / "io.txt", ins, weights, outs)
         facts = _module_facts(cm, inputs)
+        used = _ship_tuning(tmp, tuning, facts["kernels"])
         w_info = _weights_info(tmp, weights, facts)
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -728,6 +734,7 @@ def build_artifact(
             "memory": facts["memory"],
             "kernels": facts["kernels"],
             "quantization": quant_info,
+            "tuning": used,
             "check": {"host_library": host_lib, "host_target": str(host_tgt),
                       "inputs": "check/inputs", "expected": "check/expected.npz",
                       "framework": framework or None},
@@ -743,6 +750,26 @@ def build_artifact(
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest
+
+
+def _ship_tuning(folder: Path, tuning: Sequence[Any],
+                 kernels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``tuning/<workload>.json`` for each record that scheduled a kernel (its rule in
+    ``kernels``); the manifest's list of them (kernel, rule, workload, speedup, file)."""
+    rules = {str(k.get("rule", "")): str(k.get("name", "")) for k in kernels}
+    used = []
+    for r in tuning:
+        if r.rule_name not in rules:
+            continue
+        (folder / "tuning").mkdir(exist_ok=True)
+        rel = f"tuning/{r.workload}.json"
+        (folder / rel).write_text(json.dumps(
+            {"workload": r.workload, "kernel": r.kernel, "hand_rule": r.hand_rule,
+             "speedup": r.speedup, "trace": r.trace}, indent=1) + "\n")
+        used.append({"kernel": rules[r.rule_name], "rule": r.rule_name,
+                     "workload": r.workload, "hand_rule": r.hand_rule,
+                     "speedup": round(r.speedup, 3), "file": rel})
+    return used
 
 
 def _write_checks(check: Path, ins: Sequence[dict[str, Any]], inputs: Sequence[np.ndarray],

@@ -71,10 +71,26 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
                    help="with a decoder's int8 / int4 weights: what they multiply (default: "
                    "q8_0 where the target has an integer rule, as opsdk generate)")
     s.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    s.add_argument("--tuning", metavar="DB",
+                   help="schedule with the verified records of this tuning database (opsdk "
+                   "tune) where one matches a kernel; the artifact ships and lists them")
     s.add_argument("--timings", action="store_true",
                    help="also print the seconds of each phase (import, legalize, fold "
                    "constants, schedule, kernel codegen, link, ...) and the kernels the "
                    "kernel cache reused; with --json under \"timings\"")
+
+
+def _tuning(args: argparse.Namespace) -> list[Any]:
+    """The records of ``--tuning DB`` for ``--target`` (none without the flag)."""
+    if not getattr(args, "tuning", None):
+        return []
+    from ..targets import target as resolve_target  # heavy: TVM
+    from ..tune import TuningDB, TuningDBError
+
+    try:
+        return TuningDB(args.tuning).records(resolve_target(args.target))
+    except (TuningDBError, ValueError) as e:
+        raise _usage(str(e)) from None
 
 
 def _shapes(items: list[str] | None) -> dict[str, list[int]]:
@@ -158,6 +174,7 @@ def run_build_command(args: argparse.Namespace) -> int:
                                    force=args.force, with_runtime=args.with_runtime,
                                    winograd=not args.no_winograd,
                                    lift_weights=not args.bundle_weights,
+                                   tuning=_tuning(args),
                                    log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None

@@ -30,16 +30,20 @@ from ..ops import BUILTIN_OPS
 from ..targets import target_features
 from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
+from ._tuned import TUNED_PRIORITY, TunedRecord, apply_trace, tuned_rule_fn, workload_key
 
 __all__ = [
     "BUILTIN_RULE_MODULES",
     "KERNEL_KINDS",
     "RULE_FAILURES",
+    "TUNED_PRIORITY",
     "WINOGRAD_TAG",
     "Choice",
     "Kernel",
     "Rule",
+    "TunedRecord",
     "apply_schedule",
+    "apply_trace",
     "choose",
     "classify",
     "deferred_scheduling",
@@ -51,8 +55,10 @@ __all__ = [
     "rule_failures",
     "rules_for",
     "scheduling_deferred",
+    "tuned_rules",
     "vector_lanes",
     "vectorize_loop",
+    "workload_key",
 ]
 
 #: Modules holding the built-in rules, imported explicitly (no import-time discovery).
@@ -504,6 +510,37 @@ def last_choices() -> list[Choice]:
     ``last_choices()[n:]`` are the decisions made since the length was ``n`` (entries older
     than the last 256 keep their reasons but drop their functions)."""
     return list(_LOG)
+
+
+@contextlib.contextmanager
+def tuned_rules(records: Sequence[TunedRecord], target_key: str = "cpu") -> Iterator[list[str]]:
+    """Within this block, each verified tuning record is a rule of the registry (named
+    ``tuned:<hash8>``, priority :data:`TUNED_PRIORITY`, for model kernels) that schedules
+    its own workload only (:func:`workload_key`) by replaying its trace; yields the rule
+    names. A rule of the same name registered before is put back on exit.
+
+    Examples
+    --------
+    >>> from opsdk.schedules import TunedRecord, registered_rules, tuned_rules
+    >>> with tuned_rules([TunedRecord("0123456789abcdef", [[], []])]) as names:
+    ...     names, "tuned:01234567" in {r.name for r in registered_rules()}
+    (['tuned:01234567'], True)
+    >>> "tuned:01234567" in {r.name for r in registered_rules()}
+    False
+    """
+    load_builtin_rules()
+    names: list[str] = []
+    saved: list[Rule] = []
+    try:
+        for rec in records:
+            saved += [r for r in _RULES if r.name == rec.rule_name]
+            fn = tuned_rule_fn(rec)
+            fn.__module__ = __name__  # a built-in kind of rule: no user-op name check
+            rule("kind:any", target_key, name=rec.rule_name, priority=TUNED_PRIORITY)(fn)
+            names.append(rec.rule_name)
+        yield names
+    finally:
+        _RULES[:] = [r for r in _RULES if r.name not in names] + saved
 
 
 install_handler("rule", rule)  # OpDef.rule (opsdk._opdef cannot import this package)

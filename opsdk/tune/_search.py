@@ -1,0 +1,176 @@
+"""MetaSchedule's search space for one kernel, sampled and measured in this process.
+
+The space is MetaSchedule's own for LLVM CPUs: ``post-order-apply`` with the ``llvm``
+schedule rules (multi-level tiling, auto-inline, rfactor, parallel / vectorize / unroll,
+random compute location) and postprocessors (layout rewrite of constant weights included).
+Candidates are drawn as MetaSchedule's ``replay-trace`` strategy draws them: a design
+space's trace replayed with fresh random decisions, then the postprocessors.
+
+Why not ``tune_tir``: in TVM 0.27 its local builder and runner pass every candidate module to
+worker processes through ``save_json``, which segfaults (as it does on any scheduled IR
+here), and the default mutators segfault when the space generator is built (a
+``Map<Mutator, FloatImm>`` through the JSON graph); the evolutionary strategy needs those
+mutators and an XGBoost cost model that is not installed. Sampling and measuring in
+process avoids all three; the records are MetaSchedule traces either way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Candidate", "args_for", "search", "trace_json"]
+
+
+@dataclass
+class Candidate:
+    """One sampled schedule: its trace (JSON form) and its measured seconds per call."""
+
+    trace: Any
+    seconds: float
+
+
+def trace_json(trace: Any) -> Any:
+    """A trace's JSON form up to ``EnterPostproc`` (the postprocessors are replayed by
+    :func:`opsdk.schedules.apply_trace`: 0.27's ``as_json`` segfaults on the layout
+    rewrite's index map) as plain Python lists, strings and numbers."""
+    from tvm import s_tir  # heavy: TVM
+
+    insts = list(trace.insts)
+    cut = next((i for i, x in enumerate(insts) if str(x.kind.name) == "EnterPostproc"),
+               len(insts))
+    head = insts[:cut]
+    decisions = {k: v for k, v in trace.decisions.items() if any(k.same_as(x) for x in head)}
+
+    def plain(o: Any) -> Any:
+        if o is None or isinstance(o, (bool, int, float, str)):
+            return o
+        if hasattr(o, "value"):  # IntImm / FloatImm
+            return o.value
+        return [plain(x) for x in o]
+
+    return plain(s_tir.Trace(head, decisions).as_json(remove_postproc=False))
+
+
+def args_for(func: Any, seed: int = 0, dev: Any = None) -> list[Any]:
+    """Random arguments for ``func``'s buffers (uniform in [-1, 1] for floats, small
+    integers otherwise), as TVM tensors on ``dev`` (the CPU by default)."""
+    import tvm  # heavy: TVM
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo  # heavy: TVM
+
+    rng = np.random.default_rng(seed)
+    dev = dev or tvm.cpu()
+    out = []
+    for info in ArgInfo.from_prim_func(func):
+        shape = [int(d) for d in info.shape]
+        dt = str(info.dtype)
+        if dt.startswith("float"):
+            a = rng.uniform(-1, 1, shape).astype(dt)
+        elif dt == "bool":
+            a = rng.integers(0, 2, shape).astype(dt)
+        else:
+            a = rng.integers(-4, 5, shape).astype(dt)
+        out.append(tvm.runtime.tensor(a, dev))
+    return out
+
+
+def ms_target(target: Any, threads: int) -> Any:
+    """``target`` with the ``num-cores`` MetaSchedule's parallel rules read."""
+    from tvm.target import Target  # heavy: TVM
+
+    spec = dict(target.export())
+    spec["keys"] = list(spec.get("keys", ()))
+    spec["num-cores"] = int(threads)
+    return Target(spec)
+
+
+def time_call(fn: Any, args: list[Any], budget_s: float = 0.02, repeats: int = 3) -> float:
+    """Median seconds per call of ``fn(*args)`` over ``repeats`` batches of about
+    ``budget_s`` each."""
+    fn(*args)
+    t0 = time.perf_counter()
+    fn(*args)
+    per = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, min(1000, int(budget_s / per)))
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        out.append((time.perf_counter() - t0) / n)
+    return float(np.median(out))
+
+
+def build_func(func: Any, target: Any) -> Any:
+    """``func`` compiled alone with opsdk's TIR pipeline; the callable ``main``."""
+    import tvm  # heavy: TVM
+
+    from ..transform import tir_pipeline
+
+    f = func.with_attr("global_symbol", "main")
+    return tvm.tirx.build(tvm.IRModule({"main": f}), target=target,
+                          pipeline=tir_pipeline())["main"]
+
+
+def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int = 3,
+           log: Any = None) -> list[Candidate]:
+    """Sample ``trials`` schedules of ``func`` from MetaSchedule's CPU space for
+    ``target``, time each on random arguments, and return the ``keep`` fastest distinct ones
+    (fastest first). Candidates that fail a postprocessor or the build are skipped.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te
+    >>> from opsdk.tune import search
+    >>> a = te.placeholder((16, 16), name="a")
+    >>> k = te.reduce_axis((0, 16), name="k")
+    >>> f = te.create_prim_func([a, te.compute((16,), lambda i: te.sum(a[i, k], axis=k))])
+    >>> len(search(f, opsdk.target("x86"), trials=2, keep=1)) <= 1
+    True
+    """
+    import tvm  # heavy: TVM
+    import tvm_ffi  # heavy: TVM
+    from tvm import s_tir  # heavy: TVM
+    from tvm.s_tir import meta_schedule as ms  # heavy: TVM
+
+    from ..schedules import apply_trace
+
+    threads = int(tvm.get_global_func("runtime.NumThreads")())
+    mtgt = ms_target(target, threads)
+    mod = tvm.IRModule({"main": func.without_attr("global_symbol")
+                        if "global_symbol" in (func.attrs or {}) else func})
+    space = ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs="llvm",
+                                              mutator_probs={})  # see the module's note
+    ctx = ms.TuneContext(mod=mod, target=mtgt, space_generator=space, task_name="main",
+                         num_threads=threads, rand_state=seed + 1)
+    spaces = ctx.generate_design_space()
+    args = args_for(func, seed)
+    rng = np.random.default_rng(seed)
+    seen: set[int] = set()
+    found: list[Candidate] = []
+    for t in range(trials):
+        base = spaces[t % len(spaces)].trace
+        sch = s_tir.Schedule(mod, seed=int(rng.integers(1, 2**30)))
+        try:
+            s_tir.Trace(base.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            trace = trace_json(sch.trace)  # the record: replayed below as it is stored
+            sch = apply_trace(func, trace, target)
+            h = int(tvm_ffi.structural_hash(sch.mod))
+            if h in seen:
+                continue
+            seen.add(h)
+            fn = build_func(sch.mod["main"], target)
+            secs = time_call(fn, args)
+        except Exception as e:  # a sample the space allows but TVM cannot build: skipped
+            if log:
+                log(f"    trial {t + 1}: skipped ({type(e).__name__})")
+            continue
+        found.append(Candidate(trace, secs))
+        if log:
+            log(f"    trial {t + 1}/{trials}: {secs * 1e3:.3f} ms")
+    found.sort(key=lambda c: c.seconds)
+    return found[:keep]

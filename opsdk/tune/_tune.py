@@ -1,0 +1,268 @@
+"""``opsdk tune``: a model's slowest kernels tuned with MetaSchedule, every record gated."""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._db import TuningDB, read_record, versions
+from ._gate import GateResult, speed_ratios, verify_trace
+from ._search import search
+
+__all__ = ["TUNABLE_KINDS", "KernelTuning", "TuneReport", "recheck", "tune_model"]
+
+#: Kernel kinds tuned unless named: the families with reductions worth tiling.
+TUNABLE_KINDS = ("matmul", "conv2d", "winograd", "pool", "reduction")
+
+
+@dataclass
+class KernelTuning:
+    """What tuning did for one kernel."""
+
+    kernel: str
+    kind: str
+    hand_rule: str
+    workload: str
+    hand_ms: float | None = None  # in the model report
+    candidates: int = 0
+    verified: list[GateResult] = field(default_factory=list)
+    ratio: float | None = None  # hand / tuned, same measurement
+    hand_ms_gate: float | None = None
+    tuned_ms_gate: float | None = None
+    kept: bool = False
+    why: str = ""
+    record: str = ""  # the record file written (kept or rejected)
+    reproducer: str = ""
+
+    def line(self) -> str:
+        gate = (f"{self.ratio:.2f}x the hand rule ({self.hand_ms_gate:.3f} -> "
+                f"{self.tuned_ms_gate:.3f} ms)" if self.ratio is not None else "not timed")
+        checked = sum(g.ok for g in self.verified)
+        head = (f"{self.kernel:<40} {self.kind:<10} {self.hand_rule:<16} "
+                f"{checked}/{len(self.verified)} verified, {gate}")
+        return head + (": kept" if self.kept else f": not kept ({self.why})")
+
+
+@dataclass
+class TuneReport:
+    """The result of :func:`tune_model`."""
+
+    model: str
+    target: str
+    trials: int
+    kernels: list[KernelTuning] = field(default_factory=list)
+    db: str = ""
+
+    def format(self) -> str:
+        out = [f"opsdk tune {self.model} ({self.target}, {self.trials} trials per kernel; "
+               f"database {self.db})"]
+        out += ["  " + k.line() for k in self.kernels]
+        for k in self.kernels:
+            if k.reproducer:
+                out.append(f"  rejected {k.kernel}: {k.why}\n    reproduce: {k.reproducer}")
+        kept = [k for k in self.kernels if k.kept]
+        out.append(f"  {len(kept)} of {len(self.kernels)} kernels kept")
+        return "\n".join(out)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target, "trials": self.trials,
+                "db": self.db, "kernels": [
+                    {**{k: v for k, v in vars(t).items() if k != "verified"},
+                     "verified": [g.as_dict() for g in t.verified]} for t in self.kernels]}
+
+
+def _reproducer(path: Path) -> str:
+    return f"opsdk tune --recheck {shlex.quote(str(path))}"
+
+
+def _pick(rep: Any, kernels: list[str] | None, top: int) -> list[Any]:
+    rows = list(rep.kernels)
+    if kernels:
+        names = {r.name.removesuffix("_prepacked"): r for r in rows}
+        out = []
+        for k in kernels:
+            r = names.get(k.removesuffix("_prepacked"))
+            if r is None:
+                near = difflib.get_close_matches(k, sorted(names), n=1)
+                raise ValueError(f"--kernels: the model has no kernel {k!r}"
+                                 + (f" (did you mean {near[0]!r}?)" if near else "")
+                                 + "; opsdk explain --model lists its kernels")
+            out.append(r)
+        return out
+    cand = [r for r in rows if r.kind in TUNABLE_KINDS and r.rule != "generic"
+            and not r.rule.startswith("tuned:")]
+    if not cand:
+        raise ValueError("the model has no tunable kernel (kinds "
+                         f"{', '.join(TUNABLE_KINDS)}); name one with --kernels")
+    cand.sort(key=lambda r: -(r.time_ms or 0.0))
+    return cand[:max(1, top)]
+
+
+def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = None,
+               top: int = 2, trials: int = 16, db: TuningDB | str | None = None,
+               seed: int = 0, keep: int = 3, draws: int = 3, name: str = "",
+               log: Any = print) -> TuneReport:
+    """Tune ``model``'s ``top`` slowest kernels (or the ``kernels`` named) for ``target``
+    (the host) and store every record that passes both gates in ``db``.
+
+    Each kernel: ``trials`` MetaSchedule samples measured alone (:func:`search`); its
+    ``keep`` fastest verified (:func:`verify_trace`: float64 reference and the unscheduled
+    kernel on ``draws`` random inputs); the best verified one timed in the compiled model
+    against the hand rule (:func:`speed_ratios`) and kept only when faster. Rejected records
+    go to ``rejected/`` with a reproducer (``opsdk tune --recheck FILE``).
+
+    ``model``: a :class:`opsdk.model.LoadedModel` (its inputs time the kernels). Raises
+    ValueError naming the argument for an unknown kernel, a model without a tunable kernel
+    or a target that is not the host.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, opsdk
+    >>> from tvm import relax
+    >>> from opsdk.model import LoadedModel
+    >>> x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    >>> w = relax.const(np.random.rand(64, 48).astype("float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+    ...     _ = bb.emit_func_output(y)
+    >>> m = LoadedModel("mm", bb.get(), bb.get(), [np.random.rand(32, 64).astype("float32")])
+    >>> r = tune_model(m, trials=2, db=tempfile.mkdtemp(), log=None)  # doctest: +SKIP
+    >>> [k.kind for k in r.kernels]  # doctest: +SKIP
+    ['matmul']
+
+    (Skipped in the doctest run for its 20-60 s; ``tests/host/test_tune.py`` runs it.)
+    """
+    import numpy as np
+
+    from ..model import LoadedModel, compile_model, fused_module, report
+    from ..runners.local import host_arch
+    from ..targets import target as resolve_target
+    from ..targets import target_arch
+
+    say = log or (lambda *_: None)
+    tgt = resolve_target(target)
+    if target_arch(tgt) != host_arch():
+        raise ValueError(f"--target {target}: opsdk tune measures on this machine "
+                         f"({host_arch()}); tune for the host's architecture")
+    store = db if isinstance(db, TuningDB) else TuningDB(db)
+    if not isinstance(model, LoadedModel):
+        raise TypeError("tune_model takes a LoadedModel (opsdk.model.load_model): its "
+                        "example inputs time the kernels")
+    mod, inputs = model.opsdk_mod, [np.asarray(a) for a in model.inputs]
+    say("compiling with the hand rules ...")
+    rep = report(model, tgt, asm=False)
+    chosen = _pick(rep, kernels, top)
+    fused = fused_module(mod, tgt)
+    funcs = {gv.name_hint: f for gv, f in fused.functions.items()
+             if gv.name_hint in {r.name.removesuffix("_prepacked") for r in chosen}}
+    out = TuneReport(name or model.name or "model", str(target), trials, db=str(store.root))
+    from ..schedules import workload_key
+
+    best: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for r in chosen:
+        kname = r.name.removesuffix("_prepacked")
+        func = funcs[kname]
+        kt = KernelTuning(kname, r.kind, r.rule, workload_key(func), hand_ms=r.time_ms)
+        out.kernels.append(kt)
+        dt = {str(p.dtype) for p in _buffer_dtypes(func)}
+        if not dt <= {"float32"}:
+            kt.why = f"dtypes {sorted(dt)}: only float32 kernels are tuned"
+            continue
+        say(f"  {kname} ({r.kind}, {r.rule}, {r.time_ms or 0:.3f} ms): {trials} trials")
+        cands = search(func, tgt, trials=trials, seed=seed, keep=keep,
+                       log=(lambda m: say(m)) if log else None)
+        kt.candidates = len(cands)
+        if not cands:
+            kt.why = "no candidate built"
+            continue
+        script = func.script()
+        base = {"workload": kt.workload, "kernel": kname, "kind": r.kind,
+                "model": out.model, "hand_rule": r.rule, "workload_script": script,
+                "trials": trials, "seed": seed}
+        for c in cands:
+            g = verify_trace(func, c.trace, tgt, draws=draws, seed=seed)
+            kt.verified.append(g)
+            rec = {**base, "trace": c.trace, "search_ms": c.seconds * 1e3,
+                   "verify": g.as_dict()}
+            if g.ok:
+                best.setdefault(kname, (c, rec))
+            else:
+                path = store.put(tgt, {**rec, "status": "rejected: " + g.why}, kept=False)
+                kt.record, kt.why = str(path), g.why
+                kt.reproducer = _reproducer(path)
+                say(f"    rejected: {g.why}\n    reproduce: {kt.reproducer}")
+        if kname not in best:
+            kt.why = kt.why or "no candidate verified"
+    if best:
+        from ..schedules import TunedRecord
+
+        recs = [TunedRecord(rec["workload"], rec["trace"], rec["hand_rule"], 0.0, k)
+                for k, (_, rec) in best.items()]
+        say("compiling with the verified records; timing them against the hand rules ...")
+        hand = compile_model(mod, tgt)
+        tuned = compile_model(mod, tgt, tuning=recs, cache=False)
+        ratios = speed_ratios(hand.ex, tuned.ex, inputs, list(best))
+        for kt in out.kernels:
+            if kt.kernel not in best:
+                continue
+            _, rec = best[kt.kernel]
+            got = ratios.get(kt.kernel)
+            if got is None:
+                kt.why = "the tuned kernel was not called in the model"
+                continue
+            kt.ratio, kt.hand_ms_gate, kt.tuned_ms_gate = (got["ratio"], got["hand_ms"],
+                                                           got["tuned_ms"])
+            rec = {**rec, "speedup": got["ratio"], "hand_ms": got["hand_ms"],
+                   "tuned_ms": got["tuned_ms"], "versions": versions()}
+            if got["ratio"] > 1.0:
+                kt.kept = True
+                kt.reproducer = ""
+                kt.record = str(store.put(tgt, {**rec, "status": "kept"}))
+            else:
+                kt.why = f"slower than {kt.hand_rule} ({got['ratio']:.2f}x)"
+                kt.record = str(store.put(tgt, {**rec, "status": "rejected: " + kt.why},
+                                          kept=False))
+    return out
+
+
+def _buffer_dtypes(func: Any) -> list[Any]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo  # heavy: TVM
+
+    return list(ArgInfo.from_prim_func(func))
+
+
+def recheck(path: str | Path, target: Any = "x86", *, draws: int = 3) -> GateResult:
+    """Re-run the verify gate on a record file (its own workload script and trace): the
+    reproducer ``opsdk tune --recheck FILE`` prints.
+
+    Examples
+    --------
+    >>> import json, tempfile, pathlib, opsdk
+    >>> from tvm import te
+    >>> from opsdk.tune import recheck
+    >>> a = te.placeholder((8,), name="a")
+    >>> f = te.create_prim_func([a, te.compute((8,), lambda i: a[i] * 2)])
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.json"
+    >>> _ = p.write_text(json.dumps({"format": 1, "workload": "0" * 16, "trace": [[], []],
+    ...                              "workload_script": f.script()}))
+    >>> recheck(p).ok
+    True
+    """
+    import tvm  # heavy: TVM
+
+    from ..targets import target as resolve_target
+
+    rec = read_record(path)
+    try:
+        func = tvm.script.from_source(rec["workload_script"])
+    except Exception as e:
+        raise ValueError(f"--recheck {path}: its workload_script does not parse "
+                         f"({type(e).__name__}); the record is damaged") from None
+    if isinstance(func, tvm.IRModule):
+        func = next(iter(func.functions.values()))
+    return verify_trace(func, rec["trace"], resolve_target(target), draws=draws)
