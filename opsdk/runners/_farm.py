@@ -202,6 +202,8 @@ class FarmRunner(RPCRunner):
     def __init__(self, host: str, port: int, **kwargs: Any) -> None:
         super().__init__(host, port, **kwargs)
         self.board: str | None = None
+        #: Called with the board's name on each new session (from the call's thread).
+        self.on_board: Callable[[str], None] | None = None
         self._why: str | None = None  # why the board is lost
 
     @property
@@ -247,6 +249,8 @@ class FarmRunner(RPCRunner):
         host, port, key = self._tracker
         sess, self.board = request_board(host, port, key, self.session_timeout,
                                          wait=self.board_wait)
+        if self.on_board is not None:
+            self.on_board(self.board)
         return sess
 
     def _after_failure(self, timed_out: bool) -> None:

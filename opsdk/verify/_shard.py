@@ -104,9 +104,13 @@ class _Plan:
     lost_at: dict[int, list[str]] = field(default_factory=dict)
 
 
+_SEND_LOCK = threading.Lock()  # a worker sends from the runner's call thread too
+
+
 def _send(fh: BinaryIO, obj: Any) -> None:
-    pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    fh.flush()
+    with _SEND_LOCK:
+        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.flush()
 
 
 def _worker_env() -> dict[str, str]:
@@ -268,10 +272,13 @@ def _sharded(
                         progress(f"{d.name} {dtype} {layout}", done_examples)
                 elif kind == "ready":
                     w.ready, w.board = True, msg[1]
+                elif kind == "board":  # a new session, so a hang can name its board
+                    w.board = msg[1]
                 elif kind == "fail":  # no board for it (preflight), or it could not load ops
                     w.dead = True
                     _stop(w)
                     failed.append(msg[1])
+                    lost_notes.append(f"a worker got no board: {msg[1]}")
                     if w.task is not None:  # not expected: it fails before it is ready
                         pending.appendleft(w.task)
                         w.task = None
@@ -440,6 +447,7 @@ def _worker(fd: int) -> int:
         runner = FarmRunner.from_tracker(host, port, cfg["key"], arch=arch,
                                          timeout=cfg["call_timeout"])
         runner.preflight()  # a free board within 20 s, or say so
+        runner.on_board = lambda board: _send(out, ("board", board))
     except Exception as e:
         _send(out, ("fail", f"{type(e).__name__}: {e}".split("\n")[0]))
         return 1
