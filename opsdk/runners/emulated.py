@@ -75,6 +75,10 @@ def _terminate(signum, frame):
             pass
     if _work:
         shutil.rmtree(_work, ignore_errors=True)
+    if parent_gone():  # the host side was killed and cannot remove our folder: do it
+        home = os.environ.get("TMPDIR", "")
+        if os.path.basename(home).startswith("opsdk-qemu-"):
+            shutil.rmtree(home, ignore_errors=True)
     os._exit(0)
 
 
@@ -271,6 +275,7 @@ def main():
     log("parent %d is gone, exiting" % PARENT)
     if tracker is not None:
         tracker.close()
+    _terminate(0, None)
 
 
 main()
