@@ -207,8 +207,9 @@ def _sharded(
                          "check --key (`opsdk setup farm --status --tracker "
                          f"{tracker}` lists the keys) or start boards (docs/farm.md)")
     if free < 1:
-        raise ValueError(f"all {len(registered)} boards of --key {key} at {tracker} are busy; "
-                         "wait for them or run with fewer --boards later")
+        raise ValueError(f"all {len(registered)} boards of --key {key} at {tracker} are busy "
+                         "(other sessions hold them); wait for one to be free (`opsdk setup "
+                         f"farm --status --tracker {tracker}` shows them) and run again")
     want = free if boards == "all" else min(int(boards), free)
     t0 = time.perf_counter()
     plan = _Plan(target=target, cells=list(cells))

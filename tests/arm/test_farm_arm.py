@@ -4,6 +4,7 @@ board dies mid-run, both boards get work, and a killed board is named in the rep
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from opsdk.runners import farm_state, start_farm, stop_farm, tracker_boards
+from opsdk.runners import farm_state, request_board, start_farm, stop_farm, tracker_boards
 from opsdk.verify._cli import add_verify_arguments, run_verify_command
 from opsdk.verify._engine import _claimed_cells, _target_name
 from opsdk.verify._shard import verify_sharded
@@ -125,6 +126,21 @@ def test_bad_tracker_or_key_is_one_line_exit_2(farm, capsys):
         assert run_verify_command(p.parse_args([*argv, "--quiet", "--no-db"])) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and "\n" not in err and "Traceback" not in err, err
+    # every board held by another session: no free board
+    held = [request_board("127.0.0.1", state.tracker_port, KEY, wait=30) for _ in range(2)]
+    try:
+        argv = ["gelu", "--target", "arm", "--tracker", state.tracker, "--key", KEY, "--boards",
+                "all", "--quiet", "--no-db"]
+        assert run_verify_command(p.parse_args(argv)) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"all 2 boards of --key {KEY}" in err and "busy" in err and "\n" not in err, err
+    finally:
+        held.clear()
+        gc.collect()  # the sessions end; the boards register as free again
+        deadline = time.monotonic() + 30
+        while tracker_boards("127.0.0.1", state.tracker_port, KEY)[1] < 2:
+            assert time.monotonic() < deadline, "the boards did not come back"
+            time.sleep(0.2)
 
 
 def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
