@@ -36,6 +36,9 @@ __all__ = ["KERNEL_CORNER_FAMILIES", "kernel_corners", "kernel_rows", "pairwise"
 
 Row = dict[str, Any]
 
+#: Uncovered pairs each new covering-array row is tried from (:func:`pairwise`).
+_SEEDS = 24
+
 
 def pairwise(factors: Mapping[str, Sequence[Any]],
              ok: Callable[[Row], bool] = lambda r: True,
@@ -58,6 +61,11 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
     ...                 for b in range(2)} for _ in [0])
     (6, True)
     """
+    fixed = {n: next(iter(v)) for n, v in factors.items() if len(v) == 1}
+    if fixed:  # a factor with one value pairs with everything in every row
+        rest = pairwise({n: v for n, v in factors.items() if n not in fixed},
+                        lambda r: ok({**fixed, **r}), balance)
+        return [{**fixed, **r} for r in rest] if rest else [dict(fixed)]
     names = list(factors)
     vals = {n: list(factors[n]) for n in names}
 
@@ -70,11 +78,10 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
             for i, j in itertools.combinations(range(len(names)), 2)
             for a in range(len(vals[names[i]])) for b in range(len(vals[names[j]]))
             if ok({names[i]: vals[names[i]][a], names[j]: vals[names[j]][b]})}
-    rows: list[Row] = []
-    while todo:
-        i, a, j, b = min(todo)
+    def grow(seed: tuple, order: list[str]) -> Row | None:
+        i, a, j, b = seed
         row = {names[i]: vals[names[i]][a], names[j]: vals[names[j]][b]}
-        for n in names:
+        for n in order:
             if n in row:
                 continue
             best = None
@@ -85,14 +92,30 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
                 gain = len(pairs_of(trial) & todo)
                 if best is None or gain > best[0]:
                     best = (gain, v)
-            if best is None:  # nothing completes it: give the pair up
-                break
+            if best is None:  # nothing completes it
+                return None
             row[n] = best[1]
-        if len(row) < len(names):
-            todo.discard((i, a, j, b))
+        return row
+
+    # Each row: the best of several greedy candidates (seeded by the first uncovered pairs,
+    # factors filled in two orders), which comes near the fewest rows (9 for four factors
+    # of three values, where one seed and order took 14).
+    orders = [names[k:] + names[:k] for k in range(min(4, len(names)))]
+    orders += [o[::-1] for o in orders]
+    rows: list[Row] = []
+    while todo:
+        best_row, best_gain = None, 0
+        for seed in sorted(todo)[:_SEEDS]:
+            for order in orders:
+                row = grow(seed, order)
+                gain = len(pairs_of(row) & todo) if row is not None else 0
+                if gain > best_gain:
+                    best_row, best_gain = row, gain
+        if best_row is None:  # the first pair cannot be completed: not required
+            todo.discard(min(todo))
             continue
-        rows.append(row)
-        todo -= pairs_of(row)
+        rows.append(best_row)
+        todo -= pairs_of(best_row)
     if balance is not None:
         _balance(rows, balance, vals[balance], pairs_of, ok)
     return rows
@@ -269,21 +292,23 @@ def _winograd_rows(d: OpDef, target: str, lanes: int) -> list[Case]:
     def case(r: Row) -> Case:
         a = {**layout_attrs(d, "NHWC"), **{k: v for k, v in r.items()
                                             if k in {p.name for p in d.attr_params}}}
-        return _case(d, target, r, a, (r.get("batch", 2), r.get("h", 6), r.get("w", 6),
-                                       r.get("cin", 16)))
+        left, right = (a["padding"] if a[k] < 0 else a[k] for k in ("pad_left", "pad_right"))
+        # the output width is the column (its 2x2 tiles are what the rule tiles)
+        w = max(1, r.get("ow", 6) + 2 - left - right)
+        return _case(d, target, r, a, (r.get("batch", 2), r.get("h", 6), w, r.get("cin", 16)))
 
     def fits(r: Row) -> bool:
         c = case(r)
         return is_valid(d, c.shape, "float32", c.attrs, c.present)
 
     # Output channels around the GEMM's tile widths; input channels on and off the vector
-    # width (the input transform's vector path); widths whose 2x2 tiles per row (ow / 2)
-    # fall one below / at / above the register tile's 8 rows and its chunks, odd and even
-    # outputs (a last tile half outside), 1x1 outputs, above 32.
+    # width (the input transform's vector path); output widths whose 2x2 tiles per row
+    # (ow / 2) fall one below / at / above the register tile's 8 rows, odd and even outputs
+    # (a last tile half outside), 1-pixel outputs, above 32.
     # (Each Winograd compile costs seconds: the lists stay within about a row each.)
     rows = _assign(rows, "channels", _dedupe([*tile_edges([ln, 4 * ln]), 1, 3 * ln // 2]), fits)
     rows = _assign(rows, "cin", _dedupe([ln, ln + 1, 3, ln - 1]), fits)
-    rows = _assign(rows, "w", _dedupe([15, 17, 19, 1, 35, 16, 3]), fits)
+    rows = _assign(rows, "ow", _dedupe([13, 16, 17, 1, 33, 18, 2]), fits)
     rows = _assign(rows, "h", (5, 4, 1, 9, 3, 6), fits)
     return [case(r) for r in _number(rows)]
 

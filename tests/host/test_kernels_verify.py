@@ -15,7 +15,9 @@ _RULES = {"reduction": {"x86.rows", "x86.columns"}}
 
 @pytest.mark.parametrize("d", KERNEL_OPS, ids=lambda d: d.name)
 def test_kernel_family_verifies_on_x86(d):
-    report = verify([d], "x86", profile="ci", seed=0, database=None)
+    # The kernel corners (every pair of attribute values, the tile edges, every epilogue)
+    # are deterministic; a few random examples per cell explore past them.
+    report = verify([d], "x86", profile="ci", seed=0, database=None, max_examples=6)
     bad = [c.failure.format(tir=False) for c in report.cells if c.failure]
     assert report.ok, "\n".join(bad) or report.lints
     assert {r for c in report.cells for r in c.rules} == _RULES.get(d.kind, {f"x86.{d.kind}"})
