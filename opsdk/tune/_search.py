@@ -16,8 +16,14 @@ process avoids all three; the records are MetaSchedule traces either way.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,6 +121,49 @@ def build_func(func: Any, target: Any) -> Any:
                           pipeline=tir_pipeline())["main"]
 
 
+def build_isolated(func: Any, target: Any, path: Path, timeout_s: float = 120.0) -> Any:
+    """``func`` compiled in a forked child and exported to ``path``, then loaded here: the
+    callable ``main``, or None when the compile failed, crashed or ran past ``timeout_s``.
+
+    A sample of MetaSchedule's space can crash TVM's or LLVM's code generation (a conv2d
+    sample killed the whole ``opsdk tune`` without a message); ``tune_tir`` builds in worker
+    processes for the same reason."""
+    import tvm  # heavy: TVM
+
+    from ..targets import LINK_OPTIONS
+
+    pid = os.fork()
+    if pid == 0:  # the child: no Python exit handlers, no return to the caller
+        code = 1
+        try:
+            lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                 target=target, pipeline=_pipeline_name())
+            lib.export_library(str(path), options=list(LINK_OPTIONS))
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.02)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0) or not path.exists():
+        return None
+    return tvm.runtime.load_module(str(path))["main"]
+
+
+def _pipeline_name() -> str:
+    from ..transform import tir_pipeline
+
+    return tir_pipeline()
+
+
 def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int = 3,
            log: Any = None) -> list[Candidate]:
     """Sample ``trials`` schedules of ``func`` from MetaSchedule's CPU space for
@@ -152,6 +201,7 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
     rng = np.random.default_rng(seed)
     seen: set[int] = set()
     found: list[Candidate] = []
+    work = tempfile.mkdtemp(prefix="opsdk-tune-")
     for t in range(trials):
         base = spaces[t % len(spaces)].trace
         sch = s_tir.Schedule(mod, seed=int(rng.integers(1, 2**30)))
@@ -163,7 +213,11 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
             if h in seen:
                 continue
             seen.add(h)
-            fn = build_func(sch.mod["main"], target)
+            fn = build_isolated(sch.mod["main"], target, Path(work) / f"c{t}.so")
+            if fn is None:
+                if log:
+                    log(f"    trial {t + 1}: skipped (the build failed or crashed)")
+                continue
             secs = time_call(fn, args)
         except Exception as e:  # a sample the space allows but TVM cannot build: skipped
             if log:
@@ -172,5 +226,6 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
         found.append(Candidate(trace, secs))
         if log:
             log(f"    trial {t + 1}/{trials}: {secs * 1e3:.3f} ms")
+    shutil.rmtree(work, ignore_errors=True)  # the loaded libraries stay mapped
     found.sort(key=lambda c: c.seconds)
     return found[:keep]
