@@ -11,9 +11,9 @@ a deterministic set of examples that every run starts with:
   attributes is in some example, whatever the seed (:func:`pairwise`);
 - **tile edges** assigned along those rows: one below, at and one above each rule tile size
   (a matmul's N and a conv's output channels around every multiple of the vector width the
-  rules tile by, a conv's output row around its pixel tile, a Winograd output around its
-  2x2 tiles and chunks), channels no vector width divides, 1x1 and > 32 spatial sizes, odd
-  sizes;
+  rules tile by, a conv's output row around its pixel tile, a Winograd output row whose 2x2
+  tiles fall around the GEMM's 8-row register tile), channels no vector width divides, 1x1
+  and > 32 spatial sizes, odd sizes;
 - every epilogue (each activation, with bias, residual, both and neither: chains of two),
   packed constant weights on some rows and runtime weights on the others, a batch of 1 to 3
   behind a symbolic batch dim and some rows with every dim static.
