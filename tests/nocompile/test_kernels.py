@@ -458,3 +458,60 @@ def test_kernel_corners_run_every_epilogue_both_weight_paths_and_batches():
         assert {c.present for c in rows} >= {(), ("bias",), ("residual",)}
         assert any(c.packed for c in rows) and any(not c.packed for c in rows)
     assert sum(len(kernel_rows(d, "x86", 16)) for d in KERNEL_OPS) <= 110
+
+
+# ------------------------------------------------------------------ rule fixes the corners found
+def _vector_extents(sch):
+    """The extents of the scheduled function's vectorized loops."""
+    from tvm import tirx
+    from tvm_ffi.structural import structural_mutate
+
+    out = []
+
+    def visit(node, mut):
+        if node.kind == tirx.ForKind.VECTORIZED:
+            out.append(int(node.extent))
+        return mut.default_mutate(node)
+
+    structural_mutate(sch.mod["main"], [(tirx.For, visit)])
+    return out
+
+
+def test_winograd_rule_schedules_runtime_weights_with_padded_output_channels():
+    # 65 output channels (4 x 16 + 1): the padded weight transform runs over the packed
+    # layout's four loops, which the runtime-weights path unpacked as three (the rule raised
+    # and the generic lowering ran instead).
+    from opsdk.kernels.winograd import winograd_conv2d
+    from opsdk.schedules._winograd import schedule_winograd
+
+    x, w = te.placeholder((1, 8, 8, 3), name="x"), te.placeholder((3, 3, 3, 65), name="w")
+    sch = schedule_winograd(te.create_prim_func([x, w, winograd_conv2d(x, w, [1, 2, 1, 0])]),
+                            opsdk.target("x86"), acc_regs=24)
+    assert sch is not None and max(_vector_extents(sch)) == 16
+
+
+def test_depthwise_multiplier_tiles_by_full_vectors():
+    # 31 channels x 3: one 93-lane vector of every output channel (a gather of o // 3) took
+    # LLVM 43 s; full 16-lane vectors, the last tile partial. Without a multiplier an odd
+    # channel count keeps its one odd vector (the fast one there).
+    from opsdk.schedules._conv import schedule_conv2d
+
+    for mult, widest in ((3, 16), (1, 31)):
+        x = te.placeholder((1, 9, 9, 31), name="x")
+        w = te.placeholder((3, 3, 1, 31 * mult), name="w")
+        y = topi.nn.conv(x, w, 1, 1, 1, 31, "NHWC", "HWIO")
+        sch = schedule_conv2d(te.create_prim_func([x, w, y]), opsdk.target("x86"), acc_regs=24)
+        assert sch is not None and max(_vector_extents(sch)) == widest, mult
+
+
+@pytest.mark.parametrize("width,lanes", [(66, 33), (150, 50), (64, 16)])
+def test_depthwise_nchw_rows_avoid_a_predicated_partial_pixel_tile(width, lanes):
+    # 65 = 4 x 16 + 1 pixels were predicated lane by lane (18 s of LLVM); one odd vector that
+    # divides the row instead where there is one (66 = 2 x 33), whole 16-lane tiles as before.
+    from opsdk.schedules._conv import schedule_conv2d
+
+    x = te.placeholder((1, 8, 5, width), name="x")
+    w = te.placeholder((8, 1, 3, 3), name="w")
+    y = topi.nn.conv(x, w, 1, 1, 1, 8, "NCHW", "OIHW")
+    sch = schedule_conv2d(te.create_prim_func([x, w, y]), opsdk.target("x86"), acc_regs=24)
+    assert sch is not None and lanes in _vector_extents(sch)
