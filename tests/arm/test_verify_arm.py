@@ -132,7 +132,7 @@ def _mutants():
 def _corner_misses(M, target: str, runner) -> list[str]:
     """The CORNER_MUTANTS checked on ``target`` that none of verify's corner cases of their
     cell flags in their own rule (one cell each, no random search: the suite's budget;
-    scripts/kernel-mutants.py --target arm runs the full search)."""
+    scripts/kernel-mutants.py --target arm runs the full search, int8 on arm-dotprod)."""
     by_name = {d.name: d for d in M.OPS}
     missed = []
     for name, (dtype, layout, t) in M.CORNER_MUTANTS.items():
@@ -151,9 +151,9 @@ def _corner_misses(M, target: str, runner) -> list[str]:
 
 def test_rule_mutants_are_flagged_on_arm() -> None:
     # The schedule-rule mutants of tests/host/verify_mutants.py (their rules are keyed
-    # "cpu", so they schedule the aarch64 build too), float32, run under the emulator: the
-    # older ones by the default profile, the newer kernel-rule ones (epilogue order,
-    # padding, packing, pool window, Winograd input transform) by their cell's corners.
+    # "cpu", so they schedule the aarch64 build too), run under the emulator: the older
+    # ones by the default profile (float32), the newer kernel-rule ones (epilogue order,
+    # padding, packing, pool window, int8 compensation, q4 scales) by their cell's corners.
     M = _mutants()
     from opsdk.runners import runner_for
 
@@ -173,16 +173,6 @@ def test_rule_mutants_are_flagged_on_arm() -> None:
                 missed.append(f"{name} ({M.BUGS[name]})")
         missed += _corner_misses(M, "arm", runner)
     assert not missed, f"not flagged on arm: {missed}"
-
-
-def test_int8_rule_mutants_are_flagged_on_arm_dotprod() -> None:
-    # The int8 rules a dotprod CPU takes (sdot): the compensation mutant.
-    M = _mutants()
-    from opsdk.runners import runner_for
-
-    with runner_for("arm-dotprod") as runner:
-        missed = _corner_misses(M, "arm-dotprod", runner)
-    assert not missed, f"not flagged on arm-dotprod: {missed}"
 
 
 @pytest.mark.parametrize("last", [19, 21, 23])
