@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             alarms = []
             t0 = time.perf_counter()
             for seed in range(args.first_seed, args.first_seed + args.false_alarm_seeds):
+                t1, before = time.perf_counter(), len(alarms)
                 for d in real:
                     target = _targets(args.target, d)
                     runner(target)
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         alarms.append((seed, d.name, bad))
                         print(f"false alarm: seed {seed} {d.name}\n" + "\n".join(bad),
                               flush=True)
+                print(f"seed {seed}: {len(alarms) - before} ops with a false alarm "
+                      f"({time.perf_counter() - t1:.0f} s)", flush=True)
             seeds = sorted({s for s, *_ in alarms})
             print(f"unmutated rules ({', '.join(d.name for d in real)}): "
                   f"{len(seeds)} of {args.false_alarm_seeds} seeds with a false alarm "
