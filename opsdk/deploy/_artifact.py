@@ -755,8 +755,11 @@ def build_artifact(
 def _ship_tuning(folder: Path, tuning: Sequence[Any],
                  kernels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``tuning/<workload>.json`` for each record that scheduled a kernel (its rule in
-    ``kernels``); the manifest's list of them (kernel, rule, workload, speedup, file)."""
-    rules = {str(k.get("rule", "")): str(k.get("name", "")) for k in kernels}
+    ``kernels``); the manifest's list of them (kernel, every kernel carrying the rule: the
+    packing split off it too, rule, workload, speedup, file)."""
+    rules: dict[str, list[str]] = {}
+    for k in kernels:  # a packing split off a tuned kernel carries its rule too
+        rules.setdefault(str(k.get("rule", "")), []).append(str(k.get("name", "")))
     used = []
     for r in tuning:
         if r.rule_name not in rules:
@@ -766,7 +769,8 @@ def _ship_tuning(folder: Path, tuning: Sequence[Any],
         (folder / rel).write_text(json.dumps(
             {"workload": r.workload, "kernel": r.kernel, "hand_rule": r.hand_rule,
              "speedup": r.speedup, "trace": r.trace}, indent=1) + "\n")
-        used.append({"kernel": rules[r.rule_name], "rule": r.rule_name,
+        names = sorted(rules[r.rule_name], key=lambda n: ("prepack" in n, n))
+        used.append({"kernel": names[0], "kernels": names, "rule": r.rule_name,
                      "workload": r.workload, "hand_rule": r.hand_rule,
                      "speedup": round(r.speedup, 3), "file": rel})
     return used

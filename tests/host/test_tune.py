@@ -155,3 +155,18 @@ def test_the_database_round_trips_and_refuses_a_corrupt_file(tmp_path):
     (db.folder(tgt) / "fedcba9876543210.json").write_text(json.dumps({"format": 1}))
     with pytest.raises(TuningDBError, match=r"fedcba9876543210\.json: lacks .*delete it"):
         db.records(tgt)
+
+
+def test_an_artifact_ships_the_records_that_scheduled_a_kernel(tmp_path):
+    from opsdk.deploy._artifact import _ship_tuning
+
+    used_rec = TunedRecord("2b9a6e0c9c20f1fc", [[], []], "x86.matmul", 1.3, "k")
+    unused = TunedRecord("0" * 16, [[], []], "x86.conv2d", 1.5, "c")
+    kernels = [{"name": "k_weight_prepack", "rule": "tuned:2b9a6e0c"},
+               {"name": "k", "rule": "tuned:2b9a6e0c"}, {"name": "z", "rule": "x86.rows"}]
+    (m,) = _ship_tuning(tmp_path, [used_rec, unused], kernels)
+    assert (m["kernel"], m["kernels"], m["rule"]) == \
+        ("k", ["k", "k_weight_prepack"], "tuned:2b9a6e0c")
+    shipped = json.loads((tmp_path / m["file"]).read_text())
+    assert (shipped["workload"], shipped["trace"]) == (used_rec.workload, used_rec.trace)
+    assert not (tmp_path / "tuning" / f"{unused.workload}.json").exists()
