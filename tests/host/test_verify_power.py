@@ -1,7 +1,8 @@
 """Verification power: deliberately wrong ops are flagged, correct ones never are.
 
 - every mutant in ``verify_mutants`` (wrong compute, or a wrong schedule rule) is flagged by
-  the default profile;
+  the default profile; the newer kernel-rule ones (``CORNER_MUTANTS``) by one cell's corner
+  cases (``scripts/kernel-mutants.py`` measures them all over many seeds);
 - the built-in ops pass under 5 different seeds (20 with ``OPSDK_TEST_SEEDS=20``);
 - a failure is shrunk, and its printed reproducer re-runs it and fails the same way;
 - the example database replays a past failure first.
