@@ -30,6 +30,9 @@ def add_tune_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--db", metavar="DIR", help="the tuning database folder (default "
                    "$OPSDK_TUNING_DIR or tuning/ in opsdk's cache folder)")
     s.add_argument("--seed", type=int, default=0, help="the search's random seed (default 0)")
+    s.add_argument("--min-speedup", type=float, default=1.03, metavar="X",
+                   help="keep a verified record only when it is X times as fast as the hand "
+                   "rule in the same measurement (default 1.03: above the timing noise)")
     s.add_argument("--entry", default="build_model", help="the model file's entry function")
     s.add_argument("--recheck", metavar="RECORD",
                    help="re-run the verify gate on one record file (a rejected record's "
@@ -88,6 +91,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
     try:
         rep = tune_model(model, args.target, kernels=kernels, top=args.top,
                          trials=args.trials, db=db, seed=args.seed,
+                         min_speedup=args.min_speedup,
                          log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
         raise UsageError(str(e)) from None
