@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._opdef import OpDef
-from ._strategies import Case, is_valid, layout_attrs
+from ._case import Case, is_valid, layout_attrs
 
 __all__ = ["KERNEL_CORNER_FAMILIES", "kernel_corners", "kernel_rows", "pairwise", "tile_edges"]
 
