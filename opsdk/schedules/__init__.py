@@ -30,7 +30,14 @@ from ..ops import BUILTIN_OPS
 from ..targets import target_features
 from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
-from ._tuned import TUNED_PRIORITY, TunedRecord, apply_trace, tuned_rule_fn, workload_key
+from ._tuned import (
+    TUNED_PRIORITY,
+    TunedRecord,
+    apply_trace,
+    tensor_intrinsics,
+    tuned_rule_fn,
+    workload_key,
+)
 
 __all__ = [
     "BUILTIN_RULE_MODULES",
@@ -55,6 +62,7 @@ __all__ = [
     "rule_failures",
     "rules_for",
     "scheduling_deferred",
+    "tensor_intrinsics",
     "tuned_rules",
     "vector_lanes",
     "vectorize_loop",

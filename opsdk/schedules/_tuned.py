@@ -9,6 +9,10 @@ the hand rules instead of running a trace made for another function.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +20,15 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-__all__ = ["TUNED_PRIORITY", "TunedRecord", "apply_trace", "postprocs_for", "tuned_rule_fn",
-           "workload_key"]
+__all__ = [
+    "TUNED_PRIORITY",
+    "TunedRecord",
+    "apply_trace",
+    "postprocs_for",
+    "tensor_intrinsics",
+    "tuned_rule_fn",
+    "workload_key",
+]
 
 #: Above every hand rule (the highest built-in priority is in the tens).
 TUNED_PRIORITY = 10_000
@@ -86,7 +97,9 @@ def apply_trace(func: tirx.PrimFunc, trace: Any, target: Target | None = None
     if "global_symbol" in (func.attrs or {}):
         func = func.without_attr("global_symbol")
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    s_tir.Trace.apply_json_to_schedule(trace, sch)
+    # a tensorized trace names intrinsics, which exist once TVM's tensor_intrin is imported
+    with tensor_intrinsics("Tensorize" in str(trace)):
+        s_tir.Trace.apply_json_to_schedule(trace, sch)
     _check_decisions(trace, sch)
     sch.enter_postproc()
     for p in postprocs_for(target if target is not None else Target.current()):
@@ -134,10 +147,44 @@ def postprocs_for(target: Target) -> list[Any]:
         mod = tvm.IRModule({"main": _stub()})
         space = ms.space_generator.PostOrderApply(sch_rules=[], postprocs="llvm",
                                                   mutator_probs={})
-        ctx = ms.TuneContext(mod=mod, target=Target(spec), space_generator=space,
-                             task_name="main", num_threads=int(spec["num-cores"]))
+        with tensor_intrinsics(False):  # no schedule rules: no intrinsic is looked up
+            ctx = ms.TuneContext(mod=mod, target=Target(spec), space_generator=space,
+                                 task_name="main", num_threads=int(spec["num-cores"]))
         _POSTPROCS[key] = list(ctx.space_generator.postprocs)
     return _POSTPROCS[key]
+
+
+@contextlib.contextmanager
+def tensor_intrinsics(needed: bool) -> Iterator[None]:
+    """Import TVM's tensor intrinsics only where ``needed``: ``TuneContext`` imports
+    ``tvm.s_tir.tensor_intrin`` on every construction, which parses every target's
+    intrinsics (CUDA, Hexagon, ...) from TVMScript, 20 s in a bare process and 60-90 s in
+    one with opsdk's models loaded. Without ``needed`` (no rule or trace that tensorizes) the
+    block sees a placeholder module, removed after it, so a later real import still works.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm.s_tir import meta_schedule as ms
+    >>> from opsdk.schedules import tensor_intrinsics
+    >>> with tensor_intrinsics(False):  # a context for postprocessors only: no 20 s import
+    ...     ctx = ms.TuneContext(target=opsdk.target("x86"), task_name="k", num_threads=1)
+    >>> ctx.task_name
+    'k'
+    """
+    name = "tvm.s_tir.tensor_intrin"
+    if needed:
+        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics)
+    if needed or name in sys.modules:
+        yield
+        return
+    sys.modules[name] = types.ModuleType(name)
+    try:
+        yield
+    finally:
+        if isinstance(sys.modules.get(name), types.ModuleType) and \
+                not hasattr(sys.modules[name], "__file__"):
+            del sys.modules[name]
 
 
 def _stub() -> tirx.PrimFunc:

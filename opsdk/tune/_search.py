@@ -186,7 +186,7 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
     from tvm import s_tir  # heavy: TVM
     from tvm.s_tir import meta_schedule as ms  # heavy: TVM
 
-    from ..schedules import apply_trace
+    from ..schedules import apply_trace, tensor_intrinsics
 
     threads = int(tvm.get_global_func("runtime.NumThreads")())
     mtgt = ms_target(target, threads)
@@ -194,9 +194,14 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
                         if "global_symbol" in (func.attrs or {}) else func})
     space = ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs="llvm",
                                               mutator_probs={})  # see the module's note
-    ctx = ms.TuneContext(mod=mod, target=mtgt, space_generator=space, task_name="main",
-                         num_threads=threads, rand_state=seed + 1)
-    spaces = ctx.generate_design_space()
+    # The x86 rules tensorize integer dot products only (VNNI): a float kernel's search
+    # needs no intrinsic, and TVM's import of them all costs 20-90 s.
+    text = func.script()
+    ints = '"int8"' in text or '"uint8"' in text
+    with tensor_intrinsics(ints):
+        ctx = ms.TuneContext(mod=mod, target=mtgt, space_generator=space, task_name="main",
+                             num_threads=threads, rand_state=seed + 1)
+        spaces = ctx.generate_design_space()
     args = args_for(func, seed)
     rng = np.random.default_rng(seed)
     seen: set[int] = set()
