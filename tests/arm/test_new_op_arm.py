@@ -49,19 +49,21 @@ def test_scaffolds_verify_on_emulated_arm(tmp_path: pathlib.Path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     r = subprocess.run(
         [sys.executable, "-m", "opsdk", "verify", *names, *modules, "--target", "arm",
-         "--profile", "ci", "--examples", "4", "--report", str(tmp_path / "r.json")],
+         "--profile", "ci", "--examples", "4", "--seed", "0", "--report", str(tmp_path / "r.json")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "qemu-aarch64" in r.stdout
     cells = json.loads((tmp_path / "r.json").read_text())["cells"]
-    # every scaffold verified in every cell, and its own NEON rule scheduled its cells (a
-    # layout the template's rule does not claim goes to the built-in rules)
+    # every scaffold verified in every cell, and its own NEON rule scheduled cases in them. A
+    # case the template's rule passes on (a rank-1 input for the elementwise kinds) goes to a
+    # built-in rule, so a cell's rules are a set: the template's rule must be among them (a
+    # user rule that raised fails the cell, checked above).
     assert {c["op"] for c in cells} == set(names), {c["op"] for c in cells}
     assert all(c["status"] == "pass" for c in cells), [
         (c["op"], c["dtype"], c["status"]) for c in cells if c["status"] != "pass"]
     for name in names:
-        assert any(c["rules"] == [f"{name}.neon"] for c in cells if c["op"] == name), [
+        assert any(f"{name}.neon" in c["rules"] for c in cells if c["op"] == name), [
             c["rules"] for c in cells if c["op"] == name]
 
 
