@@ -15,7 +15,9 @@ named here once, and the passes of each step live in :mod:`opsdk.transform`:
    their own compute, TVM's ops with TVM's, every kernel annotated with its fusion pattern and
    constants folded (weight transposes happen once, here);
 5. **kernel fusion** (``FuseOps`` / ``FuseTIR``): elementwise epilogues (bias, activation,
-   residual add, scale) join the matmul or conv that produces them;
+   residual add, scale) join the matmul or conv that produces them; copy-only views
+   (reshape, transpose, slice) that feed an opsdk op are read through in its kernel
+   (:func:`~opsdk.transform.FoldViewsIntoOps`);
 6. **schedule** (:func:`~opsdk.transform.ScheduleKernels`): every PrimFunc gets a rule from
    the one driver: an opsdk op its op's rules, any other kernel the rules for its kind;
 7. **pack weights**: weight packing a rule asked for is split out and folded into the
@@ -74,6 +76,7 @@ from .transform import (
     MISSING_LEGALIZATIONS,
     ChannelsLast,
     FoldConstantsAtOnce,
+    FoldViewsIntoOps,
     KernelFormWeights,
     LegalizeOpsDeferred,
     LowerOps,
@@ -108,7 +111,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("fuse", "opsdk.transform.FuseIntoOps"),
     ("layout", "opsdk.transform.ChannelsLast"),
     ("legalize", "opsdk.transform.LegalizeOpsDeferred, LegalizeOps, FoldConstantsAtOnce"),
-    ("kernel fusion", "AnnotateTIROpPattern, FuseOps, FuseTIR"),
+    ("kernel fusion", "AnnotateTIROpPattern, FuseOps, FuseTIR, opsdk.transform.FoldViewsIntoOps"),
     ("schedule", "opsdk.transform.ScheduleKernels"),
     ("pack weights", "SplitLayoutRewritePreproc, FoldConstantsAtOnce (or lift_passes)"),
     ("build", "TVM's CPU lowering, opsdk.transform.tir_pipeline, the kernel cache"),
@@ -144,6 +147,7 @@ def schedule_passes(
     return [ChannelsLast()] * channels_last + [
         LegalizeOpsDeferred(tgt),
         *fusion_passes(winograd=winograd),
+        FoldViewsIntoOps(tgt),
         relax.transform.AttachAttrLayoutFreeBuffers(),
         ScheduleKernels(tgt),
         relax.transform.SplitLayoutRewritePreproc(),
@@ -380,7 +384,8 @@ _PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legal
              "LegalizeOps": "legalize", "FoldConstant": "fold constants",
              "opsdk.FoldConstantsAtOnce": "fold constants",
              "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
-             "DeadCodeElimination": "fuse", "AttachAttrLayoutFreeBuffers": "schedule",
+             "DeadCodeElimination": "fuse", "opsdk.FoldViewsIntoOps": "fuse",
+             "AttachAttrLayoutFreeBuffers": "schedule",
              "opsdk.ScheduleKernels": "schedule", "SplitLayoutRewritePreproc": "pack weights"}
 
 

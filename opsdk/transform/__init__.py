@@ -5,6 +5,8 @@
 - :func:`LowerOps`: legalize only the opsdk ops with the target's schedule rules;
 - :func:`ReplaceTVMOps`: TVM's ``R.nn.layer_norm``, ``rms_norm``, ``group_norm``, ``gelu``,
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
+- :func:`FoldViewsIntoOps`: reshape / transpose / slice copies read through inside the opsdk
+  op kernels they feed;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
   conv2d + batch_norm  ->  fused ops;
 - :func:`tir_pipeline`: the TIR pipeline opsdk's kernels compile with (register tiles kept
@@ -47,6 +49,7 @@ from ._lower import MISSING_LEGALIZATIONS, LegalizeOpsDeferred, LowerOps, Schedu
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 from ._script import script
+from ._views import FoldViewsIntoOps
 
 __all__ = [
     "FUSION_RULES",
@@ -54,6 +57,7 @@ __all__ = [
     "REPLACEABLE_OPS",
     "ChannelsLast",
     "FoldConstantsAtOnce",
+    "FoldViewsIntoOps",
     "FuseIntoOps",
     "KernelFormWeights",
     "LegalizeOpsDeferred",
