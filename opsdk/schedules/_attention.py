@@ -69,9 +69,15 @@ def schedule_attention(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
     return _decode(sch, blocks, target, d)
 
 
-def _decode(sch: s_tir.Schedule, blocks: dict, target: Target, d: int) -> s_tir.Schedule:
+def _decode(sch: s_tir.Schedule, blocks: dict, target: Target, d: int) -> s_tir.Schedule | None:
     lanes = vector_lanes(target)
-    width = lanes if d % lanes == 0 else 4
+    # the scores' partial sums: at least two chunks of the head dim (one chunk leaves a unit
+    # loop that compute_at drops, and the loop nest below would not be the one it expects):
+    # a 16-wide head on AVX-512 takes 8-lane vectors
+    width = next((w for w in (lanes, lanes // 2, 4) if w >= 4 and d % w == 0 and d // w >= 2),
+                 None)
+    if width is None:
+        return None  # a head dim of 4: the generic lowering
     sch.compute_inline(blocks["kt"])  # K read in place
     out = blocks["attention"]
     row_loops = sch.get_loops(out)[:-1]

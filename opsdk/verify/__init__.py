@@ -28,6 +28,7 @@ from ._engine import (
 )
 from ._profiles import PROFILES, Profile, database_path
 from ._report import CaseResult, CellResult, LintResult, RefusalResult, VerifyReport
+from ._shard import verify_sharded
 from ._strategies import Case, StrategyKnobs, case_strategy, corner_cases, make_inputs
 from ._tolerance import MATH_ULPS, ModelInput, error_model, model_for, output_bound
 
@@ -63,4 +64,5 @@ __all__ = [
     "verify",
     "verify_cells",
     "verify_op",
+    "verify_sharded",
 ]

@@ -154,7 +154,7 @@ def verify_sharded(
 
     Examples
     --------
-    >>> from opsdk.verify._shard import verify_sharded
+    >>> from opsdk.verify import verify_sharded
     >>> r = verify_sharded(["gelu"], "arm", tracker="127.0.0.1:9190", key="opsdk-farm",
     ...                    max_examples=3)  # doctest: +SKIP
     >>> r.device["boards"]  # doctest: +SKIP

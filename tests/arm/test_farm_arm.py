@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 
 from opsdk.runners import farm_state, request_board, start_farm, stop_farm, tracker_boards
+from opsdk.verify import verify_sharded
 from opsdk.verify._cli import add_verify_arguments, run_verify_command
 from opsdk.verify._engine import _claimed_cells, _target_name
-from opsdk.verify._shard import verify_sharded
 
 pytestmark = pytest.mark.arm
 

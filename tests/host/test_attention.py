@@ -323,10 +323,11 @@ def test_many_query_kernels_verify(layout, shape, m, attrs, present):
 
 @pytest.mark.parametrize(("layout", "shape", "m", "kv_heads", "present"), [
     ("causal", (1, 1, 8, 64), 37, 2, ()),        # a Llama decode step: 4 query heads per kv head
+    ("causal", (1, 1, 4, 16), 37, 2, ()),        # a head of one AVX-512 vector (8-lane chunks)
     ("BHSD", (2, 4, 3, 32), 21, 1, ("mask",)),   # decode schedule, one kv head for all
     ("causal", (1, 20, 4, 16), 29, 2, ("mask",)),  # many-query schedule (a prefill)
     ("BHSD", (1, 6, 40, 32), 40, 3, ()),         # many-query schedule, BHSD
-], ids=["decode_bshd", "decode_bhsd", "many_bshd", "many_bhsd"])
+], ids=["decode_bshd", "decode_head_dim_16", "decode_bhsd", "many_bshd", "many_bhsd"])
 def test_grouped_heads_verify_on_both_schedules(layout, shape, m, kv_heads, present):
     # k / v with fewer heads than q (the declared "Hkv"): against the float64 reference,
     # which repeats each key / value head for its query heads.
