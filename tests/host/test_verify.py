@@ -194,6 +194,32 @@ def test_lints_flag_a_rule_whose_claims_do_not_hold() -> None:
     assert status["parallel:asm"] == "fail"
 
 
+def test_a_builtin_rule_that_raises_fails_the_example() -> None:
+    # The driver falls back to the generic lowering with a warning; verify must not pass
+    # the example as if the rule had run, whether the rule is a user's or opsdk's own.
+    gelu = opsdk.get_op("gelu")
+
+    @opsdk.op(reference=gelu.reference, layouts=gelu.layouts, domain=gelu.domain,
+              kind="elementwise", examples=gelu.examples)
+    def raising_demo_gelu(x: opsdk.Tensor, *, approximate: str = "none") -> te.Tensor:
+        return gelu.compute(x, approximate=approximate)
+
+    def _raises(func, target):
+        raise RuntimeError("planted")
+
+    _raises.__module__ = "opsdk.schedules.cpu.x86"  # as a built-in rule's
+    opsdk.rule("raising_demo_gelu", "cpu", name="test.raises", priority=1000)(_raises)
+    opsdk.register(raising_demo_gelu, replace=True)
+    try:
+        report = verify_op(raising_demo_gelu, "host", dtypes=["float32"], layouts=["erf"],
+                           max_examples=1, database=None, lints=False, refusals=False)
+    finally:
+        opsdk.unregister(raising_demo_gelu)
+    (cell,) = report.cells
+    assert cell.failure is not None and cell.failure.status == "error", cell
+    assert "test.raises" in cell.failure.message, cell.failure.message
+
+
 # ------------------------------------------------------------------------- cases and CLI
 
 
