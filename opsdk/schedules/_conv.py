@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.ir import Expr as PrimExpr
+from tvm.ir.expr import TensorLoad
 from tvm.target import Target
 
 from ._core import _fuse, extent_of, schedule_prologue, vector_lanes
@@ -187,6 +188,11 @@ def schedule_conv2d(
     lanes_max = vector_lanes(target, 32)
     in_place = False  # a producer (the padding) inlined: input loads carry bounds tests
     for p in producers:
+        if _is_copy(sch, p):
+            # TVM's conv makes a pad_temp stage even without padding (every 1x1 conv): read
+            # in place, it costs nothing, where its own pass read and wrote the whole input
+            sch.compute_inline(p)
+            continue
         # Depthwise channels-last: the padding is read in place (its bounds test is one
         # scalar branch per pixel and tap, the same for every channel of the vector), which
         # saves a pass over the input that costs about as long as the conv itself (measured:
@@ -210,6 +216,12 @@ def schedule_conv2d(
     if info.depthwise and not info.channels_last:
         return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
     return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place)
+
+
+def _is_copy(sch, block) -> bool:
+    """Whether ``block`` only copies (a padding stage of zero padding: no bounds test)."""
+    body = sch.get(block).body
+    return isinstance(getattr(body, "value", None), TensorLoad)
 
 
 def _few_channels(sch, info: ConvInfo, loops) -> bool:
