@@ -87,7 +87,7 @@ class _Folder:
             if not isinstance(func, relax.Function) or (func.attrs or {}).get("Primitive"):
                 continue
             var2val = relax.analysis.get_var2val(func)
-            mutator = _CallRewriter(self, bb, var2val)
+            mutator = _CallRewriter(self, bb, var2val, _use_counts(func))
             new = mutator.visit_expr(func)
             if mutator.changed:
                 bb.update_func(gv, new)
@@ -121,8 +121,19 @@ class _Folder:
             self.cache[key] = self._fold(f, arg_types, out_type, i, view_call)
         return self.cache[key]
 
-    def _fold(self, f: tirx.PrimFunc, arg_types: list, out_type: Any, i: int,
+    def folded_out(self, op_call: relax.Call, view_call: relax.Call) -> tirx.PrimFunc | None:
+        """The op's function writing its output through ``view_call``'s view, or None."""
+        f = self.mod[op_call.args[0]]
+        key = ("out", tvm_ffi.structural_hash(f), self.view_hash(view_call))
+        if key not in self.cache:
+            self.cache[key] = self._fold(
+                f, [a.ty for a in op_call.args[1].fields], op_call.ty, None, view_call)
+        return self.cache[key]
+
+    def _fold(self, f: tirx.PrimFunc, arg_types: list, out_type: Any, i: int | None,
               view_call: relax.Call) -> tirx.PrimFunc | None:
+        """``f`` reading argument ``i`` through the view, or (``i`` None) writing its
+        output through it, where the same rule takes the result."""
         g = self.mod[view_call.args[0]]
         name = (f.attrs or {}).get("opsdk.op")
         if name is None or not is_registered(str(name)):
@@ -132,8 +143,9 @@ class _Folder:
             return None
         src = view_call.args[1].fields[0]
         try:
-            fused = _fuse_pair(f, g, i, arg_types, src.ty, out_type)
-        except Exception:  # TVM could not merge the two: the copy stays
+            fused = (_fuse_pair(f, g, i, arg_types, src.ty, out_type) if i is not None else
+                     _fuse_out(f, g, arg_types, out_type, view_call.ty))
+        except Exception:  # TVM could not merge or inline the two: the copy stays
             return None
         if fused is None:
             return None
@@ -148,9 +160,10 @@ class _Folder:
 
 @relax.expr_functor.mutator
 class _CallRewriter(relax.PyExprMutator):
-    def __init__(self, folder: _Folder, bb: relax.BlockBuilder, var2val: dict) -> None:
+    def __init__(self, folder: _Folder, bb: relax.BlockBuilder, var2val: dict,
+                 uses: dict) -> None:
         super().__init__(folder.mod)
-        self.folder, self.bb, self.var2val = folder, bb, var2val
+        self.folder, self.bb, self.var2val, self.uses = folder, bb, var2val, uses
         self.changed = False
         self.added: dict[tuple, relax.GlobalVar] = {}
 
@@ -159,8 +172,10 @@ class _CallRewriter(relax.PyExprMutator):
         if not _is_call_tir(call):
             return call
         f = self.folder.mod[call.args[0]]
-        if not isinstance(f, tirx.PrimFunc) or "opsdk.op" not in (f.attrs or {}):
+        if not isinstance(f, tirx.PrimFunc):
             return call
+        if "opsdk.op" not in (f.attrs or {}):
+            return self._output_view(call)
         args = list(call.args[1].fields)
         # structurally equal consumers (one per layer) and views fold once
         key: tuple = (tvm_ffi.structural_hash(f),)
@@ -181,6 +196,50 @@ class _CallRewriter(relax.PyExprMutator):
             gv = self.added[key] = self.bb.add_func(f, call.args[0].name_hint)
         self.changed = True
         return relax.call_tir(gv, args, call.ty)
+
+    def _output_view(self, call: relax.Call) -> relax.Expr:
+        """A view of an opsdk op's output that nothing else reads: the op writes it."""
+        args = call.args[1].fields
+        if len(args) != 1 or self.uses.get(args[0], 0) != 1:
+            return call
+        made = self.var2val.get(args[0])
+        if not _is_call_tir(made) or "opsdk.op" not in (self.folder.mod[made.args[0]].attrs
+                                                       or {}):
+            return call
+        name = call.args[0].name_hint
+        if name not in self.folder.views:
+            self.folder.views[name] = _copy_map(self.folder.mod[call.args[0]])
+        if self.folder.views[name] is None:
+            return call
+        fused = self.folder.folded_out(made, call)
+        if fused is None:
+            return call
+        key = ("out", id(fused))
+        gv = self.added.get(key)
+        if gv is None:
+            gv = self.added[key] = self.bb.add_func(fused, made.args[0].name_hint)
+        self.changed = True
+        return relax.call_tir(gv, list(made.args[1].fields), call.ty)
+
+
+@relax.expr_functor.visitor
+class _Uses(relax.PyExprVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict = {}
+
+    def visit_var_(self, v: relax.Var) -> None:
+        self.counts[v] = self.counts.get(v, 0) + 1
+
+    def visit_dataflow_var_(self, v: relax.Var) -> None:
+        self.counts[v] = self.counts.get(v, 0) + 1
+
+
+def _use_counts(func: relax.Function) -> dict:
+    """How many times each variable of ``func`` is read."""
+    v = _Uses()
+    v.visit_expr(func)
+    return v.counts
 
 
 def _is_call_tir(call: Any) -> bool:
@@ -288,6 +347,44 @@ def _fuse_pair(f: tirx.PrimFunc, g: tirx.PrimFunc, i: int, arg_types: list, src_
     for b in sch.get_child_blocks(sch.get_sblock("root"))[::-1]:
         if sch.get(b).name_hint not in own:
             sch.compute_inline(b)
+    if _block_names(sch.mod["main"]) != own:
+        return None
+    return sch.mod["main"]
+
+
+def _fuse_out(f: tirx.PrimFunc, g: tirx.PrimFunc, arg_types: list, out_type: Any,
+              view_type: Any) -> tirx.PrimFunc | None:
+    """``f`` writing its output through ``g`` (FuseTIR merges them; the view's blocks are
+    inlined into the op's output block), or None where they do not inline."""
+    bb = relax.BlockBuilder()
+    gf, gg = bb.add_func(f, "op"), bb.add_func(g, "view")
+    params = [relax.Var(f"a{j}", t) for j, t in enumerate(arg_types)]
+    with bb.function("group", params, attrs={"Primitive": True}, private=True):
+        with bb.dataflow():
+            y = bb.emit(relax.call_tir(gf, params, out_type))
+            z = bb.emit_output(relax.call_tir(gg, [y], view_type))
+        bb.emit_func_output(z)
+    group = bb.get().get_global_var("group")
+    outer = [relax.Var(f"m{j}", t) for j, t in enumerate(arg_types)]
+    with bb.function("main", outer):
+        with bb.dataflow():
+            z = bb.emit_output(relax.Call(group, outer))
+        bb.emit_func_output(z)
+    merged = relax.transform.FuseTIR()(bb.get())
+    prims = [fn for fn in merged.functions.values() if isinstance(fn, tirx.PrimFunc)]
+    if len(prims) != 1:
+        return None
+    own = _block_names(f)
+    sch = s_tir.Schedule(prims[0])
+    if not own <= _block_names(prims[0]):
+        return None
+    view_blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                   if sch.get(b).name_hint not in own]
+    if not view_blocks:
+        return None
+    for b in view_blocks[:-1]:
+        sch.compute_inline(b)
+    sch.reverse_compute_inline(view_blocks[-1])
     if _block_names(sch.mod["main"]) != own:
         return None
     return sch.mod["main"]
