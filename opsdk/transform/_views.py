@@ -6,7 +6,7 @@ attention computes ``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
 opaque kernel, so each one is a kernel of its own that writes a full tensor which the op
 then reads back (in DeiT-S, 5 copy kernels per layer; in the model, where the data arrives
 from the matmul in the other core's cache, 5 % of the run). Folded in, the op reads the
-source tensor at the view's index instead.
+source tensor at the view's index instead, and writes a view of its output directly.
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def FoldViewsIntoOps(target: str | dict | Target) -> tvm.transform.Pass:
     - the op's rule for ``target`` still takes the kernel with the view inlined, and is the
       same rule that takes it without (else the copy stays: no kernel falls to a slower rule).
 
-    The view kernel stays where another kernel still reads its output. Runs after TVM's
-    FuseOps / FuseTIR and before :func:`ScheduleKernels` (:mod:`opsdk._pipeline`).
+    The view kernel stays where another kernel still reads its output. The other way round,
+    a copy-only view of an op's output that nothing else reads is written by the op itself
+    (its index moved into the op's output block), on the same three conditions. Runs after
+    TVM's FuseOps / FuseTIR and before :func:`ScheduleKernels` (:mod:`opsdk._pipeline`).
 
     Examples
     --------
