@@ -43,7 +43,9 @@ def FoldViewsIntoOps(target: str | dict | Target) -> tvm.transform.Pass:
     - the op's innermost axis stays contiguous in the source (a view that would make the
       kernel's vector loads strided is left a copy);
     - the op's rule for ``target`` still takes the kernel with the view inlined, and is the
-      same rule that takes it without (else the copy stays: no kernel falls to a slower rule).
+      same rule that takes it without (else the copy stays: no kernel falls to a slower rule),
+      and its schedule is of the folded kernel (a rule that rebuilds its kernel from the op's
+      attributes, as qdense's do, would drop the view: those keep the copy).
 
     The view kernel stays where another kernel still reads its output. The other way round,
     a copy-only view of an op's output that nothing else reads is written by the op itself
@@ -157,6 +159,11 @@ class _Folder:
             before, after = choose(op, f, self.tgt), choose(op, fused, self.tgt)
         if after.rule == GENERIC or after.rule != before.rule or after.failures:
             return None
+        if not _same_signature(after.func, fused) or tvm_ffi.structural_equal(
+                after.func, before.func, map_free_vars=True):
+            # the rule rebuilt the kernel from the op's attributes (qdense does), ignoring
+            # the body it was given: the view would be lost
+            return None
         return fused
 
 
@@ -242,6 +249,14 @@ def _use_counts(func: relax.Function) -> dict:
     v = _Uses()
     v.visit_expr(func)
     return v.counts
+
+
+def _same_signature(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
+    """Whether two functions take buffers of the same shapes and dtypes."""
+    def sig(f: tirx.PrimFunc) -> list[str]:
+        return [f"{[str(d) for d in p.shape]}:{p.dtype}" for p in f.params]
+
+    return sig(a) == sig(b)
 
 
 def _is_call_tir(call: Any) -> bool:

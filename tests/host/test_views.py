@@ -199,3 +199,30 @@ def test_the_folded_kernel_reads_the_source_at_the_views_index():
     (f,) = funcs.values()
     assert [tuple(int(d) for d in p.shape) for p in f.params[:3]] == [(1, 40, 192)] * 3
     assert np.isfinite(_run(model, args, _import(model, args)).seconds)
+
+
+def test_a_rule_that_rebuilds_its_kernel_keeps_the_copy(monkeypatch):
+    # qdense's rules rebuild the kernel from the op's attributes: a view folded into the
+    # function they were given would be dropped (the output reshape of a quantized MLP
+    # failed to compile). The folded and unfolded builds must agree bit for bit.
+    import opsdk
+    import opsdk._pipeline as pipeline
+    from opsdk.quant import quantize_model
+
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((2, 8, 64), "float32"))
+    w1 = relax.const(rng.standard_normal((64, 96)).astype("float32"))
+    w2 = relax.const(rng.standard_normal((96, 32)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))
+            y = bb.emit_output(relax.op.matmul(h, w2))
+        bb.emit_func_output(y)
+    data = [rng.standard_normal((2, 8, 64)).astype("float32") for _ in range(4)]
+    qm = quantize_model(bb.get(), data)
+    arg = tvm.runtime.tensor(data[0])
+    got = relax.VirtualMachine(opsdk.compile(qm.mod, "x86"), tvm.cpu())["main"](arg).numpy()
+    monkeypatch.setattr(pipeline, "FoldViewsIntoOps", lambda tgt: tvm.transform.Sequential([]))
+    want = relax.VirtualMachine(opsdk.compile(qm.mod, "x86"), tvm.cpu())["main"](arg).numpy()
+    assert got.shape == (2, 8, 32) and np.array_equal(got, want)
