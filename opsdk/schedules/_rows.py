@@ -244,7 +244,7 @@ def _schedule_rows(
             continue
         rv = sch.get_sblock(b.name)
         below = sch.get_loops(rv)[1:]
-        real = [lp for lp in below if extent_of(sch, lp) != 1]
+        real = _nested_suffix(sch, [lp for lp in below if extent_of(sch, lp) != 1])
         if real:
             vectorize_loop(sch, _fuse(sch, real), vector_lanes(target, _dtype_bits(sch, rv)))
     out_rv = sch.get_sblock(out.name)
@@ -264,6 +264,18 @@ def _schedule_rows(
 # (4096x2048, 16384x1024, 8192x2048) 2-8 % slower with 2 threads, though the merged loop
 # holds exactly the separate passes' instructions: there DRAM, not the loop, sets the time.
 _MERGE_MAX_BYTES = 32 << 20
+
+
+def _nested_suffix(sch: s_tir.Schedule, loops: list) -> list:
+    """The innermost of ``loops`` that nest directly, each the parent of the next (what
+    ``fuse`` takes): a unit loop or a sibling block between two breaks the chain (a
+    producer of attention's with a head dim of 1 has one)."""
+    out = loops[-1:]
+    for lp in reversed(loops[:-1]):
+        if not sch.get_sref(out[0]).parent.same_as(sch.get_sref(lp)):
+            break
+        out.insert(0, lp)
+    return out
 
 
 def _static_bytes(func: tirx.PrimFunc) -> float:

@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 
 from .._cliargs import split_host_port
 from .._opdef import OpDef
+from .._plugins import load_plugins
 from ..registry import get_op, register_kernels, registered_ops, unregister
 from ..runners import FarmError, FarmRunner, RunnerUnavailable, runner_for, tracker_boards
 from ._engine import (
@@ -437,10 +438,8 @@ def _worker(fd: int) -> int:
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        import opsdk
-
         if cfg["modules"]:
-            opsdk.load_plugins(cfg["modules"], entry_points=False)
+            load_plugins(cfg["modules"], entry_points=False)
         if cfg["kernels"]:
             register_kernels()
         host, port = split_host_port(cfg["tracker"])
