@@ -104,10 +104,14 @@ class _Folder:
         call = var2val.get(arg) if isinstance(arg, relax.Var) else None
         if not (_is_call_tir(call) and len(call.args[1].fields) == 1):
             return None
+        return call.args[1].fields[0] if self.copy_map(call) is not None else None
+
+    def copy_map(self, call: relax.Call) -> Any:
+        """The index map of ``call``'s callee if it only copies, else None (per callee)."""
         name = call.args[0].name_hint
         if name not in self.views:
             self.views[name] = _copy_map(self.mod[call.args[0]])
-        return call.args[1].fields[0] if self.views[name] is not None else None
+        return self.views[name]
 
     def view_hash(self, view_call: relax.Call) -> int:
         name = view_call.args[0].name_hint
@@ -215,10 +219,7 @@ class _CallRewriter(relax.PyExprMutator):
         if not _is_call_tir(made) or "opsdk.op" not in (self.folder.mod[made.args[0]].attrs
                                                        or {}):
             return call
-        name = call.args[0].name_hint
-        if name not in self.folder.views:
-            self.folder.views[name] = _copy_map(self.folder.mod[call.args[0]])
-        if self.folder.views[name] is None:
+        if self.folder.copy_map(call) is None:
             return call
         fused = self.folder.folded_out(made, call)
         if fused is None:
@@ -329,21 +330,15 @@ def _contiguous_inner(view: Any) -> bool:
     return True
 
 
-def _fuse_pair(f: tirx.PrimFunc, g: tirx.PrimFunc, i: int, arg_types: list, src_type: Any,
-               out_type: Any) -> tirx.PrimFunc | None:
-    """``f`` reading argument ``i`` through ``g`` (TVM's FuseTIR merges the two; the view's
-    blocks are then inlined into their readers), or None where they do not inline."""
+def _fuse_tir(f: tirx.PrimFunc, g: tirx.PrimFunc, types: list, body: Any) -> Any:
+    """A schedule of the one PrimFunc TVM's FuseTIR makes of a group over ``types`` whose
+    dataflow ``body(bb, op, view, params)`` emits (the op's blocks unrenamed), or None."""
     bb = relax.BlockBuilder()
-    gf, gg = bb.add_func(f, "consumer"), bb.add_func(g, "view")
-    types = list(arg_types)
-    types[i] = src_type
+    gf, gg = bb.add_func(f, "op"), bb.add_func(g, "view")
     params = [relax.Var(f"a{j}", t) for j, t in enumerate(types)]
     with bb.function("group", params, attrs={"Primitive": True}, private=True):
         with bb.dataflow():
-            x = bb.emit(relax.call_tir(gg, [params[i]], arg_types[i]))
-            args = list(params)
-            args[i] = x
-            y = bb.emit_output(relax.call_tir(gf, args, out_type))
+            y = bb.emit_output(body(bb, gf, gg, params))
         bb.emit_func_output(y)
     group = bb.get().get_global_var("group")
     outer = [relax.Var(f"m{j}", t) for j, t in enumerate(types)]
@@ -353,58 +348,53 @@ def _fuse_pair(f: tirx.PrimFunc, g: tirx.PrimFunc, i: int, arg_types: list, src_
         bb.emit_func_output(y)
     merged = relax.transform.FuseTIR()(bb.get())
     prims = [fn for fn in merged.functions.values() if isinstance(fn, tirx.PrimFunc)]
-    if len(prims) != 1:
-        return None
-    fused = prims[0]
-    own = _block_names(f)
-    sch = s_tir.Schedule(fused)
-    names = _block_names(fused)
-    if not own <= names:
+    if len(prims) != 1 or not _block_names(f) <= _block_names(prims[0]):
         return None  # a view block took one of the op's block names: not inlined safely
-    for b in sch.get_child_blocks(sch.get_sblock("root"))[::-1]:
-        if sch.get(b).name_hint not in own:
-            sch.compute_inline(b)
-    if _block_names(sch.mod["main"]) != own:
+    return s_tir.Schedule(prims[0])
+
+
+def _view_blocks(sch: s_tir.Schedule, f: tirx.PrimFunc) -> list:
+    own = _block_names(f)
+    return [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if sch.get(b).name_hint not in own]
+
+
+def _fuse_pair(f: tirx.PrimFunc, g: tirx.PrimFunc, i: int, arg_types: list, src_type: Any,
+               out_type: Any) -> tirx.PrimFunc | None:
+    """``f`` reading argument ``i`` through ``g`` (TVM's FuseTIR merges the two; the view's
+    blocks are then inlined into their readers), or None where they do not inline."""
+    types = list(arg_types)
+    types[i] = src_type
+
+    def body(bb, op, view, params):
+        args = list(params)
+        args[i] = bb.emit(relax.call_tir(view, [params[i]], arg_types[i]))
+        return relax.call_tir(op, args, out_type)
+
+    sch = _fuse_tir(f, g, types, body)
+    if sch is None:
         return None
-    return sch.mod["main"]
+    for b in _view_blocks(sch, f)[::-1]:
+        sch.compute_inline(b)
+    return sch.mod["main"] if _block_names(sch.mod["main"]) == _block_names(f) else None
 
 
 def _fuse_out(f: tirx.PrimFunc, g: tirx.PrimFunc, arg_types: list, out_type: Any,
               view_type: Any) -> tirx.PrimFunc | None:
     """``f`` writing its output through ``g`` (FuseTIR merges them; the view's blocks are
     inlined into the op's output block), or None where they do not inline."""
-    bb = relax.BlockBuilder()
-    gf, gg = bb.add_func(f, "op"), bb.add_func(g, "view")
-    params = [relax.Var(f"a{j}", t) for j, t in enumerate(arg_types)]
-    with bb.function("group", params, attrs={"Primitive": True}, private=True):
-        with bb.dataflow():
-            y = bb.emit(relax.call_tir(gf, params, out_type))
-            z = bb.emit_output(relax.call_tir(gg, [y], view_type))
-        bb.emit_func_output(z)
-    group = bb.get().get_global_var("group")
-    outer = [relax.Var(f"m{j}", t) for j, t in enumerate(arg_types)]
-    with bb.function("main", outer):
-        with bb.dataflow():
-            z = bb.emit_output(relax.Call(group, outer))
-        bb.emit_func_output(z)
-    merged = relax.transform.FuseTIR()(bb.get())
-    prims = [fn for fn in merged.functions.values() if isinstance(fn, tirx.PrimFunc)]
-    if len(prims) != 1:
+
+    def body(bb, op, view, params):
+        return relax.call_tir(view, [bb.emit(relax.call_tir(op, params, out_type))], view_type)
+
+    sch = _fuse_tir(f, g, arg_types, body)
+    blocks = [] if sch is None else _view_blocks(sch, f)
+    if not blocks:
         return None
-    own = _block_names(f)
-    sch = s_tir.Schedule(prims[0])
-    if not own <= _block_names(prims[0]):
-        return None
-    view_blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-                   if sch.get(b).name_hint not in own]
-    if not view_blocks:
-        return None
-    for b in view_blocks[:-1]:
+    for b in blocks[:-1]:
         sch.compute_inline(b)
-    sch.reverse_compute_inline(view_blocks[-1])
-    if _block_names(sch.mod["main"]) != own:
-        return None
-    return sch.mod["main"]
+    sch.reverse_compute_inline(blocks[-1])
+    return sch.mod["main"] if _block_names(sch.mod["main"]) == _block_names(f) else None
 
 
 def _block_names(func: tirx.PrimFunc) -> set[str]:
