@@ -203,6 +203,51 @@ def test_constant_weights_with_padded_columns_are_packed_at_compile_time():
     assert res["ok"], res
 
 
+def test_padded_rows_under_a_large_weight_are_copied_once_outside_the_panels():
+    # 197 tokens x a 1536x384 weight (2.3 MB, column panels outer): the zero-padded copy of
+    # A's rows is its own parallel pass, not redone inside each column panel's task.
+    from tvm import relax
+
+    from opsdk.model import compile_model
+
+    rng = np.random.default_rng(0)
+    w = rng.uniform(-1, 1, (1536, 384)).astype("float32")
+    xv = rng.uniform(-1, 1, (1, 197, 1536)).astype("float32")
+    x = relax.Var("x", relax.TensorType((1, 197, 1536), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+        bb.emit_func_output(y)
+    cm = compile_model(bb.get(), "x86", cache=False)
+    assert cm.rule_counts() == {"x86.matmul": 1}
+    (kernel,) = [f for f in cm.scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
+    _, loops = _update_block(kernel)
+    pads: list = []
+
+    def visit(stmt, outer):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, [*outer, stmt])
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            if any(r.source.name == "x" for r in stmt.block.reads):  # reads the input
+                pads.append(outer)
+            visit(stmt.block.body, outer)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt:
+                visit(s, outer)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, outer)
+
+    visit(kernel.body, [])
+    assert len(pads) == 1 and pads[0], pads  # A read once: the copy, in loops of its own
+    assert not any(any(a.same_as(b) for b in loops) for a in pads[0])
+    assert any(lp.kind == tirx.ForKind.PARALLEL for lp in pads[0])
+    got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
+    x64, w64 = xv.astype(np.float64), w.astype(np.float64)
+    g = 1536 * U / (1 - 1536 * U)  # a float32 dot product of length 1536
+    assert np.all(np.abs(got - x64 @ w64) <= g * (np.abs(x64) @ np.abs(w64)))
+
+
 # ------------------------------------------------------------------ opsdk.attention
 
 
