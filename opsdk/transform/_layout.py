@@ -23,6 +23,10 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes ``group_norm_nhwc(x)`` (opsdk's group
   norm has an NHWC kernel).
 
+A transposed conv whose kernel equals its stride (UNet / FPN upsampling) first becomes a 1x1
+conv and a depth-to-space (``_TransposedConvAsConv``): it then runs NHWC on the conv rules like
+the others, instead of TVM's NCHW conv over a zero-dilated input.
+
 ``relax.clip`` (ReLU6) stops ``ConvertLayout`` (its layout inference refuses the bound
 arguments), so constant clips are first spelled ``minimum(maximum(x, lo), hi)``: the same
 values, and elementwise ops it carries the layout through.
@@ -75,6 +79,52 @@ class _ClipAsMinMax(relax.PyExprMutator):
         dt = str(ty.dtype)
         x = relax.op.maximum(call.args[0], relax.const(lo, dt))
         return relax.op.minimum(self.builder_.normalize(x), relax.const(hi, dt))
+
+
+def _static_shape(e: relax.Expr) -> list[int] | None:
+    ty = e.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = getattr(ty.shape, "values", None)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d.value) for d in dims]
+
+
+@relax.expr_functor.mutator
+class _TransposedConvAsConv(relax.PyExprMutator):
+    """``conv2d_transpose`` whose kernel equals its stride (no padding, dilation or groups:
+    the 2x2 stride-2 upsampling of UNet / FPN decoders) -> a 1x1 ``conv2d`` to
+    ``Co * s * s`` channels and a depth-to-space. Every output pixel is one input pixel times
+    one kernel tap, so this is a GEMM; TVM legalizes transposed convs (NCHW only) as a conv
+    over the zero-dilated input, where 3 of 4 multiplies at stride 2 are by zero. The 1x1
+    conv goes NHWC with the others and the depth-to-space is a copy that fuses with its
+    neighbours (a skip concat)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d_transpose"):
+            return call
+        a = call.attrs
+        x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
+        if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
+            return call
+        (sh, sw), (kh, kw) = [int(v) for v in a.strides], w_shape[2:]
+        if ((kh, kw) != (sh, sw) or any(int(v) for v in a.padding)
+                or any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation)
+                or int(a.groups) != 1
+                or (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "IOHW", "NCHW")):
+            return call
+        n, ci, h, w = x_shape
+        co = w_shape[1]
+        # weight[ci, co, dy, dx] -> w1[(co, dy, dx), ci, 1, 1]
+        w1 = relax.op.reshape(relax.op.permute_dims(call.args[1], [1, 2, 3, 0]),
+                              [co * sh * sw, ci, 1, 1])
+        y = relax.op.nn.conv2d(call.args[0], self.builder_.normalize(w1),
+                               out_dtype=a.out_dtype)
+        y = relax.op.reshape(self.builder_.normalize(y), [n, co, sh, sw, h, w])
+        y = relax.op.permute_dims(self.builder_.normalize(y), [0, 1, 4, 2, 5, 3])
+        return relax.op.reshape(self.builder_.normalize(y), [n, co, h * sh, w * sw])
 
 
 _TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
@@ -283,6 +333,7 @@ def ChannelsLast() -> tvm.transform.Pass:
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
+                func = _TransposedConvAsConv().visit_expr(func)
                 updates[gv] = _ClipAsMinMax().visit_expr(func)
         for gv, func in updates.items():
             mod[gv] = func
