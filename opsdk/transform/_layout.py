@@ -23,9 +23,9 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes ``group_norm_nhwc(x)`` (opsdk's group
   norm has an NHWC kernel).
 
-A transposed conv whose kernel equals its stride (UNet / FPN upsampling) first becomes a 1x1
-conv and a depth-to-space (``_TransposedConvAsConv``): it then runs NHWC on the conv rules like
-the others, instead of TVM's NCHW conv over a zero-dilated input.
+A transposed conv first becomes a conv and a depth-to-space (the sub-pixel form,
+``_TransposedConvAsConv``; a 1x1 conv for UNet / FPN's kernel 2 / stride 2): it then runs NHWC
+on the conv rules like the others, instead of TVM's NCHW conv over a zero-dilated input.
 
 ``relax.clip`` (ReLU6) stops ``ConvertLayout`` (its layout inference refuses the bound
 arguments), so constant clips are first spelled ``minimum(maximum(x, lo), hi)``: the same
@@ -93,13 +93,19 @@ def _static_shape(e: relax.Expr) -> list[int] | None:
 
 @relax.expr_functor.mutator
 class _TransposedConvAsConv(relax.PyExprMutator):
-    """``conv2d_transpose`` whose kernel equals its stride (no padding, dilation or groups:
-    the 2x2 stride-2 upsampling of UNet / FPN decoders) -> a 1x1 ``conv2d`` to
-    ``Co * s * s`` channels and a depth-to-space. Every output pixel is one input pixel times
-    one kernel tap, so this is a GEMM; TVM legalizes transposed convs (NCHW only) as a conv
-    over the zero-dilated input, where 3 of 4 multiplies at stride 2 are by zero. The 1x1
-    conv goes NHWC with the others and the depth-to-space is a copy that fuses with its
-    neighbours (a skip concat)."""
+    """``conv2d_transpose`` (no dilation or groups) -> one ``conv2d`` to ``Co * s * s``
+    channels, a depth-to-space and a crop: the sub-pixel form.
+
+    Output row ``oy`` of a stride-``s`` transposed conv takes only the taps ``ky`` with
+    ``ky = (oy + pad) mod s``: phase ``r`` of the output is an ordinary stride-1 conv of the
+    input with the taps ``w[r], w[r + s], ...`` reversed. The kernel is zero-padded to a
+    multiple of ``s`` (``J = ceil(k / s)`` taps a phase), the ``s * s`` phases become the
+    output channels of one ``J x J`` conv over the input padded by ``J - 1``, and a
+    depth-to-space then a crop of ``pad`` put the rows in place. TVM legalizes transposed
+    convs (NCHW only) as a conv over the zero-dilated input, where at stride 2 three of four
+    multiplies are by zero; this conv goes NHWC on the conv rules with the others and the
+    depth-to-space fuses with its neighbours (a skip concat). Kernel 2 / stride 2 (UNet and
+    FPN upsampling) is a 1x1 conv with no padding and no crop."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -109,22 +115,39 @@ class _TransposedConvAsConv(relax.PyExprMutator):
         x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
         if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
             return call
-        (sh, sw), (kh, kw) = [int(v) for v in a.strides], w_shape[2:]
-        if ((kh, kw) != (sh, sw) or any(int(v) for v in a.padding)
-                or any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation)
-                or int(a.groups) != 1
+        s = [int(v) for v in a.strides]
+        pt, pl, pb, pr = [int(v) for v in a.padding]
+        op = [int(v) for v in a.output_padding]
+        if (any(int(v) != 1 for v in a.dilation) or int(a.groups) != 1 or min(s) < 1
                 or (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "IOHW", "NCHW")):
             return call
         n, ci, h, w = x_shape
-        co = w_shape[1]
-        # weight[ci, co, dy, dx] -> w1[(co, dy, dx), ci, 1, 1]
-        w1 = relax.op.reshape(relax.op.permute_dims(call.args[1], [1, 2, 3, 0]),
-                              [co * sh * sw, ci, 1, 1])
-        y = relax.op.nn.conv2d(call.args[0], self.builder_.normalize(w1),
-                               out_dtype=a.out_dtype)
-        y = relax.op.reshape(self.builder_.normalize(y), [n, co, sh, sw, h, w])
-        y = relax.op.permute_dims(self.builder_.normalize(y), [0, 1, 4, 2, 5, 3])
-        return relax.op.reshape(self.builder_.normalize(y), [n, co, h * sh, w * sw])
+        co, k = w_shape[1], w_shape[2:]
+        size = [h, w]
+        out = [(size[d] - 1) * s[d] - (pt, pl)[d] - (pb, pr)[d] + k[d] + op[d] for d in (0, 1)]
+        taps = [-(-k[d] // s[d]) for d in (0, 1)]  # J: taps per phase
+        # Rows of the phase conv: enough that pad + out rows exist after the depth-to-space.
+        rows = [max(size[d] + taps[d] - 1, -(-((pt, pl)[d] + out[d]) // s[d])) for d in (0, 1)]
+        wt = call.args[1]
+        if taps[0] * s[0] != k[0] or taps[1] * s[1] != k[1]:  # zero taps to a multiple of s
+            wt = relax.op.nn.pad(wt, [0, 0, 0, 0, 0, taps[0] * s[0] - k[0],
+                                      0, taps[1] * s[1] - k[1]])
+        norm = self.builder_.normalize
+        # w[ci, co, j*s + r, i*s + c] -> w1[(co, r, c), ci, J-1-j, J-1-i]
+        wt = relax.op.reshape(norm(wt), [ci, co, taps[0], s[0], taps[1], s[1]])
+        wt = relax.op.reshape(norm(relax.op.permute_dims(norm(wt), [1, 3, 5, 0, 2, 4])),
+                              [co * s[0] * s[1], ci, taps[0], taps[1]])
+        for axis, t in ((2, taps[0]), (3, taps[1])):
+            if t > 1:
+                wt = relax.op.flip(norm(wt), axis)
+        padding = [taps[0] - 1, taps[1] - 1, rows[0] - size[0], rows[1] - size[1]]
+        y = relax.op.nn.conv2d(call.args[0], norm(wt), padding=padding, out_dtype=a.out_dtype)
+        y = relax.op.reshape(norm(y), [n, co, s[0], s[1], rows[0], rows[1]])
+        y = relax.op.permute_dims(norm(y), [0, 1, 4, 2, 5, 3])
+        y = relax.op.reshape(norm(y), [n, co, rows[0] * s[0], rows[1] * s[1]])
+        if (pt, pl) == (0, 0) and out == [rows[0] * s[0], rows[1] * s[1]]:
+            return y
+        return relax.op.strided_slice(norm(y), [2, 3], [pt, pl], [pt + out[0], pl + out[1]])
 
 
 _TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
