@@ -360,11 +360,11 @@ def test_a_rule_that_raised_on_a_kernel_is_a_problem_in_the_report():
 
 @pytest.mark.parametrize(("kernel", "stride", "pad", "out_pad", "bias"), [
     (2, 2, 0, 0, True),     # UNet / FPN upsampling: a 1x1 conv and a depth-to-space
-    (3, 3, 0, 0, False),
+    (2, 3, 0, 2, False),    # kernel under the stride: the third phase has no tap
     (3, 2, 1, 1, True),     # taps overlap; the kernel zero-padded to 4, the output cropped
     ((4, 3), 2, (1, 0), 0, True),  # per-axis kernel and padding
     (3, 1, 1, 0, True),     # stride 1: a conv with the kernel reversed
-], ids=["k2s2", "k3s3_nobias", "k3s2p1op1", "k4x3s2p1x0", "k3s1p1"])
+], ids=["k2s2", "k2s3op2_nobias", "k3s2p1op1", "k4x3s2p1x0", "k3s1p1"])
 def test_a_transposed_conv_among_channels_last_convs_is_lowered_and_right(
         kernel, stride, pad, out_pad, bias):
     # A UNet's ConvTranspose2d between convs took the convs' NHWC from ConvertLayout; TVM
