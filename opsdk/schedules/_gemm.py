@@ -18,9 +18,9 @@ tile's write-back. The schedule is the classic register-blocked GEMM:
 - Tiles divide the extents where possible (``MR`` in ``[1, mr_max]``, ``NR`` a multiple of the
   lanes that divides ``N``, narrower vectors for channel counts like 24). A static ``M`` or
   ``N`` that no tile divides (ViT's 197 tokens) is padded to whole tiles (``pad_einsum``):
-  ``A``'s rows are copied zero-padded per row tile, ``B``'s columns zero-padded into its
-  packed layout, so the ``k`` loop has no predicate. With ``N`` padded, the tiles are written
-  whole to a padded buffer and the epilogue runs over the real columns in its own vectorized
+  ``A``'s padded rows read its last row again in place (their results are never written),
+  ``B``'s columns are zero-padded into its packed layout, so the ``k`` loop has no predicate.
+  With ``N`` padded, the tiles are written whole to a padded buffer and the epilogue runs over the real columns in its own vectorized
   pass (TVM scalarizes a vector loop under a lane predicate). A symbolic extent keeps a
   predicated last tile (correct, slower).
 """
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
-from tvm.ir.expr import TensorLoad
+from tvm.ir.expr import Call, TensorLoad
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 from tvm.tirx.stmt import BufferStore
@@ -441,6 +441,14 @@ def schedule_matmul(
             b_pad = _producer_of(sch, main, blk.reads[info.b_read].source) if pad_n else None
             if (pad_m and a_pad is None) or (pad_n and b_pad is None):
                 return None
+            # A's padded rows read its last row in place (no copy of A at all): fc2 of
+            # DeiT-S (197 x 1536 x 384) 1.05x warm, 1.04x cold, against one copy pass.
+            if a_pad is not None and _clamp_rows(sch, a_pad):
+                a_pad = None
+                info = analyze_gemm(sch, main)
+                if info is None:
+                    return None
+                blk = sch.get(main)
     if pad_n:
         # The tiles are written back whole to the padded output of the block; the epilogue
         # then runs over the real columns in its own vectorized pass (a masked write-back in
@@ -520,6 +528,45 @@ def schedule_matmul(
     if final is not None:
         schedule_prologue(sch, final, lanes_max)
     return sch
+
+
+def _clamp_rows(sch: s_tir.Schedule, pad) -> bool:
+    """Turn the zero-padding copy of A's rows into a read of the last real row for the
+    padded rows (``A[min(i, M - 1), k]``) and inline it: the padded rows' accumulators hold
+    a copy of the last row's, which the predicated write-back drops. False (nothing done)
+    when the copy is not ``A_pad[..] = if_then_else(cond, A[..], 0)`` over one padded axis."""
+    blk = sch.get(pad)
+    store = blk.body
+    if not isinstance(store, BufferStore):
+        return False
+    value = store.value
+    if not (isinstance(value, Call)
+            and getattr(value.op, "name", "") in ("tirx.if_then_else", "prim.if_then_else")):
+        return False
+    load = value.args[1]
+    if not isinstance(load, TensorLoad):
+        return False
+    src, dst = load.source, store.buffer
+    if len(src.shape) != len(dst.shape):
+        return False
+    idx = list(load.indices)
+    diff = [d for d, (a, b) in enumerate(zip(src.shape, dst.shape)) if not a.same_as(b)
+            and not (isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm)
+                     and int(a.value) == int(b.value))]
+    if len(diff) != 1 or not isinstance(src.shape[diff[0]], tirx.IntImm):
+        return False
+    d = diff[0]
+    last = tirx.IntImm(str(src.shape[d].ty.dtype), int(src.shape[d].value) - 1)
+    idx[d] = tirx.Min(idx[d], last)
+    new = s_tir.SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint,
+                       BufferStore(dst, tirx.BufferLoad(src, idx), store.indices), None,
+                       blk.alloc_buffers, blk.match_buffers, blk.annotations)
+    sch.state.replace(sch.get_sref(pad), new, {blk: new})
+    try:
+        sch.compute_inline(pad)
+    except Exception:  # the clamped copy stays a copy: still right, and scheduled as one
+        return False
+    return True
 
 
 def _producer_of(sch: s_tir.Schedule, block, buf):
