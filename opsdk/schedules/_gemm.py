@@ -20,8 +20,9 @@ tile's write-back. The schedule is the classic register-blocked GEMM:
   ``N`` that no tile divides (ViT's 197 tokens) is padded to whole tiles (``pad_einsum``):
   ``A``'s padded rows read its last row again in place (their results are never written),
   ``B``'s columns are zero-padded into its packed layout, so the ``k`` loop has no predicate.
-  With ``N`` padded, the tiles are written whole to a padded buffer and the epilogue runs over the real columns in its own vectorized
-  pass (TVM scalarizes a vector loop under a lane predicate). A symbolic extent keeps a
+  With ``N`` padded, the tiles are written whole to a padded buffer and the epilogue runs
+  over the real columns in its own vectorized pass (TVM scalarizes a vector loop under a
+  lane predicate). A symbolic extent keeps a
   predicated last tile (correct, slower).
 """
 
