@@ -78,6 +78,10 @@ def _decode(sch: s_tir.Schedule, blocks: dict, target: Target, d: int) -> s_tir.
                  None)
     if width is None:
         return None  # a head dim of 4: the generic lowering
+    if extent_of(sch, sch.get_loops(blocks["pv"])[-1]) == 1:
+        # one static key: compute_at drops P V's unit key loop and the loop nest below is
+        # not the one it expects (a decode step's cache length is symbolic, never this)
+        return None
     sch.compute_inline(blocks["kt"])  # K read in place
     out = blocks["attention"]
     row_loops = sch.get_loops(out)[:-1]

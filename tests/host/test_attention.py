@@ -391,6 +391,19 @@ def test_grouped_heads_verify_on_both_schedules(layout, shape, m, kv_heads, pres
     assert res.rule == "x86.attention"
 
 
+@pytest.mark.parametrize("d", [16, 32])
+def test_one_static_key_is_declined_not_a_raise(d):
+    # One key (verify's static M = 1): compute_at dropped P V's unit key loop and the decode
+    # schedule's reorder raised (found by the suite's hypothesis draw [1, 1, 1, 16], causal,
+    # with a mask). The rule declines; another takes it, within the bound.
+    case = Case("attention", "x86", "float32", "causal", (1, 1, 1, d),
+                {"causal": True, "scale": 0.0, "layout": "BSHD"}, ("mask",), {}, 0,
+                static=True, free={"M": 1, "Hkv": 1})
+    res = run_case(case)
+    assert res.ok, res.format(tir=False)
+    assert res.rule != "x86.attention"  # a rule that raised would have failed the case
+
+
 @pytest.mark.parametrize("batch", ["static", "symbolic"])
 def test_many_query_schedule_with_a_symbolic_query_count(batch):
     # n (= m, a prefill) symbolic: int64 loops beside static int32 ones; one kernel for every
