@@ -185,6 +185,22 @@ def test_a_bug_planted_in_the_remainder_handling_is_caught(monkeypatch, plant, s
     assert res.status == "mismatch", res.format(tir=False)
 
 
+def _linears(x_shape: tuple[int, ...], *weights: np.ndarray):
+    """A Relax module ``x @ w1 @ w2 ...`` with the weights as constants, ``x`` named "x"."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for w in weights[:-1]:
+                y = bb.emit(relax.op.matmul(y, relax.const(w)))
+            y = bb.emit_output(relax.op.matmul(y, relax.const(weights[-1])))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
 def test_constant_weights_with_padded_columns_are_packed_at_compile_time():
     # Linear layers with 67 and 197 output features on 37 tokens: the weights' padding copy
     # is the packing block, folded at compile time (no kernel left packing them per call).
@@ -196,14 +212,7 @@ def test_constant_weights_with_padded_columns_are_packed_at_compile_time():
     w1 = rng.uniform(-1, 1, (64, 67)).astype("float32")
     w2 = rng.uniform(-1, 1, (67, 197)).astype("float32")
     xv = rng.uniform(-1, 1, (1, 37, 64)).astype("float32")
-    x = relax.Var("x", relax.TensorType((1, 37, 64), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            h = bb.emit(relax.op.matmul(x, relax.const(w1)))
-            y = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
-        bb.emit_func_output(y)
-    cm = compile_model(bb.get(), "x86", cache=False)
+    cm = compile_model(_linears(xv.shape, w1, w2), "x86", cache=False)
     assert cm.rule_counts() == {"x86.matmul": 2}
     assert all(k["name"].endswith("_prepacked") for k in cm.kernels), cm.kernels
     got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
@@ -222,30 +231,13 @@ def test_padded_rows_read_the_last_row_in_place():
     rng = np.random.default_rng(0)
     w = rng.uniform(-1, 1, (1536, 384)).astype("float32")
     xv = rng.uniform(-1, 1, (1, 197, 1536)).astype("float32")
-    x = relax.Var("x", relax.TensorType((1, 197, 1536), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit_output(relax.op.matmul(x, relax.const(w)))
-        bb.emit_func_output(y)
-    cm = compile_model(bb.get(), "x86", cache=False)
+    cm = compile_model(_linears(xv.shape, w), "x86", cache=False)
     assert cm.rule_counts() == {"x86.matmul": 1}
     (kernel,) = [f for f in cm.scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
     update, loops = _update_block(kernel)
-    readers: list = []
-
-    def visit(stmt):
-        if isinstance(stmt, s_tir.SBlockRealize):
-            if any(r.source.name == "x" for r in stmt.block.reads):
-                readers.append(stmt.block.name_hint)
-            visit(stmt.block.body)
-        elif isinstance(stmt, tirx.SeqStmt):
-            for s in stmt:
-                visit(s)
-        elif hasattr(stmt, "body"):
-            visit(stmt.body)
-
-    visit(kernel.body)
+    readers: list[str] = []  # the blocks that read the input "x"
+    structural_walk(kernel.body, [(s_tir.SBlock, lambda b: readers.extend(
+        [b.name_hint] * any(r.source.name == "x" for r in b.reads)))])
     assert readers == [update.block.name_hint], readers  # no copy of the input
     assert int(update.predicate) == 1 and loops[-1].kind == tirx.ForKind.VECTORIZED
     got = relax.VirtualMachine(cm.ex, tvm.cpu())["main"](tvm.runtime.tensor(xv)).numpy()
