@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -76,7 +76,7 @@ def test_cpp_example_under_qemu_matches_python_bit_for_bit(transformer, tmp_path
 
     exe = tmp_path / "deploy_run-aarch64"
     subprocess.run(["make", "-s", "-C", str(EXAMPLES / "deploy"), "ARCH=aarch64",
-                    f"TARGET={exe}", f"PYTHON={shutil.which('python') or 'python3'}"],
+                    f"TARGET={exe}", f"PYTHON={sys.executable}"],
                    check=True)
     outdir = tmp_path / "out"
     outdir.mkdir()

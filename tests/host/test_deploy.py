@@ -10,6 +10,7 @@ import pathlib
 import shutil
 import stat
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -146,7 +147,7 @@ def test_given_inputs_are_checked_against_the_manifest(art, tmp_path):
 def test_cpp_example_matches_python_bit_for_bit(art, tmp_path):
     exe = tmp_path / "deploy_run"
     subprocess.run(["make", "-s", "-C", str(ROOT / "examples" / "deploy"), f"TARGET={exe}",
-                    f"PYTHON={shutil.which('python') or 'python3'}"], check=True)
+                    f"PYTHON={sys.executable}"], check=True)
     outdir = tmp_path / "out"
     outdir.mkdir()
     proc = subprocess.run([str(exe), str(art), str(art / "check" / "inputs"), str(outdir)],
