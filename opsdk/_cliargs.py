@@ -5,15 +5,18 @@ checked up front, so a long run never ends in a lost result."""
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from ._files import check_can_create
 
 __all__ = ["NEGATIVE_NUMBER", "UsageError", "distinct_outputs", "host_port", "model_file",
            "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
-           "parse_dims", "percent", "positive_float", "positive_int", "split_host_port"]
+           "parse_dims", "parse_entry_args", "percent", "positive_float", "positive_int",
+           "split_host_port"]
 
 
 class UsageError(Exception):
@@ -245,3 +248,29 @@ def percent(text: str) -> float:
 #: with a leading minus (-4x768), which the shape parsers then refuse by name ("expected
 #: one argument" named neither the value nor the rule).
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+[xX,][\d,xX-]*$")
+
+
+def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
+    """``["NAME=VALUE", ...]`` (JSON values, else strings) as keyword arguments of a model
+    file's entry function; None for no items (then the file's ``DEFAULT_ARGS`` apply).
+
+    Examples
+    --------
+    >>> from opsdk._cliargs import parse_entry_args
+    >>> parse_entry_args(["size=16", "name=tiny"])
+    {'size': 16, 'name': 'tiny'}
+    """
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ValueError(f"--model-arg expects NAME=VALUE, got {item!r}")
+        if k in out:  # the second silently replaced the first
+            raise ValueError(f"--model-arg {item!r}: {k!r} is given twice")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out

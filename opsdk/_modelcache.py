@@ -412,8 +412,11 @@ def _stdlib_dirs() -> tuple[str, ...]:
     return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")})
 
 
-def _dist_of(path: str, top: Mapping[str, list[str]]) -> tuple[str, str] | None:
-    """(distribution, version) of a module file installed under site-packages."""
+def _dist_of(path: str, top: Mapping[str, list[str]],
+             versions: dict[str, tuple[str, str] | None]) -> tuple[str, str] | None:
+    """(distribution, version) of a module file installed under site-packages;
+    ``versions`` memoizes them by top-level name (reading a distribution's metadata parses
+    its METADATA file: thousands of torch modules took seconds)."""
 
     parts = Path(path).parts
     for marker in ("site-packages", "dist-packages"):
@@ -423,10 +426,13 @@ def _dist_of(path: str, top: Mapping[str, list[str]]) -> tuple[str, str] | None:
                 return None
             name = parts[i + 1]
             name = name[:-3] if name.endswith(".py") else name
-            for dist in top.get(name, []):
-                with contextlib.suppress(metadata.PackageNotFoundError):
-                    return dist, metadata.version(dist)
-            return None
+            if name not in versions:
+                versions[name] = None
+                for dist in top.get(name, []):
+                    with contextlib.suppress(metadata.PackageNotFoundError):
+                        versions[name] = (dist, metadata.version(dist))
+                        break
+            return versions[name]
     return None
 
 
@@ -446,6 +452,7 @@ def module_dependencies(names: Any) -> list[list[str]]:
     stdlib = _stdlib_dirs()
     top = metadata.packages_distributions()
     deps: dict[tuple[str, str], str] = {}
+    versions: dict[str, tuple[str, str] | None] = {}
     for name in sorted(set(names)):
         f = getattr(sys.modules.get(name), "__file__", None)
         if not f:
@@ -453,7 +460,7 @@ def module_dependencies(names: Any) -> list[list[str]]:
         real = os.path.realpath(f)
         if real.startswith(stdlib) and "-packages" not in real:
             continue
-        dist = _dist_of(real, top)
+        dist = _dist_of(real, top, versions)
         if dist is not None:
             deps[("dist", dist[0])] = dist[1]
         elif os.path.isfile(real):

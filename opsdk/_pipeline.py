@@ -37,15 +37,13 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import re
 import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +62,7 @@ from ._asm import (
 )
 from ._kernelcache import open_kernel_cache
 from ._modelcache import open_cache
+from ._timings import record_phases
 from ._tir import tir_pipeline
 from .errors import UnloweredOpError
 from .frontend import bind_params
@@ -89,7 +88,6 @@ from .transform import (
 
 __all__ = [
     "STEPS",
-    "CompileTimings",
     "CompiledModel",
     "compile_default",
     "compile_model",
@@ -100,7 +98,6 @@ __all__ = [
     "load_compiled",
     "lowering_passes",
     "pipeline",
-    "record_timings",
     "schedule_passes",
     "scheduled_kernels",
 ]
@@ -212,69 +209,6 @@ def compile_module(mod: tvm.IRModule, target: Any = "x86", *, params: Any = None
 
 
 # ------------------------------------------------------------------------- compiling a model
-@dataclass
-class CompileTimings:
-    """Seconds per phase of the model imports and compiles inside :func:`record_timings`
-    (summed by phase, in the order first seen), and the kernels the kernel cache reused
-    and compiled."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-    kernels_reused: int = 0
-    kernels_compiled: int = 0
-    #: Folded constants read from the kernel cache's folder and computed.
-    folds_reused: int = 0
-    folds_computed: int = 0
-
-    def add(self, seconds: Mapping[str, float]) -> None:
-        for k, v in seconds.items():
-            self.seconds[k] = self.seconds.get(k, 0.0) + v
-
-
-_RECORDER: contextvars.ContextVar[CompileTimings | None] = contextvars.ContextVar(
-    "opsdk_model_timings", default=None)
-
-
-@contextlib.contextmanager
-def record_timings() -> Iterator[CompileTimings]:
-    """Record the phases of every model import (:func:`load_model`) and compile
-    (:func:`compile_model`) in the block (``opsdk build --timings`` prints them).
-
-    Examples
-    --------
-    >>> import opsdk
-    >>> from tvm import relax
-    >>> x = relax.Var("x", relax.TensorType((8, 16), "float32"))
-    >>> bb = relax.BlockBuilder()
-    >>> with bb.function("main", [x]):
-    ...     with bb.dataflow():
-    ...         y = bb.emit_output(relax.op.nn.relu(x))
-    ...     _ = bb.emit_func_output(y)
-    >>> with opsdk.model.record_timings() as t:
-    ...     _ = opsdk.model.compile_model(bb.get(), "x86", cache=False)
-    >>> "schedule" in t.seconds and all(v >= 0 for v in t.seconds.values())
-    True
-    """
-    rec = CompileTimings()
-    token = _RECORDER.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDER.reset(token)
-
-
-def _record(seconds: Mapping[str, float], kernel_build: Any = None,
-            folds: Any = None) -> None:
-    rec = _RECORDER.get()
-    if rec is not None:
-        rec.add(seconds)
-        if folds is not None:
-            rec.folds_reused += folds.reused
-            rec.folds_computed += folds.computed
-        if kernel_build is not None:
-            rec.kernels_reused += len(kernel_build.hits)
-            rec.kernels_compiled += len(kernel_build.misses)
-
-
 class CompiledModel:
     """An executable and the scheduled IRModule it was built from (before VM lowering).
 
@@ -492,7 +426,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
             store.discard(key)
         else:
             seconds["model cache"] = time.perf_counter() - t0
-            _record(seconds)
+            record_phases(seconds)
             return CompiledModel(
                 ex, None, tgt, time.perf_counter() - t0, kernels=entry.meta["kernels"],
                 library=entry.library, cached=True, entry=entry, timings=seconds,
@@ -525,7 +459,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
         seconds["model cache"] += time.perf_counter() - t1
         cm.seconds = time.perf_counter() - t0
     cm.fold_stats = fold_stats
-    _record(seconds, kernel_build, fold_stats)
+    record_phases(seconds, kernel_build, fold_stats)
     return cm
 
 

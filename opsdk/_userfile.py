@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterator
 from types import ModuleType, TracebackType
 from typing import Any, TypeVar
 
-__all__ = ["UserCodeError", "call_user", "import_user_file", "import_user_module",
-           "load_onnx_file", "read_user_file", "user_code"]
+from ._cliargs import model_path_problem
+
+__all__ = ["UserCodeError", "call_entry", "call_user", "example_args", "import_model_module",
+           "import_user_file", "import_user_module", "load_onnx_file", "read_user_file",
+           "user_code"]
 
 T = TypeVar("T")
 
@@ -333,3 +336,35 @@ def read_user_file(path: str | os.PathLike, load: Callable[[str | os.PathLike], 
         raise UserCodeError(str(path), None, f"cannot read it ({e.strerror or e})") from e
     except Exception as e:  # protobuf's DecodeError, a zip error, whatever a corrupt file
         raise UserCodeError(str(path), None, f"not a valid {what} ({_one_line(e)})") from e
+
+
+def import_model_module(spec: str) -> Any:
+    """A model file (its folder importable, for its sibling modules) or module; what fails in
+    it is a :class:`~opsdk._userfile.UserCodeError` naming its line."""
+    problem = model_path_problem(spec)  # a folder, m.txt: "No module named 'm'" before
+    if problem:
+        raise UserCodeError(spec, None, problem)
+    path = pathlib.Path(spec)
+    if path.suffix == ".py" and path.exists():
+        return import_user_file(path, f"_opsdk_drift_{path.stem}")
+    return import_user_module(spec)
+
+
+def call_entry(module: Any, spec: str, entry: str, **kwargs: Any) -> Any:
+    """``module.entry(**kwargs)``: a missing entry is an ``AttributeError`` naming it, what
+    the entry raises a :class:`~opsdk._userfile.UserCodeError` at the user's line."""
+    fn = getattr(module, entry, None)
+    if not callable(fn):
+        raise AttributeError(f"{spec} has no function {entry}() (pass --entry NAME)")
+    return call_user(fn, where=f"{spec}:{entry}()", **kwargs)
+
+
+def example_args(built: tuple, spec: str, entry: str) -> tuple:
+    """The ``args`` of an entry's ``(model, args)``, checked once at load time: a bare
+    tensor there was unpacked along its first dim ("too many positional arguments")."""
+    args = built[1]
+    if not isinstance(args, (tuple, list)):
+        raise UserCodeError(spec, None, f"{entry}() must return (model, args) with args a "
+                            "tuple of example inputs, e.g. (model, (x,)); got a "
+                            f"{type(args).__name__}")
+    return tuple(args)

@@ -48,21 +48,20 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from . import frontend
+from ._cliargs import parse_entry_args
 from ._pipeline import (
     CompiledModel,
-    CompileTimings,
-    _record,
     compile_default,
     compile_model,
     kernel_facts,
     kernel_kind_rule,
     load_compiled,
-    record_timings,
     schedule_passes,
     scheduled_kernels,
 )
 from ._quiet import fd_silenced
 from ._roofline import machine_roof
+from ._timings import CompileTimings, record_phases, record_timings
 from ._userfile import load_onnx_file, read_user_file
 from .errors import UnloweredOpError
 from .runners.local import host_arch
@@ -175,7 +174,7 @@ class LoadedModel:
         imported = frontend.from_torch(ep)
         t3 = time.perf_counter()
         fused = FuseIntoOps()(imported)
-        _record({"torch.export": t1 - t0, "from_torch": t3 - t2,
+        record_phases({"torch.export": t1 - t0, "from_torch": t3 - t2,
                  "FuseIntoOps": time.perf_counter() - t3})
         return cls(name, fused, from_exported_program(ep) if baselines else fused,
                    inputs, model, tuple(args), onnx_bytes, err)
@@ -209,32 +208,6 @@ def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
     return buf.getvalue(), ""
 
 
-def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
-    """``["NAME=VALUE", ...]`` (JSON values, else strings) as keyword arguments of a model
-    file's entry function; None for no items (then the file's ``DEFAULT_ARGS`` apply).
-
-    Examples
-    --------
-    >>> from opsdk.model import parse_entry_args
-    >>> parse_entry_args(["size=16", "name=tiny"])
-    {'size': 16, 'name': 'tiny'}
-    """
-    if not items:
-        return None
-    out: dict[str, Any] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise ValueError(f"--model-arg expects NAME=VALUE, got {item!r}")
-        if k in out:  # the second silently replaced the first
-            raise ValueError(f"--model-arg {item!r}: {k!r} is given twice")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
 def load_model(
     spec: str,
     entry: str = "build_model",
@@ -243,6 +216,7 @@ def load_model(
     seed: int = 0,
     dynamic_batch: bool | None = None,
     baselines: bool = True,
+    called: tuple[Any, Any] | None = None,
 ) -> LoadedModel:
     """Import the model ``spec`` the opsdk way and TVM's way.
 
@@ -263,6 +237,9 @@ def load_model(
     baselines
         Also import TVM's way and export ONNX for onnxruntime (what the benchmarks compare
         with); False imports opsdk's way only.
+    called
+        ``(module, entry result)`` of a Python model file whose entry the caller has run
+        already with these arguments (``opsdk build``'s up-to-date check): not run again.
     """
 
     frontend.prepare_model_imports()  # timm / torchvision / transformers beside a CPU torch
@@ -274,7 +251,7 @@ def load_model(
         frontend.check_shape_names(proto, shp, str(spec))
         t0 = time.perf_counter()
         opsdk_mod = frontend.from_onnx(proto, shape_dict=shp or None, fuse=True)
-        _record({"from_onnx": time.perf_counter() - t0})
+        record_phases({"from_onnx": time.perf_counter() - t0})
         tvm_mod = (frontend.from_onnx(proto, shape_dict=shp or None, ops=()) if baselines
                    else opsdk_mod)
         return LoadedModel(str(spec), opsdk_mod, tvm_mod,
@@ -292,12 +269,13 @@ def load_model(
         return LoadedModel.from_torch(str(spec), ep.module(), args, exported=ep,
                                       baselines=baselines)
 
-    module = frontend.import_model_module(str(spec))
+    module = frontend.import_model_module(str(spec)) if called is None else called[0]
     if entry_args is None:
         entry_args = getattr(module, "DEFAULT_ARGS", None) or {}
     if dynamic_batch is None:
         dynamic_batch = bool(getattr(module, "DYNAMIC_BATCH", False))
-    built = frontend.call_entry(module, str(spec), entry, **dict(entry_args))
+    built = (frontend.call_entry(module, str(spec), entry, **dict(entry_args)) if called is None
+             else called[1])
     if isinstance(built, torch.export.ExportedProgram):
         return LoadedModel.from_torch(str(spec), built.module(), tuple(built.example_inputs[0]),
                                       exported=built, baselines=baselines)

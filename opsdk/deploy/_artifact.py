@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from .._files import check_can_create, new_file_mode, sha256_file
+from .._timings import record_phases
 from .._version import __version__
 from ..runners import InputMismatch, LocalRunner, check_inputs, cross_compiler
+from ._uptodate import check_up_to_date, open_build_record
 
 __all__ = ["MANIFEST_FORMAT", "WEIGHTS_FILE", "ArtifactError", "build_artifact",
            "read_manifest", "read_weights"]
@@ -548,9 +550,12 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 
 def _load(model: Any, inputs: Sequence[np.ndarray] | None, entry: str,
           entry_args: Mapping[str, Any] | None, shapes: Mapping[str, Sequence[int]] | None,
-          say: Callable[[str], Any]) -> tuple[Any, str, Any, list[np.ndarray]]:
+          say: Callable[[str], Any], called: Any = None
+          ) -> tuple[Any, str, Any, list[np.ndarray]]:
     """(module, its source's name, the loaded model or None, example inputs checked against
-    ``main``): an IRModule as it is, a model file through :func:`opsdk.model.load_model`."""
+    ``main``): an IRModule as it is, a model file through :func:`opsdk.model.load_model`
+    (``called``: the file's module and its entry's result, when the up-to-date check ran
+    them)."""
     import tvm  # heavy: TVM
 
     from ..model import load_model  # heavy: TVM
@@ -564,7 +569,7 @@ def _load(model: Any, inputs: Sequence[np.ndarray] | None, entry: str,
         source = str(model)
         say(f"importing {source}")
         loaded = load_model(source, entry=entry, entry_args=entry_args, shapes=shapes,
-                            baselines=False)
+                            baselines=False, called=called)
         mod = loaded.opsdk_mod
         inputs = list(inputs) if inputs is not None else loaded.inputs
     inputs = [np.ascontiguousarray(a) for a in inputs]
@@ -649,23 +654,40 @@ def build_artifact(
     dict
         The manifest written to ``out_dir/manifest.json``.
     """
+    say = _log_to(log)
+    out = Path(out_dir).expanduser().absolute()
+    _prepare_folder(out, force)
+    t0 = time.perf_counter()
+    # Before anything imports TVM: an unchanged model's artifact is left as it is.
+    rec = None
+    if inputs is None and not tuning and (calibration is None or isinstance(calibration, int)) \
+            and isinstance(int8, (bool, type(None))):
+        rec = open_build_record(model, out, target=target, entry=entry, entry_args=entry_args,
+                                options={"shapes": shapes, "max_dims": max_dims, "int8": bool(int8),
+                                         "calibration": calibration, "runtime": with_runtime,
+                                         "winograd": winograd, "lift_weights": lift_weights})
+    if rec is not None:
+        up_to_date = check_up_to_date(rec, out, entry, entry_args)
+        record_phases({"up-to-date check": time.perf_counter() - t0})
+        if up_to_date:
+            say(f"{out} is up to date: the model, what it imports and reads, its weights "
+                "and the options are as when it was built")
+            return read_manifest(out) | {"up_to_date": True}
+
     from ..model import compile_model  # heavy: TVM
     from ..quant import agreement  # heavy: TVM
     from ..runners.local import host_arch  # heavy: TVM
     from ..targets import target as resolve_target  # heavy: TVM
     from ..targets import target_arch  # heavy: TVM
 
-    say = _log_to(log)
-    out = Path(out_dir).expanduser().absolute()
     try:
         tgt = resolve_target(target)
     except ValueError as e:
         raise ArtifactError(str(e)) from None
     arch = target_arch(tgt)
-    _prepare_folder(out, force)
 
-    t0 = time.perf_counter()
-    mod, source, loaded, inputs = _load(model, inputs, entry, entry_args, shapes, say)
+    mod, source, loaded, inputs = _load(model, inputs, entry, entry_args, shapes, say,
+                                        rec.built if rec is not None else None)
     if max_dims:
         mod = _with_upper_bounds(mod, mod["main"], dict(max_dims), inputs)
     quant_info, float_out = None, None
@@ -747,6 +769,8 @@ def build_artifact(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if rec is not None:
+        rec.write(out)
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest

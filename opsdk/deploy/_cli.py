@@ -8,8 +8,17 @@ import re
 import sys
 from typing import Any
 
-from .._cliargs import UsageError, host_port, model_file, named_shapes, output_path, positive_int
+from .._cliargs import (
+    UsageError,
+    host_port,
+    model_file,
+    named_shapes,
+    output_path,
+    parse_entry_args,
+    positive_int,
+)
 from .._files import write_text_atomic
+from .._timings import record_timings
 from ..runners import DeviceCrash, DeviceTimeout, InputMismatch, RunnerUnavailable
 from ._artifact import ArtifactError, build_artifact
 from ._run import format_run, run_artifact
@@ -119,6 +128,8 @@ def _is_decoder(spec: str) -> bool:
 
     if (Path(spec) / "config.json").is_file():
         return True
+    if Path(spec).is_file():  # a model file (and no TVM import for an up-to-date one)
+        return False
     from ..llm import MODELS  # heavy: TVM
 
     return spec in MODELS
@@ -143,8 +154,6 @@ def _build_decoder(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_build_command(args: argparse.Namespace) -> int:
     """``opsdk build``."""
-    from ..model import parse_entry_args  # heavy: TVM
-
     spec = args.model
     decoder = _is_decoder(spec)
     if not decoder:
@@ -160,8 +169,6 @@ def run_build_command(args: argparse.Namespace) -> int:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:
         raise _usage(str(e)) from None
-    from ..model import record_timings  # heavy: TVM
-
     try:
         with record_timings() as timings:
             if decoder:
@@ -189,7 +196,9 @@ def run_build_command(args: argparse.Namespace) -> int:
         raise _usage(f"cannot load model {spec!r}: {e}") from None
     except OSError as e:  # a full disk while writing: nothing was left behind
         raise _usage(f"cannot write the artifact {args.out}: {e.strerror or e}") from None
-    total = float(m.get("build_seconds") or 0.0)
+    # an up-to-date artifact: this command's check, not the build that wrote it
+    total = (sum(timings.seconds.values()) if m.get("up_to_date")
+             else float(m.get("build_seconds") or 0.0))
     if args.json:
         print(json.dumps(m | ({"timings": _timings_dict(timings, total)} if args.timings
                               else {}), indent=2))

@@ -16,7 +16,7 @@ Examples
 
 from __future__ import annotations
 
-from ._compat import prepare_model_imports
+from .._modelimports import prepare_model_imports
 from ._modelfile import (
                          call_entry,
                          check_shape_names,

@@ -23,14 +23,6 @@ __all__ = [
 OutputSpec = tuple[tuple[int, ...], str]
 _T = TypeVar("_T")
 
-try:  # ml_dtypes is a TVM dependency; keep the import optional all the same.
-    import ml_dtypes
-
-    _BF16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover
-    _BF16 = None
-
-
 class KernelWeights(list):
     """Weights already in the form an entry's kernels read (a decoder artifact's): a runner
     passes them after the inputs as they are, where a plain sequence of weights is first
@@ -292,7 +284,8 @@ def to_tensor(array: np.ndarray, dev: Any) -> Any:
     import tvm  # heavy: TVM
 
     array = np.ascontiguousarray(array)
-    if _BF16 is not None and array.dtype == _BF16:
+    # (a bfloat16 array exists only once ml_dtypes is imported: not imported here, 0.6 s)
+    if array.dtype.name == "bfloat16":
         # Allocate as bfloat16 and copy the raw 16-bit patterns: no float round trip.
         tensor = tvm.runtime.empty(array.shape, "bfloat16", dev)
         tensor.copyfrom(array.view(np.uint16))

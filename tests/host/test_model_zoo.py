@@ -1,6 +1,6 @@
 """Models from timm, torchvision and transformers through a model file, beside the pinned CPU
 torch (whose torchvision from the package index is a CUDA build: opsdk's import hook lets its
-Python half import, :mod:`opsdk.frontend._compat`): loaded with ``load_model``, compiled with
+Python half import, :mod:`opsdk._modelimports`): loaded with ``load_model``, compiled with
 ``compile_model``, and compared with torch within ``within_tolerance``."""
 
 from __future__ import annotations

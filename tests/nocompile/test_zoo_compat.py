@@ -78,7 +78,7 @@ def test_stand_ins_let_torchvision_import_and_its_cxx_ops_name_the_cause(tmp_pat
             print("without the hook:", e)
         for k in [k for k in sys.modules if k.split(".")[0] == "torchvision"]:
             del sys.modules[k]
-        from opsdk.frontend._compat import TorchvisionOpUnavailable, prepare_model_imports
+        from opsdk._modelimports import TorchvisionOpUnavailable, prepare_model_imports
         prepare_model_imports()
         import torchvision
         print("with the hook:", torchvision.MODELS)

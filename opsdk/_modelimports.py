@@ -52,7 +52,7 @@ class ZooImportError(ImportError):
 
     Examples
     --------
-    >>> from opsdk.frontend._compat import ZooImportError
+    >>> from opsdk._modelimports import ZooImportError
     >>> isinstance(ZooImportError("x"), ImportError)
     True
     """
@@ -64,7 +64,7 @@ class TorchvisionOpUnavailable(RuntimeError):
 
     Examples
     --------
-    >>> from opsdk.frontend._compat import TorchvisionOpUnavailable
+    >>> from opsdk._modelimports import TorchvisionOpUnavailable
     >>> issubclass(TorchvisionOpUnavailable, RuntimeError)
     True
     """
@@ -78,7 +78,7 @@ def prepare_model_imports() -> None:
     Examples
     --------
     >>> import sys
-    >>> from opsdk.frontend._compat import prepare_model_imports
+    >>> from opsdk._modelimports import prepare_model_imports
     >>> prepare_model_imports()
     >>> prepare_model_imports()  # the hook goes in once
     >>> sum(type(f).__name__ == "_TorchvisionHook" for f in sys.meta_path) <= 1
@@ -97,7 +97,7 @@ def zoo_import_error(exc: BaseException) -> ZooImportError | None:
 
     Examples
     --------
-    >>> from opsdk.frontend._compat import ZooImportError, zoo_import_error
+    >>> from opsdk._modelimports import ZooImportError, zoo_import_error
     >>> try:
     ...     try:
     ...         raise ZooImportError("torchvision 0.28.0 does not import")
