@@ -102,3 +102,33 @@ def test_the_command_says_up_to_date_without_importing_tvm(net):
     assert second.returncode == 0, second.stderr
     assert "is up to date" in second.stderr and "no tvm" in second.stdout
     assert "up-to-date check" in second.stdout  # --timings: the check is the whole run
+
+
+def test_a_pt2_file_is_up_to_date_until_its_bytes_change(net):
+    import torch
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    pt2 = net.parent / "m.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(2, 8),)), str(pt2))
+    out = net.parent / "art"
+    assert "up_to_date" not in _build(pt2, out)[0]
+    assert _build(pt2, out)[0].get("up_to_date")
+    with torch.no_grad():
+        m[0].weight[0, 0] += 1
+    torch.export.save(torch.export.export(m, (torch.randn(2, 8),)), str(pt2))
+    assert "up_to_date" not in _build(pt2, out)[0]
+
+
+def test_with_the_record_on_bad_input_is_still_one_clear_line(net, capsys):
+    from opsdk.cli import main as cli
+
+    out = net.parent / "art"
+    # an unknown target: refused (after the model's import), nothing written
+    assert cli(["build", str(net), "-o", str(out), "--target", "armv9"]) == 2
+    assert "unknown target 'armv9'" in capsys.readouterr().err and not out.exists()
+    # an entry that raises: named at the user's line, no traceback, no record left
+    net.write_text(NET.replace("    return m.eval()", "    1 / 0\n    return m.eval()"))
+    assert cli(["build", str(net), "-o", str(out), "--target", "x86"]) == 2
+    err = capsys.readouterr().err
+    assert "net.py:8: ZeroDivisionError" in err and "Traceback" not in err, err
+    assert not out.exists() and not list((net.parent / "cache").glob("records/*.json"))
