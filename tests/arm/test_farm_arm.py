@@ -143,6 +143,37 @@ def test_bad_tracker_or_key_is_one_line_exit_2(farm, capsys):
             time.sleep(0.2)
 
 
+def test_a_users_op_module_is_sharded_like_a_builtin(farm, tmp_path):
+    # `opsdk verify --module` over the farm: the op is registered in the command's process
+    # (the boards only run its built kernels), its cells spread, each reported once.
+    import json
+    import subprocess
+    import sys
+
+    from opsdk._scaffold import new_op
+
+    state, _ = farm
+    pkg = tmp_path / "farmpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    new_op("swish", kind="elementwise", directory=pkg)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "opsdk", "verify", "swish", "--module", "farmpkg.swish",
+         "--target", "arm", "--tracker", state.tracker, "--key", KEY, "--boards", "all",
+         "--dtypes", "float32", "--examples", "2", "--seed", "0", "--no-db",
+         "--report", str(tmp_path / "r.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    cells = [(c["op"], c["dtype"], c["layout"]) for c in rep["cells"]]
+    assert cells and {c[0] for c in cells} == {"swish"} and len(set(cells)) == len(cells)
+    assert all(c["examples"] > 0 and c["status"] == "pass" for c in rep["cells"]), rep["cells"]
+    used = rep["device"]["boards"]
+    assert set(used) <= set(state.boards) and sum(used.values()) == len(cells), used
+    assert rep["device"]["lost"] == []
+
+
 def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
     # Last in this module: it takes one of the two boards down for good.
     state, _ = farm
