@@ -589,7 +589,8 @@ _ARGS = {"list": _args_list, "explain": _args_explain, "new-op": _args_new_op,
 #: Commands that compile whole models through the compile cache (opsdk._modelcache).
 _CACHED_COMMANDS = ("explain", "bench", "drift", "build", "quantize", "generate")
 _NO_CACHE_HELP = ("compile afresh: neither read nor write the compile caches of built models "
-                  "and kernels (also OPSDK_NO_CACHE=1)")
+                  "and kernels, nor the records that let an unchanged model skip work "
+                  "(explain's report, build's up-to-date artifact) (also OPSDK_NO_CACHE=1)")
 
 
 _VERBOSE_HELP = ("show the third-party warnings and TVM log lines that opsdk hides as "
