@@ -68,6 +68,11 @@ def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def caches_off() -> bool:
+    """Whether ``OPSDK_NO_CACHE`` (``--no-cache``) turns every cache and record off."""
+    return _truthy(os.environ.get("OPSDK_NO_CACHE"))
+
+
 def default_dir() -> Path:
     """``$OPSDK_CACHE_DIR``, else ``models/`` in opsdk's cache folder."""
     if os.environ.get("OPSDK_CACHE_DIR"):

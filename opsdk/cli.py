@@ -118,11 +118,10 @@ def _explain_record_key(args: argparse.Namespace) -> tuple[pathlib.Path, str] | 
     when the cache is off or the model is a module name."""
     import os
 
-    from opsdk._modelcache import default_dir, source_key
+    from opsdk._modelcache import caches_off, default_dir, source_key
 
     path = pathlib.Path(args.model)
-    if (getattr(args, "no_cache", False) or os.environ.get("OPSDK_NO_CACHE", "") not in
-            ("", "0") or not path.is_file()):
+    if getattr(args, "no_cache", False) or caches_off() or not path.is_file():
         return None
     return default_dir(), source_key({
         "command": "explain --model", "model": str(path.resolve()), "entry": args.entry,

@@ -39,15 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from .._files import sha256_file
-from .._modelcache import default_dir, module_dependencies, read_record, source_key, write_record
+from .._modelcache import (
+    caches_off,
+    default_dir,
+    module_dependencies,
+    read_record,
+    source_key,
+    write_record,
+)
 
 __all__ = ["BuildRecord", "artifact_files", "check_up_to_date", "entry_state",
            "open_build_record", "opened_files"]
-
-
-def _cache_off() -> bool:
-    return os.environ.get("OPSDK_NO_CACHE", "").strip().lower() not in ("", "0", "false",
-                                                                        "no", "off")
 
 
 class BuildRecord:
@@ -80,7 +82,7 @@ def open_build_record(model: Any, out: Path, *, target: Any, entry: str,
     recorded: the cache is off, the model is not a file (an IRModule, a module name), the
     target is not named by a string, or an option (``inputs``, real calibration data,
     tuning records) is not plain data."""
-    if _cache_off() or not isinstance(model, (str, os.PathLike)) or \
+    if caches_off() or not isinstance(model, (str, os.PathLike)) or \
             not isinstance(target, str):
         return None
     path = Path(model)
