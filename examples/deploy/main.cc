@@ -10,6 +10,11 @@
 //   output NAME DTYPE D0 D1 ...     (written to OUTPUT_DIR/NAME.bin)
 // Without weight lines (an artifact with its weights bundled in model.so) main takes the
 // inputs only.
+// A decoder artifact (`opsdk build gpt2 --weights int4`) runs its stateless `check` entry
+// (fresh KV caches, prefill of the prompt, a decode step per follow token, every step's
+// logits); its io.txt names the entry and the weights it reads, raw in weights.bin:
+//   entry     check
+//   rawweight OFFSET DTYPE D0 D1 ...  (at byte OFFSET of ARTIFACT_DIR/weights.bin)
 // A symbolic dim is written as its example size; pass other sizes by editing a copy of it.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
@@ -79,7 +84,7 @@ void Collect(const ffi::Any& value, std::vector<ffi::Tensor>* out) {
   } else if (auto arr = value.as<ffi::Array<ffi::Any>>()) {
     for (const ffi::Any& v : *arr) Collect(v, out);
   } else {
-    throw std::runtime_error("main returned something other than tensors");
+    throw std::runtime_error("the entry returned something other than tensors");
   }
 }
 
@@ -112,6 +117,29 @@ std::vector<ffi::Tensor> LoadWeights(const ffi::Module& vm, const std::string& a
   return out;
 }
 
+// A decoder's weights, in the form its kernels read: each read from weights.bin at its
+// offset, in the order io.txt lists them (the order the entry takes them).
+std::vector<ffi::Tensor> LoadRawWeights(const std::string& art, const std::vector<Spec>& raw) {
+  std::vector<ffi::Tensor> out;
+  if (raw.empty()) return out;
+  const std::string path = art + "/weights.bin";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  for (const Spec& s : raw) {
+    DLDataType dt = ffi::StringToDLDataType(s.dtype);
+    ffi::Tensor t = ffi::Tensor::FromNDAlloc(AlignedAlloc(), ffi::Shape(s.shape), dt,
+                                             DLDevice{kDLCPU, 0});
+    size_t nbytes = ffi::GetDataSize(t.numel(), dt);
+    in.seekg(static_cast<std::streamoff>(std::stoll(s.name)));
+    if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(nbytes))) {
+      throw std::runtime_error(path + " is shorter than io.txt says (" + s.name + " + " +
+                               std::to_string(nbytes) + " bytes)");
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,19 +159,26 @@ int main(int argc, char** argv) {
     ffi::Module vm = lib->GetFunction("vm_load_executable").value()().cast<ffi::Module>();
     // Device type, id, allocator (2: pooled) for the CPU, the VM's only device here.
     vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, 2);
-    ffi::Function run = vm->GetFunction("main").value();
-
     std::vector<Spec> specs = ReadSpecs(art + "/io.txt");
+    std::string entry = "main";
     std::vector<ffi::AnyView> args;
     std::vector<ffi::Tensor> inputs;
-    std::vector<Spec> outs, weight_specs;
+    std::vector<Spec> outs, weight_specs, raw_specs;
     for (const Spec& s : specs) {
+      if (s.role == "entry") {
+        entry = s.name;
+        continue;
+      }
       if (s.role == "output") {
         outs.push_back(s);
         continue;
       }
       if (s.role == "weight") {
         weight_specs.push_back(s);
+        continue;
+      }
+      if (s.role == "rawweight") {
+        raw_specs.push_back(s);
         continue;
       }
       DLDataType dt = ffi::StringToDLDataType(s.dtype);
@@ -156,15 +191,20 @@ int main(int argc, char** argv) {
     }
     // Once per process: every later call of main reuses the transformed weights.
     std::vector<ffi::Tensor> weights = LoadWeights(vm, art, weight_specs);
+    std::vector<ffi::Tensor> raw = LoadRawWeights(art, raw_specs);
     for (const auto& t : inputs) args.emplace_back(t);
     for (const auto& t : weights) args.emplace_back(t);
+    for (const auto& t : raw) args.emplace_back(t);
+    auto found = vm->GetFunction(entry);
+    if (!found) throw std::runtime_error("model.so has no function " + entry);
+    ffi::Function run = *found;
     ffi::Any result;
     run.CallPacked(args.data(), static_cast<int>(args.size()), &result);
 
     std::vector<ffi::Tensor> results;
     Collect(result, &results);
     if (results.size() != outs.size()) {
-      throw std::runtime_error("main returned " + std::to_string(results.size()) +
+      throw std::runtime_error(entry + " returned " + std::to_string(results.size()) +
                                " tensors, io.txt lists " + std::to_string(outs.size()));
     }
     for (size_t i = 0; i < results.size(); ++i) {

@@ -70,6 +70,24 @@ def _write_raw(path: Path, tensors: Sequence[Any]) -> list[dict[str, Any]]:
     return specs
 
 
+def _write_decoder_io(path: Path, ins: Sequence[dict[str, Any]],
+                      specs: Sequence[dict[str, Any]], used: Sequence[int],
+                      outs: Sequence[dict[str, Any]]) -> None:
+    """``io.txt`` for a loader with no JSON parser (the C++ example): the ``check`` entry,
+    its inputs, the weights it takes (``rawweight OFFSET DTYPE DIMS``: where each lies in
+    the weights file, in the entry's order) and its outputs."""
+    lines = ["# opsdk build (decoder): one line per tensor: role name dtype dims (example "
+             f"sizes); rawweight lines name their byte offset in {RAW_WEIGHTS_FILE}",
+             "entry check"]
+    lines += [" ".join(["input", sp["name"], sp["dtype"], *map(str, sp["example_shape"])])
+              for sp in ins]
+    lines += [" ".join(["rawweight", str(specs[i]["offset"]), specs[i]["dtype"],
+                        *map(str, specs[i]["shape"])]) for i in used]
+    lines += [" ".join(["output", sp["name"], sp["dtype"], *map(str, sp["example_shape"])])
+              for sp in outs]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def read_kernel_weights(folder: str | os.PathLike, manifest: dict[str, Any] | None = None
                         ) -> list[np.ndarray]:
     """A decoder artifact's weights as copy-on-write views of its mapped ``weights.bin``
@@ -244,6 +262,7 @@ def build_decoder_artifact(
         specs = _write_raw(tmp / RAW_WEIGHTS_FILE, kw.tensors)
         (tmp / "check" / "inputs").mkdir(parents=True)
         _write_checks(tmp / "check", ins, inputs, host_out, "", [])
+        _write_decoder_io(tmp / "io.txt", ins, specs, kw.uses.get("check", []), outs)
         runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
         raw = tmp / RAW_WEIGHTS_FILE
         entries = {gv.name_hint: len(f.params) - len(kw.uses.get(gv.name_hint, []))

@@ -110,3 +110,39 @@ def test_cli_build_of_a_named_decoder_and_its_usage_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no-such-model" in err and "decoder name" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_cpp_example_runs_the_decoder_check_bit_for_bit(artifact, tmp_path):
+    # The C++ host program (no Python, no JSON): io.txt names the check entry and where each
+    # weight lies in weights.bin; its logits of every step equal the host build's.
+    import pathlib
+    import subprocess
+    import sys
+
+    out, m = artifact
+    exe = tmp_path / "deploy_run"
+    deploy = pathlib.Path(__file__).resolve().parents[2] / "examples" / "deploy"
+    subprocess.run(["make", "-s", "-C", str(deploy), f"TARGET={exe}",
+                    f"PYTHON={sys.executable}"], check=True)
+    got_dir = tmp_path / "got"
+    got_dir.mkdir()
+    proc = subprocess.run([str(exe), str(out), str(out / "check" / "inputs"), str(got_dir)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    shape = m["outputs"][0]["example_shape"]
+    got = np.fromfile(got_dir / f"{m['outputs'][0]['name']}.bin", "float32").reshape(shape)
+    with np.load(out / "check" / "expected.npz") as z:
+        assert np.array_equal(got, z["host_0"])
+    lines = (out / "io.txt").read_text().splitlines()
+    assert "entry check" in lines
+    assert sum(ln.startswith("rawweight ") for ln in lines) == len(m["weights"]["uses"]["check"])
+    # a weights file cut short: an error naming it, not garbage
+    cut = tmp_path / "cut"
+    import shutil
+
+    shutil.copytree(out, cut)
+    with open(cut / "weights.bin", "r+b") as f:
+        f.truncate(m["weights"]["bytes"] // 2)
+    proc = subprocess.run([str(exe), str(cut), str(cut / "check" / "inputs"), str(got_dir)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "weights.bin is shorter than io.txt says" in proc.stderr
