@@ -642,10 +642,8 @@ def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
 
 
 def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
-    """GPT-2's initialization in numpy, for tests and benchmarks that need no torch: normal
-    with std 0.02, the residual projections (``attn.c_proj``, ``mlp.c_proj``) scaled by
-    ``1 / sqrt(2 * layers)`` (the GPT-2 paper; Hugging Face's ``GPT2PreTrainedModel``
-    does the same), LayerNorm weights 1, biases 0.
+    """GPT-2's initialization (normal, std 0.02; LayerNorm weight 1, biases 0) in numpy, for
+    tests and benchmarks that need no torch.
 
     Examples
     --------
@@ -659,10 +657,8 @@ def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
     rng = np.random.default_rng(seed)
     e = config.width
 
-    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    residual_std = 0.02 / np.sqrt(2 * config.layers)
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     t = {"wte": normal(config.vocab, e), "wpe": normal(config.positions, e),
          "ln_f.weight": np.ones(e, np.float32), "ln_f.bias": np.zeros(e, np.float32)}
@@ -673,9 +669,8 @@ def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
             t[p + ln + ".bias"] = np.zeros(e, np.float32)
         for name, (o, i_) in {"attn.c_attn": (3 * e, e), "attn.c_proj": (e, e),
                               "mlp.c_fc": (4 * e, e), "mlp.c_proj": (e, 4 * e)}.items():
-            t[p + name + ".weight"] = normal(
-                o, i_, std=residual_std if name.endswith("c_proj") else 0.02)
-            t[p + name + ".bias"] = np.zeros(o, np.float32)
+            t[p + name + ".weight"] = normal(o, i_)
+            t[p + name + ".bias"] = normal(o)
     return DecoderWeights(config, t)
 
 
