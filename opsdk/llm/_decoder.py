@@ -642,8 +642,13 @@ def build_decoder(weights: DecoderWeights, *, weights_mode: str = "float32",
 
 
 def random_weights(config: DecoderConfig, seed: int = 0) -> DecoderWeights:
-    """GPT-2's initialization (normal, std 0.02; LayerNorm weight 1, biases 0) in numpy, for
-    tests and benchmarks that need no torch.
+    """Random GPT-2 weights in numpy, for tests and benchmarks that need no torch: every
+    matrix and bias normal with std 0.02, LayerNorm weights 1 and biases 0.
+
+    Not GPT-2's training initialization (zero biases, residual projections scaled by
+    ``1 / sqrt(2 * layers)``): with that, a small test config (width 64, 2 layers) predicts
+    the token it has just read at every position, so greedy decoding only repeats its
+    input; with these weights it does at about half the positions, and GPT-2-small at none.
 
     Examples
     --------
