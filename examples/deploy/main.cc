@@ -10,11 +10,15 @@
 //   output NAME DTYPE D0 D1 ...     (written to OUTPUT_DIR/NAME.bin)
 // Without weight lines (an artifact with its weights bundled in model.so) main takes the
 // inputs only.
-// A decoder artifact (`opsdk build gpt2 --weights int4`) runs its stateless `check` entry
-// (fresh KV caches, prefill of the prompt, a decode step per follow token, every step's
-// logits); its io.txt names the entry and the weights it reads, raw in weights.bin:
-//   entry     check
-//   rawweight OFFSET DTYPE D0 D1 ...  (at byte OFFSET of ARTIFACT_DIR/weights.bin)
+// A decoder artifact (`opsdk build gpt2 --weights int4`) holds its weights raw, in the
+// kernels' form, in weights.bin; its io.txt adds:
+//   entry     check                   (the entry run on INPUT_DIR: fresh KV caches, the
+//                                      prompt's prefill, a decode step per follow token)
+//   config    vocab V positions P
+//   rawweight OFFSET DTYPE D0 D1 ...  (tensor i of weights.bin, at byte OFFSET)
+//   uses      ENTRY I J ...           (the tensors ENTRY takes after its inputs, in order)
+// and a second form generates tokens greedily (create_cache, prefill, decode, argmax):
+//   deploy_run ARTIFACT_DIR --generate 464,2068,7586 N
 // A symbolic dim is written as its example size; pass other sizes by editing a copy of it.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
@@ -24,6 +28,7 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -61,8 +66,17 @@ std::vector<Spec> ReadSpecs(const std::string& path) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
     Spec s;
-    ls >> s.role >> s.name >> s.dtype;
-    for (int64_t d; ls >> d;) s.shape.push_back(d);
+    ls >> s.role >> s.name;
+    if (s.role != "uses" && s.role != "entry") ls >> s.dtype;  // uses ENTRY I J ...
+    if (s.role == "config") {  // config vocab V positions P: the values as the shape
+      s.dtype.clear();
+      std::istringstream again(line);
+      std::string word;
+      again >> word;
+      for (int64_t v; again >> word >> v;) s.shape.push_back(v);
+    } else {
+      for (int64_t d; ls >> d;) s.shape.push_back(d);
+    }
     specs.push_back(s);
   }
   return specs;
@@ -118,7 +132,7 @@ std::vector<ffi::Tensor> LoadWeights(const ffi::Module& vm, const std::string& a
 }
 
 // A decoder's weights, in the form its kernels read: each read from weights.bin at its
-// offset, in the order io.txt lists them (the order the entry takes them).
+// offset, in the order io.txt lists them.
 std::vector<ffi::Tensor> LoadRawWeights(const std::string& art, const std::vector<Spec>& raw) {
   std::vector<ffi::Tensor> out;
   if (raw.empty()) return out;
@@ -140,11 +154,105 @@ std::vector<ffi::Tensor> LoadRawWeights(const std::string& art, const std::vecto
   return out;
 }
 
+// The tensors ENTRY takes after its inputs: the `uses ENTRY ...` line's, else every one.
+std::vector<ffi::Tensor> EntryWeights(const std::vector<Spec>& specs, const std::string& entry,
+                                      const std::vector<ffi::Tensor>& raw) {
+  for (const Spec& s : specs) {
+    if (s.role != "uses" || s.name != entry) continue;
+    std::vector<ffi::Tensor> out;
+    for (int64_t i : s.shape) {
+      if (i < 0 || static_cast<size_t>(i) >= raw.size()) {
+        throw std::runtime_error("io.txt: uses " + entry + " names tensor " +
+                                 std::to_string(i) + " of " + std::to_string(raw.size()));
+      }
+      out.push_back(raw[static_cast<size_t>(i)]);
+    }
+    return out;
+  }
+  return raw;
+}
+
+int64_t Config(const std::vector<Spec>& specs, size_t i) {
+  for (const Spec& s : specs) {
+    if (s.role == "config" && s.shape.size() > i) return s.shape[i];
+  }
+  throw std::runtime_error("io.txt has no config line: not a decoder artifact");
+}
+
+ffi::Function Entry(const ffi::Module& vm, const std::string& name) {
+  auto found = vm->GetFunction(name);
+  if (!found) throw std::runtime_error("model.so has no function " + name);
+  return *found;
+}
+
+// Greedy generation with the decoder's own entries: create_cache(capacity), prefill(tokens,
+// total, caches..., weights...) -> (logits, caches...), then decode one token at a time.
+int Generate(const ffi::Module& vm, const std::vector<Spec>& specs,
+             const std::vector<ffi::Tensor>& raw, const std::string& prompt_text, int steps) {
+  const int64_t vocab = Config(specs, 0), positions = Config(specs, 1);
+  std::vector<int32_t> tokens;
+  std::stringstream ps(prompt_text);
+  for (std::string tok; std::getline(ps, tok, ',');) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != tok.size() || v < 0 || v >= vocab) {
+      throw std::runtime_error("--generate: '" + tok + "' is not a token id in [0, " +
+                               std::to_string(vocab) + ")");
+    }
+    tokens.push_back(static_cast<int32_t>(v));
+  }
+  if (tokens.empty() || steps < 1 ||
+      static_cast<int64_t>(tokens.size()) + steps > positions) {
+    throw std::runtime_error("--generate: give 1+ prompt tokens and N >= 1 with prompt + N <= " +
+                             std::to_string(positions) + " positions");
+  }
+  ffi::Function prefill = Entry(vm, "prefill"), decode = Entry(vm, "decode");
+  std::vector<ffi::Tensor> w_prefill = EntryWeights(specs, "prefill", raw);
+  std::vector<ffi::Tensor> w_decode = EntryWeights(specs, "decode", raw);
+  // The KV caches are runtime objects (TVM's attention KV cache), passed back as they come.
+  std::vector<ffi::Any> caches;
+  for (const ffi::Any& c : Entry(vm, "create_cache")(ffi::Shape({std::min<int64_t>(
+           positions, 256)})).cast<ffi::Array<ffi::Any>>()) {
+    caches.push_back(c);
+  }
+  DLDevice cpu{kDLCPU, 0};
+  int64_t total = 0;
+  std::vector<int32_t> feed = tokens;
+  for (int step = 0; step < steps; ++step) {
+    auto n = static_cast<int64_t>(feed.size());
+    ffi::Tensor ids = ffi::Tensor::FromNDAlloc(AlignedAlloc(), ffi::Shape({1, n}),
+                                               DLDataType{kDLInt, 32, 1}, cpu);
+    std::memcpy(ids.data_ptr(), feed.data(), feed.size() * sizeof(int32_t));
+    total += n;
+    ffi::Shape length({total});
+    std::vector<ffi::AnyView> args{ids, length};
+    for (const auto& c : caches) args.emplace_back(c);
+    for (const auto& t : (n == 1 ? w_decode : w_prefill)) args.emplace_back(t);
+    ffi::Any result;
+    (n == 1 ? decode : prefill).CallPacked(args.data(), static_cast<int>(args.size()), &result);
+    auto outs = result.cast<ffi::Array<ffi::Any>>();  // (logits (1, vocab), caches...)
+    ffi::Tensor out0 = outs[0].cast<ffi::Tensor>();
+    const auto* logits = static_cast<const float*>(out0.data_ptr());
+    int32_t best = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+    caches.assign(outs.begin() + 1, outs.end());
+    std::cout << (step ? "," : "") << best;
+    feed.assign(1, best);
+  }
+  std::cout << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: " << argv[0] << " ARTIFACT_DIR INPUT_DIR OUTPUT_DIR\n";
+  const bool generate = argc == 5 && std::string(argv[2]) == "--generate";
+  if (argc != 4 && !generate) {
+    std::cerr << "usage: " << argv[0] << " ARTIFACT_DIR INPUT_DIR OUTPUT_DIR\n"
+              << "       " << argv[0] << " ARTIFACT_DIR --generate TOKEN,TOKEN,... N\n";
     return 2;
   }
   const std::string art = argv[1], in_dir = argv[2], out_dir = argv[3];
@@ -160,6 +268,13 @@ int main(int argc, char** argv) {
     // Device type, id, allocator (2: pooled) for the CPU, the VM's only device here.
     vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, 2);
     std::vector<Spec> specs = ReadSpecs(art + "/io.txt");
+    if (generate) {
+      std::vector<Spec> raw_all;
+      for (const Spec& s : specs) {
+        if (s.role == "rawweight") raw_all.push_back(s);
+      }
+      return Generate(vm, specs, LoadRawWeights(art, raw_all), argv[3], std::atoi(argv[4]));
+    }
     std::string entry = "main";
     std::vector<ffi::AnyView> args;
     std::vector<ffi::Tensor> inputs;
@@ -181,6 +296,7 @@ int main(int argc, char** argv) {
         raw_specs.push_back(s);
         continue;
       }
+      if (s.role != "input") continue;  // config, uses: a decoder's generate loop
       DLDataType dt = ffi::StringToDLDataType(s.dtype);
       ffi::Shape shape(s.shape);
       ffi::Tensor t = ffi::Tensor::FromNDAlloc(AlignedAlloc(), shape, dt, cpu);
@@ -191,13 +307,11 @@ int main(int argc, char** argv) {
     }
     // Once per process: every later call of main reuses the transformed weights.
     std::vector<ffi::Tensor> weights = LoadWeights(vm, art, weight_specs);
-    std::vector<ffi::Tensor> raw = LoadRawWeights(art, raw_specs);
+    std::vector<ffi::Tensor> raw = EntryWeights(specs, entry, LoadRawWeights(art, raw_specs));
     for (const auto& t : inputs) args.emplace_back(t);
     for (const auto& t : weights) args.emplace_back(t);
     for (const auto& t : raw) args.emplace_back(t);
-    auto found = vm->GetFunction(entry);
-    if (!found) throw std::runtime_error("model.so has no function " + entry);
-    ffi::Function run = *found;
+    ffi::Function run = Entry(vm, entry);
     ffi::Any result;
     run.CallPacked(args.data(), static_cast<int>(args.size()), &result);
 

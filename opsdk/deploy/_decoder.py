@@ -71,18 +71,21 @@ def _write_raw(path: Path, tensors: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _write_decoder_io(path: Path, ins: Sequence[dict[str, Any]],
-                      specs: Sequence[dict[str, Any]], used: Sequence[int],
-                      outs: Sequence[dict[str, Any]]) -> None:
-    """``io.txt`` for a loader with no JSON parser (the C++ example): the ``check`` entry,
-    its inputs, the weights it takes (``rawweight OFFSET DTYPE DIMS``: where each lies in
-    the weights file, in the entry's order) and its outputs."""
+                      specs: Sequence[dict[str, Any]], uses: dict[str, list[int]],
+                      outs: Sequence[dict[str, Any]], cfg: Any) -> None:
+    """``io.txt`` for a loader with no JSON parser (the C++ example): the ``check`` entry
+    and its inputs and outputs; every tensor of the weights file (``rawweight OFFSET DTYPE
+    DIMS``, its index the line's order); the tensors each entry takes, in order (``uses
+    ENTRY I J ...``); and the sizes a generate loop needs (``config vocab N positions P``)."""
     lines = ["# opsdk build (decoder): one line per tensor: role name dtype dims (example "
-             f"sizes); rawweight lines name their byte offset in {RAW_WEIGHTS_FILE}",
-             "entry check"]
+             f"sizes); rawweight lines give the byte offset in {RAW_WEIGHTS_FILE}, uses "
+             "lines the rawweight indices an entry takes after its inputs",
+             "entry check", f"config vocab {cfg.vocab} positions {cfg.positions}"]
     lines += [" ".join(["input", sp["name"], sp["dtype"], *map(str, sp["example_shape"])])
               for sp in ins]
-    lines += [" ".join(["rawweight", str(specs[i]["offset"]), specs[i]["dtype"],
-                        *map(str, specs[i]["shape"])]) for i in used]
+    lines += [" ".join(["rawweight", str(sp["offset"]), sp["dtype"], *map(str, sp["shape"])])
+              for sp in specs]
+    lines += [" ".join(["uses", entry, *map(str, idx)]) for entry, idx in sorted(uses.items())]
     lines += [" ".join(["output", sp["name"], sp["dtype"], *map(str, sp["example_shape"])])
               for sp in outs]
     path.write_text("\n".join(lines) + "\n")
@@ -262,7 +265,9 @@ def build_decoder_artifact(
         specs = _write_raw(tmp / RAW_WEIGHTS_FILE, kw.tensors)
         (tmp / "check" / "inputs").mkdir(parents=True)
         _write_checks(tmp / "check", ins, inputs, host_out, "", [])
-        _write_decoder_io(tmp / "io.txt", ins, specs, kw.uses.get("check", []), outs)
+        _write_decoder_io(tmp / "io.txt", ins, specs,
+                          {k: list(v) for k, v in kw.uses.items()
+                           if k in ("check", "prefill", "decode")}, outs, cfg)
         runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
         raw = tmp / RAW_WEIGHTS_FILE
         entries = {gv.name_hint: len(f.params) - len(kw.uses.get(gv.name_hint, []))

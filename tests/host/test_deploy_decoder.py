@@ -134,8 +134,22 @@ def test_cpp_example_runs_the_decoder_check_bit_for_bit(artifact, tmp_path):
     with np.load(out / "check" / "expected.npz") as z:
         assert np.array_equal(got, z["host_0"])
     lines = (out / "io.txt").read_text().splitlines()
-    assert "entry check" in lines
-    assert sum(ln.startswith("rawweight ") for ln in lines) == len(m["weights"]["uses"]["check"])
+    assert "entry check" in lines and f"config vocab {CFG.vocab} positions 32" in lines
+    assert sum(ln.startswith("rawweight ") for ln in lines) == len(m["weights"]["tensors"])
+    assert f"uses decode {' '.join(map(str, m['weights']['uses']['decode']))}" in lines
+    # greedy generation in C++ (create_cache, prefill, decode, argmax): Python's tokens
+    dec = load_decoder(out)
+    for prompt, n in (([1, 2, 3], 8), (list(range(10, 30)), 5)):
+        dec.reset()
+        want, _ = dec.generate(prompt, n)
+        proc = subprocess.run([str(exe), str(out), "--generate", ",".join(map(str, prompt)),
+                               str(n)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == ",".join(map(str, want))
+    assert len(set(want)) > 1  # the tokens change: the loop feeds each one back
+    proc = subprocess.run([str(exe), str(out), "--generate", "1,99", "4"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "'99' is not a token id in [0, 64)" in proc.stderr
     # a weights file cut short: an error naming it, not garbage
     cut = tmp_path / "cut"
     import shutil
