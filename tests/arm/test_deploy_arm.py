@@ -141,8 +141,38 @@ def test_decoder_artifact_under_qemu_matches_the_host(tmp_path):
     cfg = DecoderConfig(vocab=64, width=64, layers=1, heads=2, positions=32)
     out = tmp_path / "dec"
     m = build_decoder_artifact(random_weights(cfg, seed=5), out, weights="int4",
-                               target="arm-dotprod", log=None, reference=False)
+                               target="arm-dotprod", log=None, reference=False,
+                               with_runtime=True)
     assert m["decoder"]["activations"] == "q8_0"  # the dotprod integer rule
     assert all(k["rule"].startswith("neon.") for k in m["kernels"])
     res = run_artifact(out, emulate=True, repeats=1, log=None)
     assert res["ok"] and res["emulated"], res["outputs"]
+
+    # The C++ program on the board (qemu, a dotprod CPU): the check entry's logits are the
+    # host's bit for bit, and greedy tokens are those of the same weights built for x86.
+    from opsdk.deploy import load_decoder
+    from opsdk.runners._provision import arm_env
+
+    exe = tmp_path / "deploy_run-aarch64"
+    subprocess.run(["make", "-s", "-C", str(EXAMPLES / "deploy"), "ARCH=aarch64",
+                    f"TARGET={exe}", f"PYTHON={sys.executable}"], check=True)
+    env = arm_env()
+    qemu = [env.qemu, "-cpu", "cortex-a76", "-E", f"LD_LIBRARY_PATH={out / 'runtime'}",
+            str(exe), str(out)]
+    run_env = {**os.environ, "QEMU_LD_PREFIX": str(env.sysroot)}
+    got_dir = tmp_path / "got"
+    got_dir.mkdir()
+    proc = subprocess.run([*qemu, str(out / "check" / "inputs"), str(got_dir)],
+                          capture_output=True, text=True, check=False, env=run_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = np.fromfile(got_dir / "out0.bin", "float32").reshape(m["outputs"][0]["example_shape"])
+    with np.load(out / "check" / "expected.npz") as z:
+        assert np.array_equal(got, z["host_0"])
+    host = tmp_path / "dec_x86"
+    build_decoder_artifact(random_weights(cfg, seed=5), host, weights="int4", target="x86",
+                           log=None, reference=False)
+    want, _ = load_decoder(host).generate([1, 2, 3], 6)
+    proc = subprocess.run([*qemu, "--generate", "1,2,3", "6"], capture_output=True, text=True,
+                          check=False, env=run_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ",".join(map(str, want))
