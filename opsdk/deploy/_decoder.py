@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._files import sha256_file
+from .._timings import record_phases
 from ..runners import KernelWeights, LocalRunner
 from ._artifact import (
     ArtifactError,
@@ -39,6 +40,7 @@ from ._artifact import (
     _write_checks,
     read_manifest,
 )
+from ._uptodate import check_recorded, open_decoder_record
 
 __all__ = ["DECODER_FORMAT", "RAW_WEIGHTS_FILE", "build_decoder_artifact", "load_decoder",
            "read_kernel_weights"]
@@ -211,6 +213,16 @@ def build_decoder_artifact(
     arch = target_arch(tgt)
     _prepare_folder(out, force)
     t0 = time.perf_counter()
+    rec = open_decoder_record(model, out, target=target, options={
+        "weights": weights, "activations": act, "runtime": with_runtime, "seed": seed,
+        "check_prompt": check_prompt, "check_steps": check_steps, "reference": reference})
+    if rec is not None:
+        up_to_date = check_recorded(rec, out)
+        record_phases({"up-to-date check": time.perf_counter() - t0})
+        if up_to_date:
+            say(f"{out} is up to date: the decoder, opsdk and the options are as when it "
+                "was built")
+            return read_manifest(out) | {"up_to_date": True}
     if isinstance(model, DecoderWeights):
         w, source = model, None
     else:
@@ -310,6 +322,8 @@ def build_decoder_artifact(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if rec is not None:
+        rec.write(out)
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library + "
         f"{kw.nbytes / 1e6:.2f} MB weights, {len(manifest['kernels'])} kernels")
     return manifest

@@ -33,7 +33,6 @@ import hashlib
 import os
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,8 +47,8 @@ from .._modelcache import (
     write_record,
 )
 
-__all__ = ["BuildRecord", "artifact_files", "check_up_to_date", "entry_state",
-           "open_build_record", "opened_files"]
+__all__ = ["BuildRecord", "artifact_files", "check_recorded", "check_up_to_date", "entry_state",
+           "open_build_record", "open_decoder_record", "opened_files"]
 
 
 class BuildRecord:
@@ -275,6 +274,39 @@ def check_up_to_date(rec: BuildRecord, out: Path, entry: str,
     wrote; ``rec`` then holds the model's state either way (for the build on a miss)."""
     data = read_record(rec.root, rec.key)
     entry_state(rec, entry, entry_args)
+    return _matches(rec, data, out)
+
+
+def open_decoder_record(model: Any, out: Path, *, target: Any,
+                        options: Mapping[str, Any]) -> BuildRecord | None:
+    """The record of building the decoder ``model`` (a name of :data:`opsdk.llm.MODELS`,
+    whose random weights come from opsdk's code and the seed in ``options``, or a checkpoint
+    folder, by every file's content) into ``out``; None where builds are not recorded (the
+    cache is off, weights given as an object, a target that is not a string)."""
+    if caches_off() or not isinstance(model, (str, os.PathLike)) or \
+            not isinstance(target, str):
+        return None
+    path = Path(model)
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\0".encode())
+        source = str(path.resolve())
+    else:
+        source = str(model)
+    key = source_key({"command": "build decoder", "out": str(out), "model": source,
+                      "target": target, "options": dict(options)})
+    rec = BuildRecord(default_dir(), key, str(model))
+    rec.state = h.hexdigest()
+    return rec
+
+
+def check_recorded(rec: BuildRecord, out: Path) -> bool:
+    """Whether ``out`` holds the artifact the record of ``rec`` (state already known) names."""
+    return _matches(rec, read_record(rec.root, rec.key), out)
+
+
+def _matches(rec: BuildRecord, data: dict[str, Any] | None, out: Path) -> bool:
     if data is None or rec.state is None or data.get("kind") != "build":
         return False
     if data["state"] != rec.state or data["opened"] != rec.opened:
@@ -286,11 +318,3 @@ def check_up_to_date(rec: BuildRecord, out: Path, entry: str,
         return artifact_files(out) == art["files"]
     except OSError:
         return False
-
-
-def timed_check(rec: BuildRecord, out: Path, entry: str,
-                entry_args: Mapping[str, Any] | None) -> tuple[bool, float]:
-    """:func:`check_up_to_date` and its seconds."""
-    t0 = time.perf_counter()
-    ok = check_up_to_date(rec, out, entry, entry_args)
-    return ok, time.perf_counter() - t0

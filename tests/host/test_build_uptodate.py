@@ -132,3 +132,37 @@ def test_with_the_record_on_bad_input_is_still_one_clear_line(net, capsys):
     err = capsys.readouterr().err
     assert "net.py:8: ZeroDivisionError" in err and "Traceback" not in err, err
     assert not out.exists() and not list((net.parent / "cache").glob("records/*.json"))
+
+
+def test_a_decoder_is_up_to_date_until_its_checkpoint_or_an_option_changes(net):
+    import torch
+
+    from opsdk._modelimports import prepare_model_imports
+    from opsdk.deploy import build_decoder_artifact
+
+    prepare_model_imports()  # transformers' models beside the CPU torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    ckpt = net.parent / "ckpt"
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2,
+                                    n_positions=32)).eval()
+    hf.save_pretrained(ckpt)
+    out = net.parent / "dec"
+
+    def build(model=ckpt, **kw) -> dict:
+        return build_decoder_artifact(str(model), out, weights="int4", target="x86",
+                                      force=True, log=None, reference=False, **kw)
+
+    assert "up_to_date" not in build()
+    assert build()["up_to_date"] is True
+    assert "up_to_date" not in build(check_steps=3)  # an option
+    assert build(check_steps=3)["up_to_date"] is True
+    with torch.no_grad():  # one weight of the checkpoint, nothing else
+        hf.transformer.h[0].mlp.c_fc.weight[0, 0] += 1
+    hf.save_pretrained(ckpt)
+    assert "up_to_date" not in build(check_steps=3)
+    # a built-in name: its random weights come from opsdk's code and the seed
+    assert "up_to_date" not in build("gpt2-tiny")
+    assert build("gpt2-tiny")["up_to_date"] is True
+    assert "up_to_date" not in build("gpt2-tiny", seed=1)
