@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sys
 import sysconfig
@@ -88,8 +89,6 @@ def open_build_record(model: Any, out: Path, *, target: Any, entry: str,
     if not path.is_file() or path.suffix not in (".py", ".pt2", ".onnx"):
         return None
     try:
-        import json
-
         json.dumps([dict(entry_args or {}), dict(options)], sort_keys=True)
     except (TypeError, ValueError):
         return None
