@@ -15,8 +15,8 @@ from ._files import check_can_create
 
 __all__ = ["NEGATIVE_NUMBER", "UsageError", "distinct_outputs", "host_port", "model_file",
            "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
-           "parse_dims", "parse_entry_args", "percent", "positive_float", "positive_int",
-           "split_host_port"]
+           "parse_dims", "parse_entry_args", "parse_name_values", "percent", "positive_float",
+           "positive_int", "split_host_port"]
 
 
 class UsageError(Exception):
@@ -250,6 +250,30 @@ def percent(text: str) -> float:
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+[xX,][\d,xX-]*$")
 
 
+def parse_name_values(items: Sequence[str] | None, flag: str) -> dict[str, Any]:
+    """``["NAME=VALUE", ...]`` of a repeated ``flag``: JSON values, else strings; a missing
+    ``=`` or a name given twice is a ``ValueError`` naming ``flag``.
+
+    Examples
+    --------
+    >>> from opsdk._cliargs import parse_name_values
+    >>> parse_name_values(["eps=1e-5", "mode=fast"], "--attr")
+    {'eps': 1e-05, 'mode': 'fast'}
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ValueError(f"{flag} expects NAME=VALUE, got {item!r}")
+        if k in out:  # the second silently replaced the first
+            raise ValueError(f"{flag} {item!r}: {k!r} is given twice")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
 def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
     """``["NAME=VALUE", ...]`` (JSON values, else strings) as keyword arguments of a model
     file's entry function; None for no items (then the file's ``DEFAULT_ARGS`` apply).
@@ -260,17 +284,4 @@ def parse_entry_args(items: Sequence[str] | None) -> dict[str, Any] | None:
     >>> parse_entry_args(["size=16", "name=tiny"])
     {'size': 16, 'name': 'tiny'}
     """
-    if not items:
-        return None
-    out: dict[str, Any] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise ValueError(f"--model-arg expects NAME=VALUE, got {item!r}")
-        if k in out:  # the second silently replaced the first
-            raise ValueError(f"--model-arg {item!r}: {k!r} is given twice")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+    return parse_name_values(items, "--model-arg") if items else None

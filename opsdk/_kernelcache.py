@@ -65,7 +65,14 @@ from tvm.relax import _ffi_api as relax_api
 from tvm.relax.vm_build import VMExecutable, _vmcodegen
 
 from ._files import cache_dir, sha256_file
-from ._modelcache import ModelCache, _pass_context, _truthy, _versions, runs_on_host
+from ._modelcache import (
+    ModelCache,
+    _pass_context,
+    _truthy,
+    _versions,
+    caches_off,
+    runs_on_host,
+)
 from ._tir import tir_pipeline
 from .targets import LINK_OPTIONS
 
@@ -97,8 +104,7 @@ def open_kernel_cache(cache: Any, target: Any) -> KernelCache | None:
     :func:`opsdk._modelcache.open_cache` takes it (None: the environment decides; a path is
     the model cache's folder, whose ``.kernels/`` this one then is)."""
     if cache is False or (cache is None and (
-            _truthy(os.environ.get("OPSDK_NO_CACHE"))
-            or _truthy(os.environ.get("OPSDK_NO_KERNEL_CACHE")))):
+            caches_off() or _truthy(os.environ.get("OPSDK_NO_KERNEL_CACHE")))):
         return None
     if not sys.platform.startswith("linux"):  # --defsym: the GNU linker
         return None

@@ -390,8 +390,7 @@ def open_cache(cache: bool | str | os.PathLike | None, target: Any) -> ModelCach
     (on unless ``OPSDK_NO_CACHE``), True / False force it on / off, a path is the folder.
     None for targets whose code cannot be loaded on this host."""
     if cache is False or (cache is None and (
-            _truthy(os.environ.get("OPSDK_NO_CACHE"))
-            or _truthy(os.environ.get("OPSDK_NO_MODEL_CACHE")))):
+            caches_off() or _truthy(os.environ.get("OPSDK_NO_MODEL_CACHE")))):
         return None
     if not runs_on_host(target):
         return None

@@ -35,7 +35,13 @@ import json  # noqa: E402
 import pathlib  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
-from opsdk._cliargs import NEGATIVE_NUMBER, UsageError, model_file, output_path  # noqa: E402
+from opsdk._cliargs import (  # noqa: E402
+    NEGATIVE_NUMBER,
+    UsageError,
+    model_file,
+    output_path,
+    parse_name_values,
+)
 
 __all__ = ["main"]
 
@@ -99,18 +105,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _parse_attrs(items: Sequence[str] | None) -> dict:
-    out = {}
-    for it in items or []:
-        if "=" not in it:
-            raise UsageError(f"--attr expects NAME=VALUE, got {it!r}")
-        k, v = it.split("=", 1)
-        if k in out:  # the second silently replaced the first
-            raise UsageError(f"--attr {it!r}: {k!r} is given twice")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+    try:
+        return parse_name_values(items, "--attr")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _explain_record_key(args: argparse.Namespace) -> tuple[pathlib.Path, str] | None:

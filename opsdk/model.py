@@ -175,7 +175,7 @@ class LoadedModel:
         t3 = time.perf_counter()
         fused = FuseIntoOps()(imported)
         record_phases({"torch.export": t1 - t0, "from_torch": t3 - t2,
-                 "FuseIntoOps": time.perf_counter() - t3})
+                       "FuseIntoOps": time.perf_counter() - t3})
         return cls(name, fused, from_exported_program(ep) if baselines else fused,
                    inputs, model, tuple(args), onnx_bytes, err)
 

@@ -14,7 +14,7 @@
 // kernels' form, in weights.bin; its io.txt adds:
 //   entry     check                   (the entry run on INPUT_DIR: fresh KV caches, the
 //                                      prompt's prefill, a decode step per follow token)
-//   config    vocab V positions P
+//   config    vocab V  /  config positions P
 //   rawweight OFFSET DTYPE D0 D1 ...  (tensor i of weights.bin, at byte OFFSET)
 //   uses      ENTRY I J ...           (the tensors ENTRY takes after its inputs, in order)
 // and a second form generates tokens greedily (create_cache, prefill, decode, argmax):
@@ -67,16 +67,9 @@ std::vector<Spec> ReadSpecs(const std::string& path) {
     std::istringstream ls(line);
     Spec s;
     ls >> s.role >> s.name;
-    if (s.role != "uses" && s.role != "entry") ls >> s.dtype;  // uses ENTRY I J ...
-    if (s.role == "config") {  // config vocab V positions P: the values as the shape
-      s.dtype.clear();
-      std::istringstream again(line);
-      std::string word;
-      again >> word;
-      for (int64_t v; again >> word >> v;) s.shape.push_back(v);
-    } else {
-      for (int64_t d; ls >> d;) s.shape.push_back(d);
-    }
+    // entry NAME, uses ENTRY I J ..., config KEY VALUE: no dtype, the numbers as the shape
+    if (s.role != "uses" && s.role != "entry" && s.role != "config") ls >> s.dtype;
+    for (int64_t d; ls >> d;) s.shape.push_back(d);
     specs.push_back(s);
   }
   return specs;
@@ -172,11 +165,11 @@ std::vector<ffi::Tensor> EntryWeights(const std::vector<Spec>& specs, const std:
   return raw;
 }
 
-int64_t Config(const std::vector<Spec>& specs, size_t i) {
+int64_t Config(const std::vector<Spec>& specs, const std::string& key) {
   for (const Spec& s : specs) {
-    if (s.role == "config" && s.shape.size() > i) return s.shape[i];
+    if (s.role == "config" && s.name == key && s.shape.size() == 1) return s.shape[0];
   }
-  throw std::runtime_error("io.txt has no config line: not a decoder artifact");
+  throw std::runtime_error("io.txt has no 'config " + key + "' line: not a decoder artifact");
 }
 
 ffi::Function Entry(const ffi::Module& vm, const std::string& name) {
@@ -189,7 +182,7 @@ ffi::Function Entry(const ffi::Module& vm, const std::string& name) {
 // total, caches..., weights...) -> (logits, caches...), then decode one token at a time.
 int Generate(const ffi::Module& vm, const std::vector<Spec>& specs,
              const std::vector<ffi::Tensor>& raw, const std::string& prompt_text, int steps) {
-  const int64_t vocab = Config(specs, 0), positions = Config(specs, 1);
+  const int64_t vocab = Config(specs, "vocab"), positions = Config(specs, "positions");
   std::vector<int32_t> tokens;
   std::stringstream ps(prompt_text);
   for (std::string tok; std::getline(ps, tok, ',');) {

@@ -78,11 +78,12 @@ def _write_decoder_io(path: Path, ins: Sequence[dict[str, Any]],
     """``io.txt`` for a loader with no JSON parser (the C++ example): the ``check`` entry
     and its inputs and outputs; every tensor of the weights file (``rawweight OFFSET DTYPE
     DIMS``, its index the line's order); the tensors each entry takes, in order (``uses
-    ENTRY I J ...``); and the sizes a generate loop needs (``config vocab N positions P``)."""
+    ENTRY I J ...``); and the sizes a generate loop needs (``config vocab N``, ``config
+    positions P``)."""
     lines = ["# opsdk build (decoder): one line per tensor: role name dtype dims (example "
              f"sizes); rawweight lines give the byte offset in {RAW_WEIGHTS_FILE}, uses "
              "lines the rawweight indices an entry takes after its inputs",
-             "entry check", f"config vocab {cfg.vocab} positions {cfg.positions}"]
+             "entry check", f"config vocab {cfg.vocab}", f"config positions {cfg.positions}"]
     lines += [" ".join(["input", sp["name"], sp["dtype"], *map(str, sp["example_shape"])])
               for sp in ins]
     lines += [" ".join(["rawweight", str(sp["offset"]), sp["dtype"], *map(str, sp["shape"])])

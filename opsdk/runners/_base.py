@@ -23,6 +23,7 @@ __all__ = [
 OutputSpec = tuple[tuple[int, ...], str]
 _T = TypeVar("_T")
 
+
 class KernelWeights(list):
     """Weights already in the form an entry's kernels read (a decoder artifact's): a runner
     passes them after the inputs as they are, where a plain sequence of weights is first
