@@ -100,7 +100,7 @@ def open_build_record(model: Any, out: Path, *, target: Any, entry: str,
 
 
 # ---------------------------------------------------------------------- what the model is
-_AUDIT: list[list[str]] | None = None
+_AUDIT: list[str] | None = None
 _HOOKED = False
 
 
@@ -113,7 +113,7 @@ def _on_audit(event: str, args: tuple) -> None:
     else:
         reading = isinstance(flags, int) and flags & os.O_ACCMODE == os.O_RDONLY
     if reading and isinstance(path, (str, bytes)):
-        _AUDIT.append([os.fsdecode(path)])
+        _AUDIT.append(os.fsdecode(path))
 
 
 # Python's own files and the environment's (packages, scripts): versions cover them.
@@ -131,7 +131,7 @@ def opened_files() -> Iterator[list[list[str]]]:
     if not _HOOKED:  # an audit hook cannot be removed: one, switched by _AUDIT
         sys.addaudithook(_on_audit)
         _HOOKED = True
-    seen: list[list[str]] = []
+    seen: list[str] = []
     outer, _AUDIT = _AUDIT, seen
     out: list[list[str]] = []
     try:
@@ -139,7 +139,7 @@ def opened_files() -> Iterator[list[list[str]]]:
     finally:
         _AUDIT = outer
     paths = set()
-    for (p,) in seen:
+    for p in seen:
         real = os.path.realpath(p)
         if real.startswith(_SKIP_DIRS) or real.startswith(("/proc/", "/sys/", "/dev/")) or \
                 real.endswith((".py", ".pyc")) or not os.path.isfile(real):
