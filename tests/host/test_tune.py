@@ -21,6 +21,7 @@ from opsdk.schedules import TunedRecord, workload_key
 from opsdk.tune import (
     TuningDB,
     TuningDBError,
+    float64_twin,
     read_record,
     recheck,
     search,
@@ -170,3 +171,42 @@ def test_an_artifact_ships_the_records_that_scheduled_a_kernel(tmp_path):
     shipped = json.loads((tmp_path / m["file"]).read_text())
     assert (shipped["workload"], shipped["trace"]) == (used_rec.workload, used_rec.trace)
     assert not (tmp_path / "tuning" / f"{unused.workload}.json").exists()
+
+
+def test_the_magnitude_run_drops_value_clamps_but_keeps_index_clamps():
+    """The bound's magnitude run (``float64_twin(..., clamps=False)``) is hardswish without
+    its clamp, operator precedence kept, while an index's clamp (a gather's edge) stays."""
+    import tvm
+    from tvm import te
+
+    n = 16
+    x = te.placeholder((n,), name="x")
+    hs = te.compute((n,), lambda i: x[i] * te.min(te.max(x[i] + 3.0, 0.0), 6.0) / 6.0)
+    edge = te.compute((n,), lambda i: x[te.min(i + 1, n - 1)] + hs[i])
+    f = te.create_prim_func([x, edge])
+    loose = tvm.compile(float64_twin(f, clamps=False), target="llvm")
+    xs = np.linspace(-8, 8, n)
+    out = np.zeros(n)
+    args = [tvm.runtime.tensor(v, tvm.cpu()) for v in (xs, out)]
+    loose(*args)
+    want = xs[np.minimum(np.arange(n) + 1, n - 1)] + xs * (xs + 3.0) / 6.0
+    np.testing.assert_allclose(args[1].numpy(), want, rtol=1e-12)
+
+
+def test_a_clamped_epilogue_is_judged_against_float64():
+    """ReLU6 after a matmul: a sampled trace passes the float64 gate on its own bound."""
+    rng = np.random.default_rng(5)
+    x = relax.Var("x", relax.TensorType((16, 96), "float32"))
+    w = relax.const(rng.standard_normal((96, 32)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.clip(relax.op.matmul(x, w), 0.0, 6.0))
+        bb.emit_func_output(y)
+    tgt = opsdk.target("x86")
+    fused = fused_module(bb.get(), tgt)
+    (func,) = [f for gv, f in fused.functions.items() if gv.name_hint.startswith("fused_matmul")]
+    (cand,) = search(func, tgt, trials=2, keep=1)
+    g = verify_trace(func, cand.trace, tgt, draws=2)
+    assert g.ok and g.reference == "float64" and not g.notes
+    assert 0 < g.generic_worst <= 1.0
