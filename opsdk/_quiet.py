@@ -41,6 +41,12 @@ HARMLESS_LOG_LINES: tuple[tuple[str, str], ...] = (
      "TVM warns on pow(x, 3) (GPT-2's tanh-GELU) whatever the sign of x; scheduled kernels "
      "compute an integer power by multiplying (opsdk._vecmath.polynomial_math), exact for "
      "negative x too"),
+    (r"Failed to load \S*torchao/_C\S*\.so: Could not load this library",
+     "torchao (executorch's dependency, imported by transformers when installed) tries its "
+     "CUDA / mxfp8 kernels at import; beside a CPU torch they do not load and are not used"),
+    (r"torch/utils/_pytree\.py:\d+\] <enum '\w+'> is an Enum subclass and is now natively "
+     r"supported by torch\.compile",
+     "torchao registers its enums as pytree constants at import, deprecated in torch 2.13"),
 )
 
 _LOG_RES = tuple(re.compile(p) for p, _ in HARMLESS_LOG_LINES)
