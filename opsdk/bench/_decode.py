@@ -136,7 +136,8 @@ class _Torch:
 
         torch.set_num_threads(threads)
         self.torch, self.model = torch, torch_model(weights)
-        # transformers 5 renamed the cache argument (the old name still works, with a warning)
+        # transformers 5 renamed the cache argument and output (the old names still work,
+        # with a warning)
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
@@ -146,10 +147,10 @@ class _Torch:
             t0 = time.perf_counter()
             out = self.model(torch.tensor([prompt]), use_cache=True)
             t1 = time.perf_counter()
-            past = out.past_key_values
+            past = getattr(out, self.cache_arg)
             for t in steps:
-                past = self.model(torch.tensor([[t]]), use_cache=True,
-                                  **{self.cache_arg: past}).past_key_values
+                past = getattr(self.model(torch.tensor([[t]]), use_cache=True,
+                                          **{self.cache_arg: past}), self.cache_arg)
             t2 = time.perf_counter()
         return (t1 - t0) * 1e3, len(steps) / (t2 - t1)
 
