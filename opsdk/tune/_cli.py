@@ -23,7 +23,12 @@ def add_tune_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--kernels", metavar="K1,K2", help="tune these kernels (names as opsdk "
                    "explain --model prints them) instead of the slowest")
     s.add_argument("--top", type=positive_int, default=2, metavar="N",
-                   help="tune the N slowest matmul / conv / pool / reduction kernels (default 2)")
+                   help="tune N matmul / conv / pool / reduction kernels (default 2), picked "
+                   "by --pick")
+    s.add_argument("--pick", choices=("slowest", "weakest"), default="slowest",
+                   help="which kernels --top takes: the slowest, or the weakest (the most time "
+                   "below the machine's roof: ms x (1 - roof %%), from the model report) "
+                   "(default slowest)")
     s.add_argument("--trials", type=positive_int, default=32, metavar="T",
                    help="MetaSchedule samples per kernel (default 32); see docs/tuning.md for "
                    "budgets")
@@ -89,7 +94,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()] if args.kernels \
         else None
     try:
-        rep = tune_model(model, args.target, kernels=kernels, top=args.top,
+        rep = tune_model(model, args.target, kernels=kernels, top=args.top, pick=args.pick,
                          trials=args.trials, db=db, seed=args.seed,
                          min_speedup=args.min_speedup,
                          log=lambda m: print(m, file=sys.stderr, flush=True))

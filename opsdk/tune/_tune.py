@@ -78,7 +78,15 @@ def _reproducer(path: Path) -> str:
     return f"opsdk tune --recheck {shlex.quote(str(path))}"
 
 
-def _pick(rep: Any, kernels: list[str] | None, top: int) -> list[Any]:
+def _time_below_roof(r: Any) -> float:
+    """The milliseconds a kernel spends below its roof (``ms x (1 - roof %)``): what a
+    better schedule could win; -1 for a kernel the profile gave no roof."""
+    if r.roof_pct is None or r.time_ms is None:
+        return -1.0
+    return r.time_ms * max(0.0, 1.0 - r.roof_pct / 100.0)
+
+
+def _pick(rep: Any, kernels: list[str] | None, top: int, pick: str = "slowest") -> list[Any]:
     rows = list(rep.kernels)
     if kernels:
         names = {r.name.removesuffix("_prepacked"): r for r in rows}
@@ -97,16 +105,23 @@ def _pick(rep: Any, kernels: list[str] | None, top: int) -> list[Any]:
     if not cand:
         raise ValueError("the model has no tunable kernel (kinds "
                          f"{', '.join(TUNABLE_KINDS)}); name one with --kernels")
-    cand.sort(key=lambda r: -(r.time_ms or 0.0))
+    if pick == "weakest":
+        cand.sort(key=lambda r: -_time_below_roof(r))
+    else:
+        cand.sort(key=lambda r: -(r.time_ms or 0.0))
     return cand[:max(1, top)]
 
 
 def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = None,
-               top: int = 2, trials: int = 16, db: TuningDB | str | None = None,
+               top: int = 2, pick: str = "slowest", trials: int = 16,
+               db: TuningDB | str | None = None,
                seed: int = 0, keep: int = 3, draws: int = 3, name: str = "",
                min_speedup: float = 1.03, log: Any = print) -> TuneReport:
-    """Tune ``model``'s ``top`` slowest kernels (or the ``kernels`` named) for ``target``
-    (the host) and store every record that passes both gates in ``db``.
+    """Tune ``top`` of ``model``'s kernels (or the ``kernels`` named) for ``target`` (the
+    host) and store every record that passes both gates in ``db``. ``pick`` chooses them:
+    ``"slowest"``, or ``"weakest"`` (the most time below the machine's roof at the kernel's
+    arithmetic intensity, ``ms x (1 - roof %)`` in the model report: where a schedule
+    leaves the most).
 
     Each kernel: ``trials`` MetaSchedule samples measured alone (:func:`search`); its
     ``keep`` fastest verified (:func:`verify_trace`: float64 reference and the unscheduled
@@ -147,6 +162,8 @@ def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = N
     from ..targets import target_arch
 
     say = log or (lambda *_: None)
+    if pick not in ("slowest", "weakest"):
+        raise ValueError(f"pick={pick!r}: 'slowest' or 'weakest'")
     tgt = resolve_target(target)
     if target_arch(tgt) != host_arch():
         raise ValueError(f"--target {target}: opsdk tune measures on this machine "
@@ -158,7 +175,7 @@ def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = N
     mod, inputs = model.opsdk_mod, [np.asarray(a) for a in model.inputs]
     say("compiling with the hand rules ...")
     rep = report(model, tgt, asm=False)
-    chosen = _pick(rep, kernels, top)
+    chosen = _pick(rep, kernels, top, pick)
     fused = fused_module(mod, tgt)
     funcs = {gv.name_hint: f for gv, f in fused.functions.items()
              if gv.name_hint in {r.name.removesuffix("_prepacked") for r in chosen}}

@@ -47,7 +47,7 @@ def _model() -> LoadedModel:
 def tuned(tmp_path_factory):
     m = _model()
     db = TuningDB(tmp_path_factory.mktemp("tuning"))
-    rep = tune_model(m, "x86", trials=3, keep=1, draws=2, db=db, log=None)
+    rep = tune_model(m, "x86", trials=3, keep=1, draws=2, db=db, log=None, pick="weakest")
     fused = fused_module(m.opsdk_mod, opsdk.target("x86"))
     (func,) = [f for gv, f in fused.functions.items()
                if gv.name_hint == rep.kernels[0].kernel]
@@ -67,7 +67,9 @@ def _verified_trace(db, func):
 
 
 def test_every_record_is_verified(tuned):
-    _, db, rep, func = tuned
+    m, db, rep, func = tuned
+    with pytest.raises(ValueError, match="pick='fastest'"):
+        tune_model(m, "x86", pick="fastest", db=db, log=None)
     (k,) = rep.kernels
     assert k.kind == "matmul" and k.workload == workload_key(func)
     assert k.verified, "no candidate reached the verify gate"
