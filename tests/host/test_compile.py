@@ -234,6 +234,40 @@ def test_softmax_middle_axis_keeps_the_rows_rule(target, shape):
         assert np.all(np.abs(out - ref) <= _bound(ref, "float32", shape[1]))
 
 
+def _loops(stmt) -> list:
+    """Every For loop under ``stmt`` (a scheduled function whose partitioned tails' block
+    copies share iter vars, which a new Schedule would reject)."""
+    if isinstance(stmt, tirx.For):
+        return [stmt, *_loops(stmt.body)]
+    if isinstance(stmt, tirx.SeqStmt):
+        return [lp for s in stmt.seq for lp in _loops(s)]
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return _loops(stmt.block)
+    if isinstance(stmt, s_tir.SBlock):
+        return _loops(stmt.body) + (_loops(stmt.init) if stmt.init is not None else [])
+    return _loops(stmt.body) if hasattr(stmt, "body") else []
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 4, 600), (1, 16, 4, 2100), (1, 7, 9, 40)])
+def test_softmax_middle_axis_runs_column_tiles_on_every_core(shape):
+    """One image, softmax over its channels (YOLOv8's DFL head: (1, 16, 4, 2100)): the
+    columns after the channel axis are the parallel rows, the innermost in tiles of at most
+    256 that divide it (600: 3 x 200; 2100: 10 x 210; 40: one), not one task of the batch."""
+    mod = build_single_op("softmax", {"x": shape}, "float32", {"axis": 1})
+    lowered = opsdk.transform.LowerOps(opsdk.target("x86"))(mod)
+    (f,) = [f for f in lowered.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert f.attrs["opsdk.rule"] == "x86.rows"
+    (par,) = [lp for lp in _loops(f.body) if lp.kind == tirx.ForKind.PARALLEL]
+    w = shape[-1]
+    tiles = w // max(d for d in range(16, 257) if w % d == 0) if w > 256 else 1
+    assert int(par.extent) == shape[0] * shape[2] * tiles
+    ex = tvm.compile(lowered, target=opsdk.target("x86"))
+    x = np.random.default_rng(7).uniform(-8, 8, size=shape).astype("float32")
+    out = relax.VirtualMachine(ex, DEV)["main"](tvm.runtime.tensor(x, DEV)).numpy()
+    ref = opsdk.get_op("softmax").run_reference({"x": x}, {"axis": 1})
+    assert np.all(np.abs(out - ref) <= _bound(ref, "float32", shape[1]))
+
+
 @pytest.mark.parametrize(
     "op,shape,attrs",
     [
