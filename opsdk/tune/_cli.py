@@ -26,9 +26,9 @@ def add_tune_arguments(s: argparse.ArgumentParser) -> None:
                    help="tune N matmul / conv / pool / reduction kernels (default 2), picked "
                    "by --pick")
     s.add_argument("--pick", choices=("slowest", "weakest"), default="slowest",
-                   help="which kernels --top takes: the slowest, or the weakest (the most time "
-                   "below the machine's roof: ms x (1 - roof %%), from the model report) "
-                   "(default slowest)")
+                   help="which kernels --top takes: the slowest, or the weakest (the lowest %% "
+                   "of the machine's roof in the model report, of those with 0.25 %% of the "
+                   "time or more) (default slowest)")
     s.add_argument("--trials", type=positive_int, default=32, metavar="T",
                    help="MetaSchedule samples per kernel (default 32); see docs/tuning.md for "
                    "budgets")

@@ -12,7 +12,8 @@ from ._db import TuningDB, read_record, versions
 from ._gate import GateResult, speed_ratios, verify_trace
 from ._search import search
 
-__all__ = ["TUNABLE_KINDS", "KernelTuning", "TuneReport", "recheck", "tune_model"]
+__all__ = ["TUNABLE_KINDS", "WEAKEST_MIN_SHARE", "KernelTuning", "TuneReport", "recheck",
+           "tune_model"]
 
 #: Kernel kinds tuned unless named: the families with reductions worth tiling.
 TUNABLE_KINDS = ("matmul", "conv2d", "winograd", "pool", "reduction")
@@ -78,12 +79,17 @@ def _reproducer(path: Path) -> str:
     return f"opsdk tune --recheck {shlex.quote(str(path))}"
 
 
-def _time_below_roof(r: Any) -> float:
-    """The milliseconds a kernel spends below its roof (``ms x (1 - roof %)``): what a
-    better schedule could win; -1 for a kernel the profile gave no roof."""
-    if r.roof_pct is None or r.time_ms is None:
-        return -1.0
-    return r.time_ms * max(0.0, 1.0 - r.roof_pct / 100.0)
+#: ``pick="weakest"`` leaves out kernels under this share of the model's kernel time: far
+#: below the roof or not, they cannot move the model.
+WEAKEST_MIN_SHARE = 0.0025
+
+
+def _roof_order(r: Any) -> float:
+    """A kernel's percent of its roof (lowest first), or infinity for one the profile gave
+    no roof or a negligible share of the time."""
+    if r.roof_pct is None or (r.share or 0.0) < WEAKEST_MIN_SHARE:
+        return float("inf")
+    return r.roof_pct
 
 
 def _pick(rep: Any, kernels: list[str] | None, top: int, pick: str = "slowest") -> list[Any]:
@@ -106,7 +112,7 @@ def _pick(rep: Any, kernels: list[str] | None, top: int, pick: str = "slowest") 
         raise ValueError("the model has no tunable kernel (kinds "
                          f"{', '.join(TUNABLE_KINDS)}); name one with --kernels")
     if pick == "weakest":
-        cand.sort(key=lambda r: -_time_below_roof(r))
+        cand.sort(key=_roof_order)
     else:
         cand.sort(key=lambda r: -(r.time_ms or 0.0))
     return cand[:max(1, top)]
@@ -119,9 +125,10 @@ def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = N
                min_speedup: float = 1.03, log: Any = print) -> TuneReport:
     """Tune ``top`` of ``model``'s kernels (or the ``kernels`` named) for ``target`` (the
     host) and store every record that passes both gates in ``db``. ``pick`` chooses them:
-    ``"slowest"``, or ``"weakest"`` (the most time below the machine's roof at the kernel's
-    arithmetic intensity, ``ms x (1 - roof %)`` in the model report: where a schedule
-    leaves the most).
+    ``"slowest"``, or ``"weakest"`` (the lowest percent of the machine's roof at the
+    kernel's arithmetic intensity in the model report, among kernels with at least
+    :data:`WEAKEST_MIN_SHARE` of the time: where MetaSchedule has room to win; the hand
+    rules keep the big GEMMs and convs near the roof).
 
     Each kernel: ``trials`` MetaSchedule samples measured alone (:func:`search`); its
     ``keep`` fastest verified (:func:`verify_trace`: float64 reference and the unscheduled
