@@ -360,13 +360,18 @@ class _Builder:
     def embed(self, tokens: relax.Expr, name: str = "wte") -> relax.Var:
         """Token embedding rows of matrix ``name``. Quantized modes hold it quantized and
         dequantize the rows gathered (GPT-2: the LM head's matrix, tied; llama: its own,
-        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept. int4
-        with q8_0 activations gathers with ``opsdk.take_q4`` from the packing the head's
-        kernel reads (one copy of a tied table)."""
+        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept. With
+        q8_0 activations, int4 gathers with ``opsdk.take_q4`` and int8 with
+        ``opsdk.take_w8`` from the packing the head's kernel reads (one copy of a tied
+        table)."""
         if self.mode == "float32":
             return self.emit(R.take(self.const(name, lambda: self.w[name]), tokens, axis=0))
         if self.mode == "int8":
             q, s = self._quantized(name, quantize_w8)
+            if self.activations == "q8_0":
+                # As take_q4 below: the q8_0 dense_w8 rules pack the head's table, take_w8's
+                # gather from that packing (one copy of a tied table).
+                return self.emit(self.ops.take_w8(q, s, tokens))
             rows = R.astype(R.take(q, tokens, axis=0), "float32")
             return self.emit(R.multiply(rows, R.expand_dims(R.take(s, tokens, axis=0), 1)))
         qs, d = self._quantized(name, quantize_q4_0)

@@ -18,6 +18,7 @@ from .requantize import requantize
 from .rms_norm import rms_norm
 from .softmax import softmax
 from .take_q4 import take_q4
+from .take_w8 import take_w8
 
 __all__ = ["BUILTIN_OPS", "FLOAT_OPS", "INT8_OPS", "QRANGE", "WEIGHT_ONLY_OPS"]
 
@@ -26,7 +27,7 @@ FLOAT_OPS = (layer_norm, rms_norm, gelu, bias_gelu, softmax, group_norm, attenti
 #: The INT8 ops (integer and float32 outputs verified bit-exactly).
 INT8_OPS = (quantize, dequantize, requantize, qdense, qconv2d)
 #: The weight-only quantized dense ops (float32 activations, int8 / ggml q4_0 weights,
-#: verified against error models) and the row gather from a q4_0 table (exact).
-WEIGHT_ONLY_OPS = (dense_w8, dense_q4, take_q4)
+#: verified against error models) and the row gathers from their tables (exact).
+WEIGHT_ONLY_OPS = (dense_w8, dense_q4, take_q4, take_w8)
 #: Every built-in op, in registration order. Adding an op means adding it here.
 BUILTIN_OPS = (*FLOAT_OPS, *INT8_OPS, *WEIGHT_ONLY_OPS)

@@ -53,14 +53,15 @@ from tvm.target import Target
 
 from ..ops.dense_w8 import QBLOCK, activation_te
 from ..ops.take_q4 import ATTRS_KEY as TAKE_KEY
-from ._core import replace_block_body
+from ..ops.take_w8 import ATTRS_KEY as TAKE_W8_KEY
+from ._core import replace_block_body, vector_lanes, vectorize_loop
 from ._gemm import is_layout_free
 from ._qgemm import block_attrs, recompute, region, schedule_tile_epilogue
 from ._wgemm import loops_after, wdense_match
 
 __all__ = ["Q4_ZERO", "QKernel", "channel_vectors", "pack_weights", "qwdense_packed",
-           "rebuild_qwdense", "schedule_qwdense", "schedule_take_q4", "take_q4_packed",
-           "tile_kernel"]
+           "rebuild_qwdense", "schedule_qwdense", "schedule_take_q4", "schedule_take_w8",
+           "take_q4_packed", "take_w8_packed", "tile_kernel"]
 
 #: The q4_0 nibbles' zero point: a weight is ``nibble - Q4_ZERO``; the kernels multiply the
 #: nibbles and start each block's sum at ``-Q4_ZERO * sum(xq)``.
@@ -523,4 +524,96 @@ def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
                 sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
             elif name == "wp":
                 sch.parallel(sch.get_loops(pre)[0])
+    return sch
+
+
+# ------------------------------------------------------ take_w8: rows of a per-channel int8 table
+def take_w8_packed(w: te.Tensor, w_scale: te.Tensor, indices: te.Tensor, *,
+                   kernel: QKernel) -> te.Tensor:
+    """``take_w8`` gathering from the q8_0 kernels' packing of the table (:func:`pack_weights`
+    with ``dense_w8``'s channel tile): row ``r`` is channel ``e = r % C`` of tile
+    ``t = r // C``; its weight ``k`` is ``wp[t, k // 4, 4 e + k % 4] - w8_offset`` (the
+    ``vpdpbusd`` packing stores ``w + 128``). The same integers, so the same (exact) values
+    as the definition."""
+    n_dim, k_dim = w.shape
+    if not isinstance(n_dim, tirx.IntImm) or not isinstance(k_dim, tirx.IntImm) \
+            or int(k_dim) % 4:
+        raise ValueError("take_w8: the table's shape must be static, its width whole 4-byte "
+                         "words, for the packed gather")
+    n = int(n_dim)
+    idx = str(n_dim.ty.dtype)
+    nv = channel_vectors(n, kernel.lanes)
+    cols = nv * kernel.lanes
+    wp, _ = pack_weights("dense_w8", w, w_scale, kernel=kernel, nv=nv, idx=idx)
+
+    def body(i, c):
+        r = tirx.max(tirx.min(indices[i].astype(idx), tirx.IntImm(idx, n - 1)),
+                     tirx.IntImm(idx, 0))
+        t, e = r // cols, r % cols
+        q = wp[t, c // 4, e * 4 + c % 4].astype("int32")
+        if kernel.w8_offset:
+            q = q - kernel.w8_offset
+        return w_scale[r] * q.astype("float32")
+
+    return te.compute((indices.shape[0], k_dim), body, name="take_w8")
+
+
+def _take_w8_params(func: tirx.PrimFunc) -> list[int] | None:
+    """The positions of ``w``, ``w_scale`` and ``indices`` among the parameters of a
+    legalized ``take_w8`` (any order), or None."""
+    if block_attrs(func, "take_w8", TAKE_W8_KEY, (("format", str),)) is None:
+        return None
+    params = list(func.params)
+    if len(params) != 4 or not all(hasattr(p, "shape") for p in params):
+        return None
+    ins = params[:-1]
+    table = [i for i, p in enumerate(ins) if len(p.shape) == 2 and str(p.dtype) == "int8"]
+    scale = [i for i, p in enumerate(ins) if len(p.shape) == 1 and "float" in str(p.dtype)]
+    index = [i for i, p in enumerate(ins) if len(p.shape) == 1 and "int" in str(p.dtype)]
+    if len(table) != 1 or len(scale) != 1 or len(index) != 1:
+        return None
+    return [table[0], scale[0], index[0]]
+
+
+def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
+                     ) -> s_tir.Schedule | None:
+    """A ``take_w8`` rule's body. With ``kernel``: the op rebuilt as :func:`take_w8_packed`
+    (the table packed as the q8_0 ``dense_w8`` kernels on ``kernel`` pack it: folded at
+    compile time for a constant table, which a tied LM head then shares; a runtime table is
+    packed in the kernel every call), None when the table's shape is symbolic or its width
+    not whole words. Without: the definition, gathering from ``w`` as it is. Either way each
+    output row is one task (on one core for a few rows), its elements in full vectors
+    (packed: one vector per 4-byte word, the words a tile's channel stride apart)."""
+    roles = _take_w8_params(func)
+    if roles is None:
+        return None
+    if kernel is not None:
+        if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape) \
+                or int(func.params[roles[0]].shape[1]) % 4:
+            return None
+        phs = [te.placeholder(b.shape, b.dtype, name=b.name) for b in func.params[:-1]]
+        out = take_w8_packed(*(phs[i] for i in roles), kernel=kernel)
+        new = te.create_prim_func([*phs, out])
+        for key, value in (func.attrs or {}).items():
+            new = new.with_attr(key, value)
+        func = new
+    w, _, indices = (func.params[i] for i in roles)
+    sch = s_tir.Schedule(func)
+    blk = sch.get_sblock("take_w8")
+    i, c = sch.get_loops(blk)
+    if kernel is not None:
+        _, word = sch.split(c, [None, 4])  # one packed word's 4 bytes: contiguous
+        sch.vectorize(word)
+    else:
+        vectorize_loop(sch, c, vector_lanes(target, 32))
+    rows, k = indices.shape[0], w.shape[1]
+    static = isinstance(rows, tirx.IntImm) and isinstance(k, tirx.IntImm)
+    if not (static and int(rows) * int(k) < _TAKE_SERIAL):
+        sch.parallel(i)
+    if kernel is not None:
+        pre = sch.get_sblock("wp")
+        if is_layout_free(func, func.params[roles[0]]):
+            sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
+        else:
+            sch.parallel(sch.get_loops(pre)[0])
     return sch

@@ -490,15 +490,48 @@ def test_take_q4_gathers_rows_bit_exactly_from_either_packing(kernel, dtype) -> 
     np.testing.assert_array_equal(out.numpy(), want.astype("float32"))
 
 
+@pytest.mark.parametrize("kernel", ["vpdpbusd", "sdot", None])  # 16 x 4, 4 x 4, unpacked
+def test_take_w8_gathers_rows_bit_exactly_from_either_packing(kernel) -> None:
+    """take_w8 as take_q4 above: rows from the VNNI packing (weights stored + 128), the sdot
+    one and the plain bytes, bit for bit; N not a multiple of a channel tile, indices
+    clipped at both ends, a symbolic count."""
+    from tvm import te
+
+    from opsdk.ops.dense_w8 import quantize_w8
+    from opsdk.schedules._qwgemm import schedule_take_w8
+    from opsdk.schedules.arm_cpu.dotprod import Q8_SDOT
+    from opsdk.schedules.cpu.vnni import Q8_VNNI
+
+    rng = np.random.default_rng(4)
+    n, k = 70, 96
+    w, s = quantize_w8(rng.standard_normal((n, k)).astype("float32"))
+    ids = np.array([0, 69, -3, 70, 1000, 5, 64, 63, 16], "int64")
+    op = opsdk.get_op("take_w8")
+    phs = [te.placeholder(w.shape, "int8", name="w"), te.placeholder(s.shape, "float32",
+                                                                     name="w_scale"),
+           te.placeholder((te.var("t", "int64"),), "int64", name="indices")]
+    qk = {"vpdpbusd": Q8_VNNI, "sdot": Q8_SDOT, None: None}[kernel]
+    tgt = opsdk.target("x86")
+    sch = schedule_take_w8(te.create_prim_func([*phs, op.call_compute(phs, {})]), tgt, qk)
+    assert ('sblock("wp"' in sch.mod["main"].script()) == (qk is not None)
+    out = tvm.runtime.empty((len(ids), k), "float32")
+    tvm.compile(sch.mod, target=tgt)["main"](*[tvm.runtime.tensor(a) for a in (w, s, ids)],
+                                             out)
+    want = op.run_reference({"w": w, "w_scale": s, "indices": ids}, {})
+    np.testing.assert_array_equal(out.numpy(), want.astype("float32"))
+
+
 @_VNNI
-def test_decoder_embedding_reads_the_lm_heads_packed_table() -> None:
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_decoder_embedding_reads_the_lm_heads_packed_table(mode) -> None:
     """GPT-2 ties its embedding and LM head: with q8_0 activations the gather runs on the
-    head's packing (x86.take_q4_vnni), so after the folding both kernels read the same
-    constants and the table's plain bytes are no constant of the module."""
+    head's packing (x86.take_q4_vnni / x86.take_w8_vnni), so after the folding both kernels
+    read the same packed bytes and the table's plain bytes are no constant of the module."""
     from opsdk.llm import DecoderConfig, build_decoder, random_weights
 
+    take_op, dense_op = {"int4": ("take_q4", "dense_q4"), "int8": ("take_w8", "dense_w8")}[mode]
     cfg = DecoderConfig(vocab=200, width=64, layers=1, heads=2, positions=16)
-    mod = opsdk.transform.FuseIntoOps()(build_decoder(random_weights(cfg), weights_mode="int4",
+    mod = opsdk.transform.FuseIntoOps()(build_decoder(random_weights(cfg), weights_mode=mode,
                                                       activations="q8_0"))
     t = opsdk.target("x86")
     with t:
@@ -510,8 +543,8 @@ def test_decoder_embedding_reads_the_lm_heads_packed_table() -> None:
             return
         f = low[e.op]
         op = str((f.attrs or {}).get("opsdk.op", ""))
-        if op == "take_q4" or (op == "dense_q4" and int(f.params[-1].shape[-1]) == cfg.vocab):
-            rule = {"take_q4": "x86.take_q4_vnni", "dense_q4": "x86.qwdense_vnni"}[op]
+        if op == take_op or (op == dense_op and int(f.params[-1].shape[-1]) == cfg.vocab):
+            rule = {take_op: f"x86.{take_op}_vnni", dense_op: "x86.qwdense_vnni"}[op]
             assert f.attrs["opsdk.rule"] == rule
             reads.setdefault(op, []).extend(a.value for a in e.args
                                             if isinstance(a, tvm.ir.expr.GenericConst))
@@ -522,8 +555,13 @@ def test_decoder_embedding_reads_the_lm_heads_packed_table() -> None:
         relax.analysis.post_order_visit(low[name].body, lambda e: shapes.append(
             tuple(e.value.shape)) if isinstance(e, tvm.ir.expr.GenericConst)
             and isinstance(e.value, tvm.runtime.Tensor) else None)
-    assert (cfg.vocab, cfg.width // 2) not in shapes, "the table's plain bytes are kept"
-    assert (cfg.vocab, cfg.width // 32) not in shapes, "the table's plain scales are kept"
-    take = {a.__chandle__() for a in reads["take_q4"]}
-    head = {a.__chandle__() for a in reads["dense_q4"]}
-    assert len(take) == 2 and take <= head  # wp, dp: the head's own
+    take = {a.__chandle__() for a in reads[take_op]}
+    head = {a.__chandle__() for a in reads[dense_op]}
+    if mode == "int4":
+        assert (cfg.vocab, cfg.width // 2) not in shapes, "the table's plain bytes are kept"
+        assert (cfg.vocab, cfg.width // 32) not in shapes, "the table's plain scales are kept"
+        assert len(take) == 2 and take <= head  # wp, dp: the head's own
+    else:
+        assert (cfg.vocab, cfg.width) not in shapes, "the table's plain bytes are kept"
+        # wp is the head's own; the per-row scales (vocab floats) are read as they are
+        assert len(take) == 2 and len(take & head) == 1

@@ -13,6 +13,7 @@ from opsdk import OpDefinitionError, Tensor
 BUILTINS = {
     "layer_norm", "rms_norm", "gelu", "bias_gelu", "softmax", "group_norm", "attention",
     "quantize", "dequantize", "requantize", "qdense", "qconv2d", "dense_w8", "dense_q4", "take_q4",
+    "take_w8",
 }
 
 

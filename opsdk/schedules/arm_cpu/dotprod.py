@@ -29,7 +29,7 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
-from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4
+from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4, schedule_take_w8
 
 __all__ = ["NEON_SMULL", "Q8_SDOT", "SDOT"]
 
@@ -105,6 +105,21 @@ def _take_q4_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
     weight (4 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM head)
     is held once; static table shapes only."""
     return schedule_take_q4(func, target, Q8_SDOT)
+
+
+@rule(
+    "take_w8",
+    "arm_cpu",
+    name="neon.take_w8_dotprod",
+    requires=(*_NEON, "dotprod"),
+    priority=35,
+    claims=("vectorize",),
+)
+def _take_w8_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of an int8 table gathered from the packing neon.qwdense_dotprod gives a
+    dense_w8 weight (4 x 4 channels), so a table that is also a q8_0 layer's weight (a tied
+    LM head) is held once; static table shapes only."""
+    return schedule_take_w8(func, target, Q8_SDOT)
 
 
 @rule(

@@ -12,7 +12,7 @@ from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
 from .._fallback import schedule_fallback
 from .._gemm import schedule_matmul
-from .._qwgemm import schedule_take_q4
+from .._qwgemm import schedule_take_q4, schedule_take_w8
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
 from .._wgemm import schedule_wdense
 from .._winograd import schedule_winograd
@@ -191,6 +191,20 @@ def _take_q4(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Rows of a q4_0 table gathered from its bytes and scales as they are: a row per task
     (one core for a few rows), 16 bytes of a group per vector."""
     return schedule_take_q4(func, target, None)
+
+
+@rule(
+    "take_w8",
+    "arm_cpu",
+    name="neon.take_w8",
+    requires=_NEON,
+    priority=30,
+    claims=("vectorize",),
+)
+def _take_w8(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of a per-channel int8 table gathered from its bytes as they are: a row per task
+    (one core for a few rows), the row in full vectors."""
+    return schedule_take_w8(func, target, None)
 
 
 @rule(

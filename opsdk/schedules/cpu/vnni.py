@@ -17,7 +17,7 @@ from tvm.target import Target
 from .. import rule
 from .._qconv import schedule_qconv2d, schedule_qconv2d_depthwise
 from .._qgemm import Microkernel, schedule_qdense, splat4
-from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4
+from .._qwgemm import QKernel, schedule_qwdense, schedule_take_q4, schedule_take_w8
 
 __all__ = ["COLS", "Q8_VNNI", "ROWS", "VNNI"]
 
@@ -93,6 +93,21 @@ def _take_q4_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     weight (16 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM
     head) is held once; static table shapes only."""
     return schedule_take_q4(func, target, Q8_VNNI)
+
+
+@rule(
+    "take_w8",
+    "cpu",
+    name="x86.take_w8_vnni",
+    requires=_X86_VNNI,
+    priority=25,
+    claims=("vectorize",),
+)
+def _take_w8_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """Rows of an int8 table gathered from the packing x86.qwdense_vnni gives a dense_w8
+    weight (16 x 4 channels, stored + 128), so a table that is also a q8_0 layer's weight (a
+    tied LM head) is held once; static table shapes only."""
+    return schedule_take_w8(func, target, Q8_VNNI)
 
 
 @rule(
