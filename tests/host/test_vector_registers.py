@@ -118,6 +118,32 @@ def test_the_matmul_tile_fits_the_register_file(mcpu, bits, regs):
     assert regs // 2 <= vecs <= regs * 3 // 4, (vecs, regs)
 
 
+@pytest.mark.parametrize(("mcpu", "bits", "regs"), X86_CPUS[:4], ids=[c[0] for c in X86_CPUS[:4]])
+def test_a_gemv_with_an_awkward_n_keeps_several_full_width_accumulators(mcpu, bits, regs):
+    # A classifier head (1 x 1280 x 1000): 1000 = 125 x 8, so the dividing tile was one
+    # 8-lane accumulator, its FMA latency exposed (30 GB/s of weights on a Zen 4 core); N is
+    # padded to full-width tiles with at least 3 accumulators instead.
+    lanes, vecs = _tile(_scheduled(_matmul(1, 1000, 1280), _x86(mcpu)))
+    assert lanes == bits // 32 and vecs >= 3, (lanes, vecs)
+
+
+def test_the_padded_gemv_computes_every_column():
+    import numpy as np
+
+    tgt = opsdk.target("x86")
+    out = _scheduled(_matmul(1, 1000, 1280), tgt)
+    f = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target=tgt)
+    rng = np.random.default_rng(2)
+    a = rng.uniform(-1, 1, (1, 1280)).astype("float32")
+    b = rng.uniform(-1, 1, (1280, 1000)).astype("float32")
+    y = tvm.runtime.empty((1, 1000), "float32")
+    f(tvm.runtime.tensor(a), tvm.runtime.tensor(b), y)
+    ref = a.astype("float64") @ b.astype("float64")
+    # a sum of 1280 products: gamma_1280 * sum |a||b| (float32 unit roundoff 2^-24)
+    bound = 1280 * 2.0 ** -24 * (np.abs(a).astype("float64") @ np.abs(b).astype("float64"))
+    assert np.all(np.abs(y.numpy() - ref) <= bound)
+
+
 @pytest.mark.skipif(target_arch(opsdk.target("x86")) != "x86_64", reason="x86-64 host only")
 def test_the_avx2_matmul_keeps_its_accumulators_in_registers():
     # The hot loop (the basic block with the most FMAs) has a 12-accumulator tile's FMAs
