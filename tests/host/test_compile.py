@@ -234,6 +234,38 @@ def test_softmax_middle_axis_keeps_the_rows_rule(target, shape):
         assert np.all(np.abs(out - ref) <= _bound(ref, "float32", shape[1]))
 
 
+def test_a_reshaping_transpose_runs_through_an_l1_tile():
+    """Two channels-last scales flattened, transposed to (C, positions) and concatenated along
+    the positions (a detector head): each output vector along the positions would gather
+    with div / mod per lane; the rule fills a local tile along the channels instead and
+    copies it out along the positions. Structure (a local tile) and every element."""
+    from tvm import te
+
+    a = te.placeholder((1, 10, 10, 32), name="a")
+    b = te.placeholder((1, 5, 5, 32), name="b")
+    n = 125
+
+    def body(z, c, p):
+        return tirx.if_then_else(p < 100, a[z, p // 10, p % 10, c],
+                                 b[z, (p - 100) // 5, (p - 100) % 5, c])
+
+    out = te.compute((1, 32, n), body, name="head")
+    f = te.create_prim_func([a, b, out])
+    tgt = opsdk.target("x86")
+    sched = opsdk.schedules.apply_schedule(opsdk.schedules.kernel_for("k", f), f, tgt)
+    assert sched.attrs["opsdk.rule"] == "x86.elementwise"
+    allocs = [buf for buf in sched.body.block.alloc_buffers]
+    assert any(str(buf.scope()) == "local" for buf in allocs), allocs
+    fn = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}), target=tgt)
+    rng = np.random.default_rng(9)
+    av = rng.standard_normal((1, 10, 10, 32)).astype("float32")
+    bv = rng.standard_normal((1, 5, 5, 32)).astype("float32")
+    y = tvm.runtime.empty((1, 32, n), "float32")
+    fn(tvm.runtime.tensor(av), tvm.runtime.tensor(bv), y)
+    want = np.concatenate([av.reshape(1, 100, 32), bv.reshape(1, 25, 32)], axis=1)
+    np.testing.assert_array_equal(y.numpy(), want.transpose(0, 2, 1))
+
+
 def _loops(stmt) -> list:
     """Every For loop under ``stmt`` (a scheduled function whose partitioned tails' block
     copies share iter vars, which a new Schedule would reject)."""
