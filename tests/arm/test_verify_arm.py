@@ -188,3 +188,35 @@ def test_odd_vector_tails_are_right_on_arm(last) -> None:
              {"x": "domain", "multiplier": "domain", "shift": "domain"}, 9, static=True)
     r = run_case(c)
     assert r.ok and r.rule == "neon.elementwise", r.format(tir=False)
+
+
+def test_a_reshaping_transpose_through_an_l1_tile_is_right_on_arm() -> None:
+    # neon.elementwise's L1-tile transpose (a detector head's flattened channels-last
+    # scales, transposed and concatenated), run under emulation against numpy.
+    import numpy as np
+    import tvm
+    from tvm import te, tirx
+
+    import opsdk
+    from opsdk.runners import runner_for
+
+    a = te.placeholder((1, 10, 10, 32), name="a")
+    b = te.placeholder((1, 5, 5, 32), name="b")
+
+    def body(z, c, p):
+        return tirx.if_then_else(p < 100, a[z, p // 10, p % 10, c],
+                                 b[z, (p - 100) // 5, (p - 100) % 5, c])
+
+    f = te.create_prim_func([a, b, te.compute((1, 32, 125), body, name="head")])
+    tgt = opsdk.target("arm")
+    s = opsdk.schedules.apply_schedule(opsdk.schedules.kernel_for("k", f), f, tgt)
+    assert s.attrs["opsdk.rule"] == "neon.elementwise"
+    assert any(str(buf.scope()) == "local" for buf in s.body.block.alloc_buffers)
+    ex = tvm.compile(tvm.IRModule({"main": s.with_attr("global_symbol", "main")}), target=tgt)
+    rng = np.random.default_rng(9)
+    av = rng.standard_normal((1, 10, 10, 32)).astype("float32")
+    bv = rng.standard_normal((1, 5, 5, 32)).astype("float32")
+    with runner_for("arm") as runner:
+        (y,) = runner.run(ex, [av, bv], outputs=[((1, 32, 125), "float32")])
+    want = np.concatenate([av.reshape(1, 100, 32), bv.reshape(1, 25, 32)], axis=1)
+    np.testing.assert_array_equal(y, want.transpose(0, 2, 1))
