@@ -245,7 +245,8 @@ def _schedule_rows(
         vectorize_rfactor(sch, info)
     # 4. Middle-axis reductions: reduction loops outside, the inner spatial axes vectorized.
     for name in middle:
-        _vectorize_inner_spatial(sch, sch.get_sblock(name), lanes32)
+        _vectorize_inner_spatial(sch, sch.get_sblock(name), lanes32,
+                                 tiled=columns is not None)
     # 5. Injective producers with inner axes (e.g. a middle-axis mean) and the output.
     merged = {info.producer for info in rfs}
     for b in blocks[:-1]:
@@ -514,17 +515,24 @@ def _scratch_in_output(sch: s_tir.Schedule, scratch: str, out_name: str) -> s_ti
         return sch
 
 
-def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int) -> None:
+def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int, *,
+                             tiled: bool = False) -> None:
     """A reduction moved under the row loop whose remaining spatial axes are innermost in
     memory (softmax over a middle axis): put its reduction loops outside, vectorize the
-    spatial loops inside them (fused only where whole vectors stay within the innermost
-    axis), and hoist the init."""
-    spatial, red = _region_loops(sch, block)
+    spatial loops inside them, and hoist the init. ``tiled`` (column tiles,
+    :func:`_column_rows`): the loops are found by the vars their bindings use (a tile's
+    is ``tile * 210 + ax``), and fused only where whole vectors stay within the innermost
+    axis."""
+    spatial, red = _region_loops(sch, block) if tiled else _loops_by_kind(sch, block)
     spatial = [lp for lp in spatial if extent_of(sch, lp) != 1]
     if not spatial or not red:
         return
     sch.reorder(*red, *spatial)
-    spatial = _aligned_suffix(sch, spatial, lanes)
+    # a unit loop left between two spatial ones breaks the chain fuse takes (attention with
+    # a head dim of 1 and one key: (1, 16, 2, 1) BSHD)
+    spatial = _nested_suffix(sch, spatial)
+    if tiled:
+        spatial = _aligned_suffix(sch, spatial, lanes)
     fused = _fuse(sch, spatial)
     ext = extent_of(sch, fused)
     if ext is None:

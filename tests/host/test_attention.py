@@ -427,3 +427,18 @@ def test_many_query_schedule_with_a_symbolic_query_count(batch):
         tol, _ = output_bound(d, ModelInput(d, x64, attrs, ref, U), "float32")
         err = np.abs(out.numpy() - ref)
         assert np.all(err <= tol), (size, float((err / tol).max()))
+
+
+def test_one_key_with_a_head_dim_of_1_keeps_the_rows_rule() -> None:
+    # Found by verify's draws: BSHD (1, 16, 2, 1), one key head of dim 1; the rows rule's
+    # middle-axis reduction (softmax's weighted sum of values) tried to fuse spatial loops
+    # that a unit loop separated and raised, leaving the kernel to the generic lowering.
+    from opsdk.verify import Case, run_case
+
+    c = Case.from_json(
+        '{"attrs":{"causal":true,"layout":"BSHD","scale":0.0},"data":{"k":"domain",'
+        '"mask":"domain","q":"domain","v":"domain"},"dtype":"float32","free":{"Hkv":1,"M":1},'
+        '"layout":"causal","op":"attention","packed":false,"present":["mask"],"seed":0,'
+        '"shape":[1,16,2,1],"static":true,"target":"x86"}')
+    r = run_case(c)
+    assert r.ok and r.rule == "x86.rows", r.format(tir=False)
