@@ -122,6 +122,14 @@ def _rfactor_lanes(sch: s_tir.Schedule, block, lanes: int):
     return sch.rfactor(lane, factor_axis=3)
 
 
+def _unit_reduction(sch: s_tir.Schedule, block) -> bool:
+    """Whether every reduction axis of ``block`` has a static extent of 1 (one key, one key
+    chunk): ``compute_at`` without unit loops then leaves it no loop."""
+    ivs = [iv for iv in sch.get(block).iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    return bool(ivs) and all(isinstance(iv.dom.extent, tirx.IntImm) and
+                             int(iv.dom.extent) == 1 for iv in ivs)
+
+
 def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
                   d: int) -> s_tir.Schedule | None:
     lanes = vector_lanes(target)
@@ -171,23 +179,32 @@ def _many_queries(sch: s_tir.Schedule, blocks: dict, target: Target,
     for blk in (mx_rf, blocks["rowmax"], blocks["exp"], sum_rf, blocks["expsum"], pv):
         sch.reverse_compute_at(blk, task, preserve_unit_loops=False)
     # P V: per chunk of head-dim vectors, rows x chunk accumulators; keys outer
-    ii, e, rv = sch.get_loops(pv)[-3:]
+    if _unit_reduction(sch, pv):  # one key: its unit loop was dropped (found by verify)
+        ii, e = sch.get_loops(pv)[-2:]
+        rv = None
+    else:
+        ii, e, rv = sch.get_loops(pv)[-3:]
     ec, ev, el = sch.split(e, [None, vd, w])
-    sch.reorder(ec, rv, ii, ev, el)
+    sch.reorder(ec, *([rv] if rv is not None else []), ii, ev, el)
     sch.reverse_compute_at(pv_w, ec, preserve_unit_loops=False)
     _unrolled_tile(sch, pv_w, w)
     sch.unroll(ii)
     sch.unroll(ev)
     sch.vectorize(el)
-    sch.decompose_reduction(pv, rv)
+    sch.decompose_reduction(pv, rv if rv is not None else ii)
     sch.reverse_compute_at(blocks["attention"], task, preserve_unit_loops=False)
 
     # row max and exp sum: vector partial reductions per row, then the lanes. (With a
     # symbolic key count TVM cannot prove the lane loop whole (``(mp - 1) % 16 + 1``): it
     # stays serial, for LLVM's loop vectorizer.)
     for rf in (mx_rf, sum_rf):
-        lane, ii, r = sch.get_loops(rf)[-3:]  # after compute_at: (lane, row, key chunk)
-        sch.reorder(ii, r, lane)
+        if _unit_reduction(sch, rf):  # one key chunk: its unit loop was dropped
+            lane, ii = sch.get_loops(rf)[-2:]
+            sch.reorder(ii, lane)
+            r = ii
+        else:
+            lane, ii, r = sch.get_loops(rf)[-3:]  # after compute_at: (lane, row, key chunk)
+            sch.reorder(ii, r, lane)
         if extent_of(sch, lane) == w:
             sch.vectorize(lane)
         sch.decompose_reduction(rf, r)

@@ -442,3 +442,18 @@ def test_one_key_with_a_head_dim_of_1_keeps_the_rows_rule() -> None:
         '"shape":[1,16,2,1],"static":true,"target":"x86"}')
     r = run_case(c)
     assert r.ok and r.rule == "x86.rows", r.format(tir=False)
+
+
+def test_many_queries_over_one_key_keeps_the_attention_rule() -> None:
+    # Found by verify's draws: 17 queries over one key (BSHD (1, 17, 1, 16)); compute_at
+    # drops the key's unit loops, and the rule took the loops above them for them (reorder
+    # raised, the kernel fell to the generic lowering).
+    from opsdk.verify import Case, run_case
+
+    c = Case.from_json(
+        '{"attrs":{"causal":false,"layout":"BSHD","scale":0.0},"data":{"k":"domain",'
+        '"mask":"domain","q":"domain","v":"domain"},"dtype":"float32","free":{"Hkv":1,"M":1},'
+        '"layout":"full","op":"attention","packed":false,"present":["mask"],"seed":0,'
+        '"shape":[1,17,1,16],"static":true,"target":"x86"}')
+    r = run_case(c)
+    assert r.ok and r.rule == "x86.attention", r.format(tir=False)
