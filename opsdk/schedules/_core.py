@@ -177,15 +177,20 @@ def _static_prod(exts: Sequence) -> int | None:
     return out
 
 
-def _loops_by_kind(sch: s_tir.Schedule, block) -> tuple[list, list]:
-    """The loops below the row loop that bind the block's spatial and reduction iter vars."""
+def _loops_by_kind(sch: s_tir.Schedule, block, *, by_use: bool = False) -> tuple[list, list]:
+    """The loops below the row loop that bind the block's spatial and reduction iter vars;
+    ``by_use``: that the bindings use (a tile's is ``tile * 210 + ax`` once computed at a
+    tiled row), each loop counted once."""
     realize = _realize(sch, block)
     spatial, red = [], []
     for lp in sch.get_loops(block)[1:]:
         var = sch.get(lp).loop_var
         for iv, val in zip(realize.block.iter_vars, realize.iter_values):
-            if val.same_as(var):
+            if val.same_as(var) or (by_use and any(
+                    v.same_as(var) for v in tirx.analysis.undefined_vars(val))):
                 (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
+                if by_use:
+                    break
     return spatial, red
 
 

@@ -252,13 +252,10 @@ def _select_cuts(sch: s_tir.Schedule, rv, loop: s_tir.schedule.LoopRV) -> list[i
     """Where an ``if_then_else`` of the block (a concatenate) switches on the index bound
     to ``loop`` alone: the constant offsets inside the loop's static range, sorted."""
     ext = extent_of(sch, loop)
-    var = sch.get(loop).loop_var
     blk = sch.get(rv)
-    bound = [iv.var for iv, v in zip(blk.iter_vars, _realize(sch, rv).iter_values)
-             if v.same_as(var)]
-    if ext is None or not bound:
+    v = _bound_var(sch, rv, loop)
+    if ext is None or v is None:
         return []
-    v = bound[0]
     cuts: set[int] = set()
 
     def visit(e) -> None:

@@ -425,9 +425,8 @@ def schedule_matmul(
         # core. N is padded to full-width tiles of at least 3 vectors instead (1000 -> 1008
         # in 3 x 16 lanes, 3 x 8 on AVX2): 0.086 -> 0.029 ms, MobileNetV3's head, 2 threads.
         pad_n = True
-        nv = min(range(_MIN_CHAINS, max_vecs + 1),
-                 key=lambda v: (-(-n_ext // (lanes_max * v)) * v, -v))
-        lanes, mr = lanes_max, tile_m(m_ext, max(1, min(mr_max, acc_regs // nv)))
+        lanes, nv, mr = _padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs,
+                                     min_vecs=_MIN_CHAINS)
     nr = lanes * nv
     # Rows are padded where the waste is small (under a quarter: 197 rows in 6-row tiles
     # compute 198; 7 rows keep the predicated last tile) and the copy of a row tile serves
@@ -598,11 +597,13 @@ def _static(e: tirx.PrimExpr) -> int | None:
 
 
 def _padded_tile(
-    m: int | None, n: int, lanes: int, max_vecs: int, mr_max: int, acc_regs: int
+    m: int | None, n: int, lanes: int, max_vecs: int, mr_max: int, acc_regs: int,
+    min_vecs: int = 1,
 ) -> tuple[int, int, int]:
-    """(vector lanes, vectors per tile row, rows per tile) for an N that no vector width
-    divides (N is then padded to whole tiles): the tile width that wastes the fewest padded
+    """(vector lanes, vectors per tile row, rows per tile) for an N padded to whole tiles:
+    among ``min_vecs`` to ``max_vecs`` vectors, the tile width that wastes the fewest padded
     columns, ties to the wider tile; rows as :func:`tile_m`. N = 197 gets 16-wide tiles
     (208 columns computed) rather than 64-wide ones (256)."""
-    nv = min(range(1, max_vecs + 1), key=lambda v: (-(-n // (lanes * v)) * v, -v))
+    nv = min(range(min(min_vecs, max_vecs), max_vecs + 1),
+             key=lambda v: (-(-n // (lanes * v)) * v, -v))
     return lanes, nv, tile_m(m, max(1, min(mr_max, acc_regs // nv)))

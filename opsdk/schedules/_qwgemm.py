@@ -480,6 +480,16 @@ def _take_q4_params(func: tirx.PrimFunc) -> list[int] | None:
     return [qs, next(i for i in table if i != qs), index[0]]
 
 
+def _rebuilt(func: tirx.PrimFunc, roles: list[int], compute: Callable) -> tirx.PrimFunc:
+    """``func`` made again from ``compute`` of its inputs in the op's order (``roles``), with
+    the same signature (placeholders in the function's own parameter order) and attributes."""
+    phs = [te.placeholder(b.shape, b.dtype, name=b.name) for b in func.params[:-1]]
+    new = te.create_prim_func([*phs, compute(*(phs[i] for i in roles))])
+    for key, value in (func.attrs or {}).items():
+        new = new.with_attr(key, value)
+    return new
+
+
 def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
                      ) -> s_tir.Schedule | None:
     """A ``take_q4`` rule's body. With ``kernel``: the op rebuilt as :func:`take_q4_packed`
@@ -496,13 +506,7 @@ def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
     if packed:
         if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape):
             return None
-        # the same signature: placeholders in the function's own parameter order
-        phs = [te.placeholder(b.shape, b.dtype, name=b.name) for b in func.params[:-1]]
-        out = take_q4_packed(*(phs[i] for i in roles), kernel=kernel)
-        new = te.create_prim_func([*phs, out])
-        for key, value in (func.attrs or {}).items():
-            new = new.with_attr(key, value)
-        func = new
+        func = _rebuilt(func, roles, lambda *t: take_q4_packed(*t, kernel=kernel))
     qs, _, indices = (func.params[i] for i in roles)
     sch = s_tir.Schedule(func)
     blk = sch.get_sblock("take_q4")
@@ -591,12 +595,7 @@ def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
         if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape) \
                 or int(func.params[roles[0]].shape[1]) % 4:
             return None
-        phs = [te.placeholder(b.shape, b.dtype, name=b.name) for b in func.params[:-1]]
-        out = take_w8_packed(*(phs[i] for i in roles), kernel=kernel)
-        new = te.create_prim_func([*phs, out])
-        for key, value in (func.attrs or {}).items():
-            new = new.with_attr(key, value)
-        func = new
+        func = _rebuilt(func, roles, lambda *t: take_w8_packed(*t, kernel=kernel))
     w, _, indices = (func.params[i] for i in roles)
     sch = s_tir.Schedule(func)
     blk = sch.get_sblock("take_w8")

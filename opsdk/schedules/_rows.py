@@ -523,7 +523,7 @@ def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int, *,
     :func:`_column_rows`): the loops are found by the vars their bindings use (a tile's
     is ``tile * 210 + ax``), and fused only where whole vectors stay within the innermost
     axis."""
-    spatial, red = _region_loops(sch, block) if tiled else _loops_by_kind(sch, block)
+    spatial, red = _loops_by_kind(sch, block, by_use=tiled)
     spatial = [lp for lp in spatial if extent_of(sch, lp) != 1]
     if not spatial or not red:
         return
@@ -547,20 +547,6 @@ def _vectorize_inner_spatial(sch: s_tir.Schedule, block, lanes: int, *,
     # elements for LLVM's loop vectorizer: TVM cannot vectorize a partitioned reduction's
     # block copies, and would scalarize a predicated vector loop)
     sch.decompose_reduction(block, red[0])
-
-
-def _region_loops(sch: s_tir.Schedule, block) -> tuple[list, list]:
-    """The loops below the row loop that the block's spatial and reduction iter vars use
-    (a binding may be ``tile * 210 + ax`` once computed at a tiled row)."""
-    realize = _realize(sch, block)
-    spatial, red = [], []
-    for lp in sch.get_loops(block)[1:]:
-        var = sch.get(lp).loop_var
-        for iv, val in zip(realize.block.iter_vars, realize.iter_values):
-            if any(v.same_as(var) for v in tirx.analysis.undefined_vars(val)):
-                (red if iv.iter_type == tirx.IterVar.CommReduce else spatial).append(lp)
-                break
-    return spatial, red
 
 
 def _aligned_suffix(sch: s_tir.Schedule, loops: list, lanes: int) -> list:

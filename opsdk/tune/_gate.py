@@ -53,11 +53,12 @@ class GateResult:
                 "draws": self.draws, "notes": list(self.notes)}
 
 
-def float64_twin(func: Any, *, clamps: bool = True) -> Any | None:
+def float64_twin(func: Any, *, clamps: bool = True, text: str | None = None) -> Any | None:
     """``func`` with float32 replaced by float64 throughout (buffers, constants, casts),
     through its TVMScript (0.27 has no TIR mutator in Python); None when the text does not
     parse back. ``clamps=False`` also drops every ``min`` / ``max`` with a constant (a
-    ReLU6's or a hardswish's clamp): the magnitude run of the error bound.
+    ReLU6's or a hardswish's clamp): the magnitude run of the error bound. ``text``:
+    ``func``'s TVMScript, when the caller printed it already.
 
     Examples
     --------
@@ -70,7 +71,7 @@ def float64_twin(func: Any, *, clamps: bool = True) -> Any | None:
     """
     import tvm  # heavy: TVM
 
-    text = func.script()
+    text = func.script() if text is None else text
     if not clamps:
         text = _without_clamps(text)
     text = re.sub(r'"float32"', '"float64"', text)
@@ -190,11 +191,13 @@ def verify_trace(func: Any, trace: Any, target: Any, *, draws: int = 3,
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         return GateResult(False, f"the scheduled kernel does not build: {first}")
     generic = build_func(func, target)
-    twin = float64_twin(func)
+    script = func.script()
+    twin = float64_twin(func, text=script)
     ref64 = build_func(twin, target) if twin is not None else None
     mag64 = ref64
-    if ref64 is not None and _without_clamps(func.script()) != func.script():
-        loose = float64_twin(func, clamps=False)
+    unclamped = _without_clamps(script)
+    if ref64 is not None and unclamped != script:
+        loose = float64_twin(func, text=unclamped)
         mag64 = build_func(loose, target) if loose is not None else None
         if mag64 is None:
             ref64 = None  # no clamp-free magnitude run: judge against float32 instead

@@ -429,31 +429,26 @@ def test_many_query_schedule_with_a_symbolic_query_count(batch):
         assert np.all(err <= tol), (size, float((err / tol).max()))
 
 
-def test_one_key_with_a_head_dim_of_1_keeps_the_rows_rule() -> None:
-    # Found by verify's draws: BSHD (1, 16, 2, 1), one key head of dim 1; the rows rule's
-    # middle-axis reduction (softmax's weighted sum of values) tried to fuse spatial loops
-    # that a unit loop separated and raised, leaving the kernel to the generic lowering.
+
+@pytest.mark.parametrize(("shape", "causal", "rule"), [
+    # the rows rule's middle-axis reduction fused spatial loops a unit loop separated
+    ([1, 16, 2, 1], True, "x86.rows"),
+    # 17 queries over one key: compute_at drops the key's unit loops, and the attention
+    # rule took the loops above them for them
+    ([1, 17, 1, 16], False, "x86.attention"),
+])
+def test_one_key_shapes_keep_their_rule(shape, causal, rule) -> None:
+    # Found by verify's draws: each rule raised (reorder / fuse) and the kernel fell to the
+    # generic lowering.
+    import json
+
     from opsdk.verify import Case, run_case
 
-    c = Case.from_json(
-        '{"attrs":{"causal":true,"layout":"BSHD","scale":0.0},"data":{"k":"domain",'
-        '"mask":"domain","q":"domain","v":"domain"},"dtype":"float32","free":{"Hkv":1,"M":1},'
-        '"layout":"causal","op":"attention","packed":false,"present":["mask"],"seed":0,'
-        '"shape":[1,16,2,1],"static":true,"target":"x86"}')
+    c = Case.from_json(json.dumps({
+        "attrs": {"causal": causal, "layout": "BSHD", "scale": 0.0},
+        "data": {"k": "domain", "mask": "domain", "q": "domain", "v": "domain"},
+        "dtype": "float32", "free": {"Hkv": 1, "M": 1},
+        "layout": "causal" if causal else "full", "op": "attention", "packed": False,
+        "present": ["mask"], "seed": 0, "shape": shape, "static": True, "target": "x86"}))
     r = run_case(c)
-    assert r.ok and r.rule == "x86.rows", r.format(tir=False)
-
-
-def test_many_queries_over_one_key_keeps_the_attention_rule() -> None:
-    # Found by verify's draws: 17 queries over one key (BSHD (1, 17, 1, 16)); compute_at
-    # drops the key's unit loops, and the rule took the loops above them for them (reorder
-    # raised, the kernel fell to the generic lowering).
-    from opsdk.verify import Case, run_case
-
-    c = Case.from_json(
-        '{"attrs":{"causal":false,"layout":"BSHD","scale":0.0},"data":{"k":"domain",'
-        '"mask":"domain","q":"domain","v":"domain"},"dtype":"float32","free":{"Hkv":1,"M":1},'
-        '"layout":"full","op":"attention","packed":false,"present":["mask"],"seed":0,'
-        '"shape":[1,17,1,16],"static":true,"target":"x86"}')
-    r = run_case(c)
-    assert r.ok and r.rule == "x86.attention", r.format(tir=False)
+    assert r.ok and r.rule == rule, r.format(tir=False)

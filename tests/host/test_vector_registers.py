@@ -15,6 +15,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 import tvm
 from tvm import s_tir, te, tirx
@@ -128,8 +129,6 @@ def test_a_gemv_with_an_awkward_n_keeps_several_full_width_accumulators(mcpu, bi
 
 
 def test_the_padded_gemv_computes_every_column():
-    import numpy as np
-
     tgt = opsdk.target("x86")
     out = _scheduled(_matmul(1, 1000, 1280), tgt)
     f = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target=tgt)
