@@ -13,7 +13,8 @@ from typing import Any
 
 from ._files import check_can_create
 
-__all__ = ["NEGATIVE_NUMBER", "UsageError", "distinct_outputs", "host_port", "model_file",
+__all__ = ["NEGATIVE_NUMBER", "UsageError", "board_count", "distinct_outputs", "host_port",
+           "model_file",
            "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
            "parse_dims", "parse_entry_args", "parse_name_values", "percent", "positive_float",
            "positive_int", "split_host_port"]
@@ -36,6 +37,26 @@ def positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
     return v
+
+
+def board_count(text: str) -> int | str:
+    """``--boards``: a positive number or ``all`` (every free board of the key).
+
+    Examples
+    --------
+    >>> board_count("4"), board_count("all")
+    (4, 'all')
+    """
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of boards >= 1 or 'all', got "
+                                         f"{text!r}")
+    return n
 
 
 def nonneg_int(text: str) -> int:

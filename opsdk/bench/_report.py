@@ -8,10 +8,11 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._cliargs import (
+    board_count,
     distinct_outputs,
     host_port,
     model_file,
@@ -216,6 +217,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                        help="like --rpc, under qemu on this host (checks the path; emulated "
                        "timings are not performance)")
     parser.add_argument("--key", help="device key (with --tracker)")
+    parser.add_argument("--boards", type=board_count, metavar="N|all",
+                        help="with --tracker and --key: spread the op cases over N (or all) "
+                        "free boards of the key, one worker each, each case timed on one "
+                        "board; a board that dies or hangs has its case requeued on another "
+                        "and is named in the report (docs/farm.md)")
+    parser.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
+                        help="with --boards: a case with no result after this long has its "
+                        "board counted as hung and is requeued (default 900)")
     parser.add_argument(
         "--shapes",
         nargs="+",
@@ -317,6 +326,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"opsdk bench: error: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "boards", None) is not None and not (
+            getattr(args, "tracker", None) and args.key):
+        print("opsdk bench: error: --boards shards the op cases over a tracker's boards: give "
+              "--tracker HOST:PORT --key K (not --rpc or --emulate); `opsdk setup farm N` "
+              "starts a local farm", file=sys.stderr)
+        return 2
     if getattr(args, "module", None):
         from .._plugins import load_plugins
 
@@ -395,6 +410,8 @@ def _bench_remote(args: argparse.Namespace) -> int:
 
     if args.tracker and not args.key:
         return fail("--tracker needs --key (the device key registered with the tracker)")
+    if getattr(args, "boards", None) is not None:
+        return _bench_sharded(args, fail)
     try:
         runner = runner_for(args.target, rpc=args.rpc, tracker=args.tracker, key=args.key)
         if args.emulate and runner.name == "local":
@@ -423,6 +440,26 @@ def _bench_remote(args: argparse.Namespace) -> int:
     if args.json:
         write_text_atomic(args.json, json.dumps({"device": device, "rows": rows}, indent=2))
     return 0
+
+
+def _bench_sharded(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
+    """``opsdk bench OPS --target arm --tracker HOST:PORT --key K --boards N|all``."""
+    from ._remote import format_remote_table, run_remote_bench_sharded  # heavy: TVM
+
+    try:
+        rows, device = run_remote_bench_sharded(
+            args.ops or None, target=args.target, tracker=args.tracker, key=args.key,
+            boards=args.boards, shapes=args.shapes, dtypes=args.dtypes, repeats=args.repeats,
+            check=not args.no_check, modules=list(args.module or ()),
+            cell_timeout=args.cell_timeout,
+            progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True))
+    except (KeyError, ValueError) as e:
+        return fail(_message(e))
+    print(format_remote_table(rows, device["device"], device["lost"]))
+    print("cases per board: " + ", ".join(f"{b} {n}" for b, n in device["boards"].items()))
+    if args.json:
+        write_text_atomic(args.json, json.dumps({**device, "rows": rows}, indent=2))
+    return 1 if any("error" in r for r in rows) else 0
 
 
 def _bench_qdense(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ One interface (:class:`Runner`) over three places to run:
 - :class:`EmulatedRunner`: aarch64 under qemu-user, through TVM RPC (needs :func:`setup_arm`);
 - :class:`RPCRunner`: a real board running TVM's RPC server, directly or through a tracker;
   :class:`FarmRunner` one of a tracker's boards that names the board it is on (a sharded
-  verify runs one per board; :func:`start_farm` starts a local farm of emulated boards).
+  verify or bench runs one per board, :func:`run_on_farm` the queue of cells they share;
+  :func:`start_farm` starts a local farm of emulated boards).
 
 Examples
 --------
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
         tracker_boards,
         tracker_summary,
     )
+    from ._farmqueue import FarmCell, FarmOutcome, run_on_farm
     from ._provision import (
         arm_env,
         arm_ready,
@@ -71,7 +73,9 @@ __all__ = [
     "DeviceCrash",
     "DeviceTimeout",
     "EmulatedRunner",
+    "FarmCell",
     "FarmError",
+    "FarmOutcome",
     "FarmRunner",
     "InputMismatch",
     "KernelWeights",
@@ -88,6 +92,7 @@ __all__ = [
     "farm_status",
     "probe_board",
     "request_board",
+    "run_on_farm",
     "runner_for",
     "setup_arm",
     "site_packages",
@@ -119,6 +124,7 @@ _LAZY = {
     **{n: "._farm" for n in ("FarmError", "FarmRunner", "farm_state", "farm_status",
                              "probe_board", "request_board", "start_farm", "stop_farm",
                              "tracker_boards", "tracker_summary")},
+    **{n: "._farmqueue" for n in ("FarmCell", "FarmOutcome", "run_on_farm")},
     "LocalRunner": ".local",
     "RPCRunner": ".rpc",
 }

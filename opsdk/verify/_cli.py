@@ -17,13 +17,20 @@ from typing import Any, TextIO
 import opsdk
 from opsdk.targets import target_spec
 
-from .._cliargs import distinct_outputs, host_port, nonneg_int, output_path, positive_float
+from .._cliargs import (
+    board_count,
+    distinct_outputs,
+    host_port,
+    nonneg_int,
+    output_path,
+    positive_float,
+)
 from .._files import write_text_atomic
 from .._userfile import UserCodeError
 from ..runners import RunnerUnavailable
 from ._engine import _runner_for, run_case, verify
 from ._report import VerifyReport, run_modules
-from ._shard import board_count, verify_sharded
+from ._shard import verify_sharded
 from ._strategies import GRID_RECIPES, INT_AUX_RECIPES, RECIPES, SPECIAL_RECIPES, Case, cell_dtypes
 
 __all__ = ["add_verify_arguments", "run_verify_command"]

@@ -75,6 +75,16 @@ def _processes_naming(word: str) -> list[int]:
     return found
 
 
+def _all_free(state, n: int = 2) -> None:
+    """Wait until the farm's n boards are free again: a run's sessions end when its workers
+    exit, and the tracker hears of it a moment later (a run started before then gets fewer
+    boards)."""
+    deadline = time.monotonic() + 30
+    while tracker_boards("127.0.0.1", state.tracker_port, KEY)[1] < n:
+        assert time.monotonic() < deadline, "the boards did not come back"
+        time.sleep(0.2)
+
+
 def _expected_cells() -> list[tuple[str, str, str]]:
     import opsdk
 
@@ -96,6 +106,7 @@ def test_farm_registers_its_boards_on_loopback(farm):
 
 def test_sharded_verify_reports_every_cell_once_on_both_boards(farm):
     state, _ = farm
+    _all_free(state)
     report = verify_sharded(OPS, "arm", tracker=state.tracker, key=KEY, boards="all",
                             dtypes=["float32"], max_examples=0, database=None, lints=False,
                             seed=0)
@@ -137,10 +148,7 @@ def test_bad_tracker_or_key_is_one_line_exit_2(farm, capsys):
     finally:
         held.clear()
         gc.collect()  # the sessions end; the boards register as free again
-        deadline = time.monotonic() + 30
-        while tracker_boards("127.0.0.1", state.tracker_port, KEY)[1] < 2:
-            assert time.monotonic() < deadline, "the boards did not come back"
-            time.sleep(0.2)
+        _all_free(state)
 
 
 def test_a_users_op_module_is_sharded_like_a_builtin(farm, tmp_path):
@@ -174,14 +182,57 @@ def test_a_users_op_module_is_sharded_like_a_builtin(farm, tmp_path):
     assert rep["device"]["lost"] == []
 
 
+def test_sharded_bench_times_every_case_once_on_one_board_each(farm, capsys, tmp_path):
+    # `opsdk bench --boards all`: the cases of a device bench spread over the farm through the
+    # queue verify uses; one table in the single-board order, each row naming its board.
+    import argparse
+    import json
+
+    import numpy as np
+
+    from opsdk.bench import expand_cases
+    from opsdk.bench._report import add_bench_arguments, run_bench_command
+
+    state, _ = farm
+    _all_free(state)
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    argv = ["gelu", "layer_norm", "--target", "arm", "--tracker", state.tracker, "--key", KEY,
+            "--boards", "all", "--shapes", "64x32", "128x16", "--dtypes", "float32",
+            "--repeats", "2"]
+    assert run_bench_command(p.parse_args([*argv, "--json", str(tmp_path / "b.json")])) == 0
+    out = json.loads((tmp_path / "b.json").read_text())
+    table = capsys.readouterr().out
+    cases = expand_cases(["gelu", "layer_norm"], [(64, 32), (128, 16)], ["float32"])
+    rows = out["rows"]
+    assert [(r["op"], tuple(r["shape"])) for r in rows] == [(c.op, c.shape) for c in cases]
+    assert set(out["boards"]) == set(state.boards), out["boards"]  # both boards got work
+    assert sum(out["boards"].values()) == len(rows) and out["lost"] == []
+    eps = np.finfo(np.float32).eps
+    for r in rows:
+        assert r["board"] in state.boards and f"  {r['board']}" in table
+        assert r["opsdk_ms"] > 0 and r["tvm_ms"] > 0 and r["samples"] == 2 * 3
+        assert r["rule"].startswith("neon."), r  # the NEON rule ran on the board
+        # outputs of magnitude <= 2 (gelu) or ~3 (a row of 16 normalized): 32 ulps
+        assert r["max_err"] <= 32 * eps * 4, r
+    # without a tracker: one line, exit 2
+    assert run_bench_command(p.parse_args(["gelu", "--target", "arm", "--boards", "2"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--boards shards the op cases over a tracker" in err and "\n" not in err, err
+
+
 def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
     # Last in this module: it takes one of the two boards down for good.
     state, _ = farm
+    _all_free(state)
     victim_pid, victim = state.board_pids[0], state.boards[0]
     killed = []
 
     def progress(label: str, done: int) -> None:
-        if done == 3 and not killed:  # both boards are mid-cell by now
+        # Cells go out to both workers at once, when both have a board, and every cell has
+        # more than one example: at the first example both boards are mid-cell (a later
+        # tick may find one board done with its only cell, and its kill unnoticed).
+        if done == 1 and not killed:
             os.killpg(victim_pid, signal.SIGKILL)  # the board's server, as a power cut
             killed.append(label)
 
