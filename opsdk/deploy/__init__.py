@@ -57,7 +57,7 @@ from typing import Any
 from ._artifact import MANIFEST_FORMAT, ArtifactError, build_artifact, read_manifest
 from ._decoder import DECODER_FORMAT, build_decoder_artifact, load_decoder
 from ._load import LoadedArtifact, load_artifact
-from ._run import FeatureMismatch, device_features, run_artifact
+from ._run import FeatureMismatch, device_features, run_artifact, run_artifacts_sharded
 
 __all__ = [
     "DECODER_FORMAT",
@@ -72,6 +72,7 @@ __all__ = [
     "load_decoder",
     "read_manifest",
     "run_artifact",
+    "run_artifacts_sharded",
     "runtime_paths",
 ]
 

@@ -10,11 +10,13 @@ from typing import Any
 
 from .._cliargs import (
     UsageError,
+    board_count,
     host_port,
     model_file,
     named_shapes,
     output_path,
     parse_entry_args,
+    positive_float,
     positive_int,
 )
 from .._files import write_text_atomic
@@ -319,7 +321,8 @@ def _format_manifest(m: dict[str, Any], folder: str) -> str:
 
 def add_run_arguments(s: argparse.ArgumentParser) -> None:
     """The arguments of ``opsdk run``."""
-    s.add_argument("artifact", help="a folder written by opsdk build")
+    s.add_argument("artifact", nargs="+", help="folders written by opsdk build (several: "
+                   "each checked in turn, or spread over a tracker's boards with --boards)")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--rpc", type=host_port, metavar="HOST:PORT",
                        help="a board running python -m tvm.exec.rpc_server")
@@ -340,6 +343,13 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=positive_int,
                    help="TVM threads for a run on this host (default: every core); a board "
                    "uses what its rpc_server was started with (TVM_NUM_THREADS there)")
+    s.add_argument("--boards", type=board_count, metavar="N|all",
+                   help="with --tracker and --key: spread the artifacts over N (or all) free "
+                   "boards of the key, one worker each; a board that dies or hangs has its "
+                   "artifact run again on another and is named in the report (docs/farm.md)")
+    s.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
+                   help="with --boards: an artifact with no result after this long has its "
+                   "board counted as hung and is run again elsewhere (default 900)")
     s.add_argument("--json", metavar="PATH", type=output_path, help="also write the result")
 
 
@@ -348,21 +358,68 @@ def run_run_command(args: argparse.Namespace) -> int:
 
     if args.tracker and not args.key:
         raise _usage("--tracker needs --key (the device key registered with the tracker)")
+    if args.boards is not None:
+        if not args.tracker:
+            raise _usage("--boards spreads the artifacts over a tracker's boards: give "
+                         "--tracker HOST:PORT --key K (not --rpc or --emulate); `opsdk setup "
+                         "farm N` starts a local farm")
+        return _run_sharded(args)
     from ..runners.local import pool_defaults  # heavy: TVM
 
     pool_defaults(args.threads)  # before TVM's pool starts
-    try:
-        res = run_artifact(args.artifact, rpc=args.rpc, tracker=args.tracker, key=args.key,
-                           emulate=args.emulate, qemu_cpu=args.qemu_cpu, inputs=args.inputs,
-                           random_inputs=args.random, seed=args.seed, repeats=args.repeats)
-    except (ArtifactError, InputMismatch) as e:
-        raise _usage(str(e)) from None
-    except (DeviceCrash, DeviceTimeout) as e:
-        print(f"opsdk run: FAIL: the model did not run to the end on the device: {e}")
-        return 1
-    except (RunnerUnavailable, RuntimeError) as e:
-        raise _usage(f"cannot run on the device: {str(e).strip().splitlines()[0]}") from None
-    print(format_run(res))
+    results = []
+    for folder in args.artifact:
+        if len(args.artifact) > 1:
+            print(f"== {folder}")
+        try:
+            res = run_artifact(folder, rpc=args.rpc, tracker=args.tracker, key=args.key,
+                               emulate=args.emulate, qemu_cpu=args.qemu_cpu,
+                               inputs=args.inputs, random_inputs=args.random, seed=args.seed,
+                               repeats=args.repeats)
+        except (ArtifactError, InputMismatch) as e:
+            raise _usage(str(e)) from None
+        except (DeviceCrash, DeviceTimeout) as e:
+            print(f"opsdk run: FAIL: the model did not run to the end on the device: {e}")
+            res = {"ok": False, "artifact": str(folder), "error": str(e)}
+        except (RunnerUnavailable, RuntimeError) as e:
+            raise _usage(f"cannot run on the device: {str(e).strip().splitlines()[0]}") \
+                from None
+        else:
+            print(format_run(res))
+        results.append(res)
     if args.json:
-        write_text_atomic(args.json, json.dumps(res, indent=2) + "\n")
-    return 0 if res["ok"] else 1
+        doc = results[0] if len(results) == 1 else {"runs": results}
+        write_text_atomic(args.json, json.dumps(doc, indent=2) + "\n")
+    if len(results) > 1:
+        bad = [r["artifact"] for r in results if not r["ok"]]
+        print(f"{len(results)} artifacts: {len(results) - len(bad)} pass"
+              + (f", {len(bad)} fail ({', '.join(bad)})" if bad else ""))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def _run_sharded(args: argparse.Namespace) -> int:
+    """``opsdk run A B ... --tracker H:P --key K --boards N|all``."""
+    from ._run import run_artifacts_sharded  # heavy: TVM
+
+    try:
+        results, device = run_artifacts_sharded(
+            args.artifact, tracker=args.tracker, key=args.key, boards=args.boards,
+            inputs=args.inputs, random_inputs=args.random, seed=args.seed,
+            repeats=args.repeats, cell_timeout=args.cell_timeout,
+            progress=lambda f: _progress(f"running {f} on a board"))
+    except (ArtifactError, ValueError) as e:
+        raise _usage(str(e)) from None
+    for r in results:
+        print(f"== {r['artifact']}" + (f" (board {r['board']})" if r.get("board") else ""))
+        print(format_run(r) if "error" not in r else f"FAIL: {r['error']}")
+    print(f"\n{device['device']}: "
+          + ", ".join(f"{b} {n}" for b, n in device["boards"].items()))
+    for note in device["lost"]:
+        print(note)
+    bad = [r["artifact"] for r in results if not r["ok"]]
+    print(f"{len(results)} artifacts: {len(results) - len(bad)} pass"
+          + (f", {len(bad)} fail ({', '.join(bad)})" if bad else "")
+          + f", {device['seconds']:.1f} s wall")
+    if args.json:
+        write_text_atomic(args.json, json.dumps({**device, "runs": results}, indent=2) + "\n")
+    return 0 if not bad else 1

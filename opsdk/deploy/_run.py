@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from ..runners import KernelWeights, LocalRunner, runner_for
 from ._artifact import ArtifactError, _log_to, read_manifest, read_weights
 from ._decoder import read_kernel_weights
 
-__all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact"]
+__all__ = ["FeatureMismatch", "device_features", "format_run", "run_artifact",
+           "run_artifacts_sharded", "run_handler"]
 
 
 # Linux aarch64 getauxval(AT_HWCAP = 16) / (AT_HWCAP2 = 26) bits -> LLVM feature names.
@@ -193,6 +195,7 @@ def run_artifact(
     seed: int = 0,
     repeats: int = 10,
     log: Callable[[str], Any] | None = print,
+    runner: Any = None,
 ) -> dict[str, Any]:
     """Run an ``opsdk build`` artifact on its device, check its outputs and time it.
 
@@ -215,6 +218,9 @@ def run_artifact(
         Warm runs timed on the device (their median is reported). On the host TVM's pool
         decides the threads (``TVM_NUM_THREADS``, set before TVM's first parallel call; the
         CLI sets every core); the result's ``latency.threads`` says how many ran.
+    runner
+        A runner already holding the device (a farm board's, :func:`run_artifacts_sharded`)
+        instead of ``rpc`` / ``tracker`` / ``emulate``; it is left open.
 
     Returns
     -------
@@ -255,13 +261,15 @@ def run_artifact(
         weights: Any = KernelWeights(arrays_w[i] for i in m["weights"]["uses"].get(entry, []))
     else:
         weights = read_weights(root, m)  # None: bundled in the library (format 1)
-    runner = _runner(m, rpc, tracker, key, emulate, qemu_cpu)
+    given = runner is not None
+    if not given:
+        runner = _runner(m, rpc, tracker, key, emulate, qemu_cpu)
     arch = m["target"]["arch"]
-    with runner:
+    with contextlib.nullcontext(runner) if given else runner:
         info = runner.device_info()
         say(f"device: {info['device']}")
         preflight = getattr(runner, "preflight", None)
-        if (rpc or tracker) and preflight is not None:
+        if (rpc or tracker) and preflight is not None and not given:
             preflight()
         have = device_features(runner, arch)
         need = list(m["target"]["features"])
@@ -323,6 +331,85 @@ def run_artifact(
         "warning": ("emulated timings are not performance: run on the board (--rpc) to "
                     "measure latency" if emulated else None),
     }
+
+
+def run_artifacts_sharded(
+    folders: Sequence[str | os.PathLike],
+    *,
+    tracker: str,
+    key: str,
+    boards: int | str = "all",
+    inputs: Any = None,
+    random_inputs: bool = False,
+    seed: int = 0,
+    repeats: int = 10,
+    cell_timeout: float = 900.0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`run_artifact` for several artifacts, spread over up to ``boards`` (a number or
+    ``"all"``) free boards of ``key`` at ``tracker``: one worker per board, an artifact
+    whose board dies or hangs is run again on another (the farm queue of ``verify
+    --boards``).
+
+    Returns one result per artifact in ``folders``' order (:func:`run_artifact`'s, with the
+    ``board`` it ran on; an artifact that could not be run has ``ok`` False and an ``error``)
+    and the device facts: ``device``, ``boards`` (artifacts per board) and ``lost``. Raises
+    :class:`ArtifactError` when an artifact cannot be read or the artifacts are for
+    different architectures (one key is one kind of board), ``ValueError`` as the farm
+    queue does (no tracker, no free board).
+
+    Examples
+    --------
+    >>> from opsdk.deploy import run_artifacts_sharded
+    >>> results, device = run_artifacts_sharded(
+    ...     ["mnv2-arm", "yolo-arm"], tracker="127.0.0.1:9190",
+    ...     key="opsdk-farm")  # doctest: +SKIP
+    >>> [r["ok"] for r in results]  # doctest: +SKIP
+    [True, True]
+    """
+    from ..runners import FarmCell, run_on_farm
+
+    paths = [str(f) for f in folders]
+    targets = {}
+    for f in paths:
+        m = read_manifest(Path(f))
+        targets[f] = (m["target"]["arch"],
+                      m["target"]["name"] or ("arm" if m["target"]["arch"] == "aarch64"
+                                              else "x86"))
+    archs = sorted({a for a, _ in targets.values()})
+    if len(archs) > 1:
+        raise ArtifactError("the artifacts are for different architectures ("
+                            + ", ".join(f"{f}: {targets[f][0]}" for f in paths)
+                            + "); one --key is one kind of board: run each group apart")
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = str(inputs)
+    elif inputs is not None:
+        raise ArtifactError("a sharded run takes inputs as a .npz path (the workers read it)")
+
+    def failed(idx: int, why: str, gave_up: bool) -> dict[str, Any]:
+        return {"ok": False, "artifact": paths[idx],
+                "error": f"not run: {why}" if gave_up else why}
+
+    out = run_on_farm(
+        [FarmCell(f, f) for f in paths], handler="opsdk.deploy._run:run_handler",
+        failed=failed, target=targets[paths[0]][1], tracker=tracker, key=key, boards=boards,
+        cfg={"inputs": inputs, "random_inputs": random_inputs, "seed": seed,
+             "repeats": repeats},
+        progress=(lambda label, _n: progress(label)) if progress else None,
+        cell_timeout=cell_timeout)
+    device = {"device": f"rpc tracker {tracker} key {key}, {len(out.boards)} board"
+                        + ("s" if len(out.boards) != 1 else ""),
+              "boards": out.boards, "lost": out.lost, "seconds": out.seconds}
+    return out.results, device
+
+
+def run_handler(cfg: dict[str, Any], folder: str, runner: Any,
+                tick: Callable[[], None]) -> dict[str, Any]:
+    """One artifact on a farm worker's board (:func:`run_artifact` with its runner)."""
+    tick()
+    res = run_artifact(folder, inputs=cfg["inputs"], random_inputs=cfg["random_inputs"],
+                       seed=cfg["seed"], repeats=cfg["repeats"], log=None, runner=runner)
+    return {**res, "board": runner.board}
 
 
 def format_run(res: Mapping[str, Any]) -> str:

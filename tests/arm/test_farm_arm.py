@@ -221,6 +221,45 @@ def test_sharded_bench_times_every_case_once_on_one_board_each(farm, capsys, tmp
     assert "--boards shards the op cases over a tracker" in err and "\n" not in err, err
 
 
+def test_artifacts_checked_over_the_farm_once_each(farm, relu_mod, tmp_path, capsys):
+    # `opsdk run A B --boards all`: model checks spread over the boards, each artifact run
+    # and compared with its host build on one board.
+    import json
+
+    import numpy as np
+
+    from opsdk.cli import main
+    from opsdk.deploy import build_artifact
+
+    state, _ = farm
+    _all_free(state)
+    arts = []
+    for i, rows in enumerate((2, 5)):
+        art = tmp_path / f"art{i}"
+        build_artifact(relu_mod, art, target="arm", inputs=[np.linspace(
+            -1, 1, rows * 16, dtype="float32").reshape(rows, 16)], log=None)
+        arts.append(str(art))
+    argv = ["run", *arts, "--tracker", state.tracker, "--key", KEY, "--boards", "all",
+            "--repeats", "2", "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr()
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert [r["artifact"] for r in out["runs"]] == arts  # each once, in the order given
+    for r in out["runs"]:
+        assert r["ok"] and r["board"] in state.boards, r
+        (o,) = r["outputs"]
+        assert o["vs_host"]["ok"] and o["vs_host"]["max_abs"] == 0.0, o  # relu: exact
+    assert set(out["boards"]) == set(state.boards) and out["lost"] == []
+    assert "2 artifacts: 2 pass" in capsys.readouterr().out
+    # artifacts of two architectures cannot share a key: one line, exit 2
+    x86 = tmp_path / "x86"
+    build_artifact(relu_mod, x86, target="x86", inputs=[np.ones((2, 16), "float32")],
+                   log=None)
+    assert main(["run", arts[0], str(x86), "--tracker", state.tracker, "--key", KEY,
+                 "--boards", "all"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "different architectures" in err and "\n" not in err, err
+
+
 def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
     # Last in this module: it takes one of the two boards down for good.
     state, _ = farm
