@@ -1,7 +1,8 @@
 """The conv shapes real nets have on NEON (cross-compiled, run under qemu): a 3-channel stem
-(padding read in place, kw x c unrolled) and a wide 1x1 at 7x7 (the pixel x channel-vector
-tile) take the NEON conv rule, in 4-lane vectors, and match float64. Small: the arm tests are
-the suite's slowest (depthwise 5x5 is verified on x86 in tests/host/test_conv_shapes.py)."""
+(padding read in place, kw x c unrolled), a wide 1x1 at 7x7 (the pixel x channel-vector
+tile) and a grouped 3x3 (vectors inside a group) take the NEON conv rule, in 4-lane vectors,
+and match float64. Small: the arm tests are the suite's slowest (depthwise 5x5 is verified
+on x86 in tests/host/test_conv_shapes.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ CASES = [
                      "activation": "hardswish"}),
     ((1, 7, 7, 24), {"layout": "NHWC", "channels": 48, "kernel": 1, "stride": 1,
                      "padding": 0, "activation": "silu"}),
+    # grouped, RegNet's 8-wide groups: 4-lane vectors inside a group, the input broadcast
+    ((1, 7, 7, 32), {"layout": "NHWC", "channels": 32, "kernel": 3, "stride": 1,
+                     "padding": 1, "groups": 4, "activation": "relu"}),
 ]
 
 
@@ -34,7 +38,7 @@ def _arm_env():
     register_kernels()
 
 
-def test_stem_and_wide_1x1_match_float64_on_neon():
+def test_stem_wide_1x1_and_grouped_match_float64_on_neon():
     for shape, attrs in CASES:
         case = Case("tvm_conv2d", "arm", "float32", attrs["layout"], shape, attrs, ("bias",),
                     {}, 3, static=True)

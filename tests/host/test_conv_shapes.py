@@ -2,12 +2,14 @@
 a 3-channel stem (padding read in place, its kw x c reduction unrolled), and a 1x1 conv over
 many channels at 7x7 (a 7-pixel x 3-vector tile, not one pixel x every channel). Each matches
 float64 within its bound, is vectorized over channels and parallel, and a bug planted in each
-new path is caught by verification."""
+new path is caught by verification. Grouped convs (RegNet's 8-wide groups) take vectors
+within a group, so each input value is one broadcast, not a gather across groups."""
 
 from __future__ import annotations
 
 import pytest
 from tvm import s_tir, te, tirx
+from tvm.ir.expr import TensorLoad
 from tvm_ffi.structural import structural_mutate, structural_walk
 
 import opsdk
@@ -60,7 +62,8 @@ def _scheduled(shape, attrs, target=AVX512) -> tirx.PrimFunc:
     c = shape[3]
     dw = attrs["layout"].endswith("dw")
     x = te.placeholder(shape, name="x")
-    w = te.placeholder((k, k, 1 if dw else c, c if dw else o), name="w")
+    w = te.placeholder((k, k, 1 if dw else c // attrs.get("groups", 1), c if dw else o),
+                       name="w")
     b = te.placeholder((c if dw else o,), name="bias")
     y = tvm_conv2d.compute(x, w, b, None, **attrs)
     tgt = opsdk.target(target)
@@ -225,5 +228,56 @@ def test_a_bug_planted_in_the_path_is_caught(monkeypatch, shape, attrs, pick):
 
     monkeypatch.setattr(_conv, "_tile", buggy)
     res = run_case(_case(shape, attrs, seed=11))
+    assert res.rule == "x86.conv2d"
+    assert not res.ok and res.status == "mismatch", (res.status, res.message)
+
+
+# (id, input shape NHWC, output channels, groups, vector lanes on AVX-512): G = output
+# channels per group, Cg = input channels per group.
+GROUPED = [
+    ("g8_regnet", (1, 7, 7, 64), 64, 8, 8),  # G = Cg = 8: 8-lane vectors
+    ("g32_s2", (1, 14, 14, 32), 64, 2, 16),  # G = 32, Cg = 16, stride 2: full vectors
+    ("g4", (1, 9, 9, 16), 16, 4, 4),  # G = Cg = 4: 4-lane vectors
+]
+
+
+def _grouped_attrs(o, groups, stride=1):
+    return {"layout": "NHWC", "channels": o, "kernel": 3, "stride": stride, "padding": 1,
+            "groups": groups, "activation": "relu"}
+
+
+@pytest.mark.parametrize(("shape", "o", "groups", "lanes"), [g[1:] for g in GROUPED],
+                         ids=[g[0] for g in GROUPED])
+def test_grouped_conv_matches_float64_with_vectors_inside_a_group(shape, o, groups, lanes):
+    attrs = _grouped_attrs(o, groups, 2 if shape[1] == 14 else 1)
+    res = run_case(_case(shape, attrs))
+    assert res.ok and res.rule == "x86.conv2d", (res.status, res.message, res.rule)
+    f = _scheduled(shape, attrs)
+    vec = {_extent(lp) for lp in _loops(f) if lp.kind == tirx.ForKind.VECTORIZED
+           and "ff" in str(lp.loop_var.name)}
+    assert vec == {lanes}, vec
+    # Lowered, every load of the input (or its padded copy) has a scalar index: a broadcast
+    # per group, where the depthwise path gathered lanes from two groups.
+    from opsdk.verify._lints import _lower
+
+    loads: list = []
+    structural_walk(_lower(f, opsdk.target(AVX512)), [(TensorLoad, loads.append)])
+    # (a padding pass reads x in contiguous vectors, Ramps; a gather is neither)
+    idx = [ld.indices[-1] for ld in loads if ld.source.name in ("x", "pad_temp")]
+    assert any(i.ty.dtype.lanes == 1 for i in idx), idx
+    assert all(isinstance(i, tirx.Ramp) or i.ty.dtype.lanes == 1 for i in idx), idx
+
+
+def test_a_bug_planted_in_the_grouped_path_is_caught(monkeypatch):
+    # the group's unrolled input-channel loop forgets its last channel
+    real = _conv._tile
+
+    def buggy(sch, *a, **kw):
+        out = real(sch, *a, **kw)
+        return s_tir.Schedule(_shorten(out.mod["main"], lambda n: str(n.loop_var.name) == "rc"
+                                       and n.kind == tirx.ForKind.UNROLLED))
+
+    monkeypatch.setattr(_conv, "_tile", buggy)
+    res = run_case(_case((1, 7, 9, 48), _grouped_attrs(48, 6), seed=11))
     assert res.rule == "x86.conv2d"
     assert not res.ok and res.status == "mismatch", (res.status, res.message)
