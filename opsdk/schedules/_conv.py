@@ -33,6 +33,7 @@ from tvm.target import Target
 from ._core import _fuse, extent_of, schedule_prologue, vector_lanes
 from ._gemm import (
     float32_accumulator,
+    fold_epilogue,
     index_vars,
     is_layout_free,
     mac_operands,
@@ -61,8 +62,11 @@ class ConvInfo:
     w_pos: list[str]  # role of each index of the weight access
 
 
-def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
-    """Match a conv2d multiply-accumulate block, or None."""
+def analyze_conv(sch: s_tir.Schedule, block,
+                 unit_window: tuple[int, int] | None = None) -> ConvInfo | None:
+    """Match a conv2d multiply-accumulate block, or None. ``unit_window``: the input's
+    (row, column) dims of a 1x1 conv whose window indices ``yy + ry`` were simplified to
+    ``yy`` (its padded form, :func:`_pad_channels`); they stand in for the window."""
     blk = sch.get(block)
     reads = mac_operands(blk)
     if reads is None:
@@ -82,6 +86,19 @@ def analyze_conv(sch: s_tir.Schedule, block) -> ConvInfo | None:
 
     r0, r1 = blk.reads[reads[0]], blk.reads[reads[1]]
     wins = [windows(r0, r1), windows(r1, r0)]
+    if unit_window is not None and not wins[0] and not wins[1]:
+        # the input is the operand whose dims there index output pixels the other lacks
+        out_vars = set().union(*(index_vars(rg.min) for rg in blk.writes[0].region))
+
+        def pixels(r, other) -> bool:
+            own = out_vars - used(other)
+            return all(d < len(r.region) and index_vars(r.region[d].min) & own
+                       for d in unit_window)
+
+        if pixels(r0, r1):
+            wins = [list(unit_window), []]
+        elif pixels(r1, r0):
+            wins = [[], list(unit_window)]
     if not wins[0] and wins[1]:
         reads = reads[::-1]
         wins = wins[::-1]
@@ -168,6 +185,10 @@ def schedule_conv2d(
     ...     is not None
     True
     """
+    lanes_max = vector_lanes(target, 32)
+    padded = _pad_channels(func, lanes_max)
+    if padded is not None:
+        func = padded[0]
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reds = [b for b in blocks
@@ -175,17 +196,32 @@ def schedule_conv2d(
     if len(reds) != 1:
         return None
     main = reds[0]
-    info = analyze_conv(sch, main)
+    info = analyze_conv(sch, main, padded[1] if padded is not None else None)
     if info is None or not float32_accumulator(sch.get(main)):
         return None
     loops = sch.get_loops(main)
     if len(loops) != len(info.roles):
         return None
     producers = blocks[: blocks.index(main)]
-    epi = tile_writeback(sch, main)
+    w_pad = final = None
+    if padded is not None:
+        # The padded weights' block packs them (at compile time for constants); the tiles
+        # are written back whole to the block's padded output and the epilogue runs over
+        # the real channels in a vectorized pass of its own (a tile's write-back masked to
+        # 38 of 40 channels would be scalar).
+        wbuf = sch.get(main).reads[info.w_read].source
+        w_pad = next((p for p in producers
+                      if any(w.source.same_as(wbuf) for w in sch.get(p).writes)), None)
+        folded = fold_epilogue(sch, main)
+        if w_pad is None or not folded:
+            return None
+        producers = [p for p in producers if not sch.get(p).same_as(sch.get(w_pad))]
+        final = folded[0]
+        epi = sch.cache_write(main, 0, "local")
+    else:
+        epi = tile_writeback(sch, main)
     if epi is None:
         return None
-    lanes_max = vector_lanes(target, 32)
     group = _group_lanes(sch, info, loops, lanes_max) if info.channels_last else None
     in_place = False  # a producer (the padding) inlined: input loads carry bounds tests
     for p in producers:
@@ -217,8 +253,49 @@ def schedule_conv2d(
         by_role.setdefault(r, []).append(lp)
     if info.depthwise and not info.channels_last:
         return _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs)
-    return _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place,
-                            group)
+    out = _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place,
+                           group, w_pad)
+    if out is not None and final is not None:
+        schedule_prologue(out, final, lanes_max)
+    return out
+
+
+def _pad_channels(func: tirx.PrimFunc,
+                  lanes_max: int) -> tuple[tirx.PrimFunc, tuple[int, int]] | None:
+    """``func`` with a dense channels-last conv's output channels padded to whole vectors of
+    8 (4 on NEON's 4-lane registers), with the input's (row, column) dims (a 1x1 conv's
+    window indices are simplified away on the way), or None when they need none.
+
+    RexNet's 38 / 27 / 61 channels took one odd-sized vector (or a lane-predicated tile):
+    LLVM kept the 8-pixel accumulator tile of 38-lane rows as a stack array (1249 stack
+    accesses, 644 lane inserts in a 1x1 conv's code) and ran it at 7-10 GF/s where 32 or 48
+    channels run 110-226. The conv block is padded like TVM's ``pad_einsum`` pads a GEMM (its
+    windowed input read goes through ``reindex`` for it, then back), so the weights read
+    zeros beyond the real channels and the block computes whole tiles without a predicate."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reds = [b for b in blocks
+            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
+    if len(reds) != 1:
+        return None
+    main = reds[0]
+    info = analyze_conv(sch, main)
+    if info is None or info.depthwise or not info.channels_last:
+        return None
+    loops = sch.get_loops(main)
+    if len(loops) != len(info.roles):
+        return None
+    step = 8 if lanes_max >= 8 else lanes_max
+    o_ext = extent_of(sch, loops[info.roles.index("O")])
+    if o_ext is None or o_ext <= step or o_ext % step == 0:
+        return None
+    try:
+        rb = sch.reindex(main, ("read", info.x_read))
+        sch.pad_einsum(main, [step if r == "O" else 1 for r in info.roles])
+        sch.compute_inline(rb)
+    except Exception:  # a conv this does not fit keeps the odd tile (slow, still right)
+        return None
+    return sch.mod["main"], (info.x_pos.index("H"), info.x_pos.index("W"))
 
 
 def _group_lanes(sch, info: ConvInfo, loops, lanes_max: int) -> int | None:
@@ -274,9 +351,11 @@ def _few_channels(sch, info: ConvInfo, loops) -> bool:
 _FEW_CHANNELS = 8
 
 
-def _pack_weights(sch, func, info: ConvInfo, nr: int, lanes: int) -> None:
+def _pack_weights(sch, func, info: ConvInfo, nr: int, lanes: int, w_pad=None) -> None:
     """Weights in ``[O / nr, <other axes in their order>, nr]``: one k step loads ``nr``
-    consecutive output channels. A constant weight is packed at compile time."""
+    consecutive output channels. A constant weight is packed at compile time. ``w_pad``: the
+    block that zero-pads the weights' channels (:func:`_pad_channels`) packs them instead of
+    a copy."""
     blk = sch.get(info.main)
     wbuf = blk.reads[info.w_read].source
     pos = info.w_pos
@@ -286,9 +365,18 @@ def _pack_weights(sch, func, info: ConvInfo, nr: int, lanes: int) -> None:
         rest = [i for i, p in zip(idx, pos) if p != "O"]
         return [o // nr, *rest, o % nr]
 
-    wp = sch.cache_read(info.main, info.w_read, "global")
     o_ext = wbuf.shape[pos.index("O")]
     exact = isinstance(o_ext, tirx.IntImm) and o_ext.value % nr == 0
+    if w_pad is not None:
+        src = sch.get(w_pad).reads[0].source
+        sch.transform_layout(info.main, ("read", info.w_read), pack,
+                             pad_value=None if exact else 0.0)
+        if is_layout_free(func, src):
+            sch.annotate(w_pad, "meta_schedule.layout_rewrite_preproc", True)
+        else:
+            schedule_prologue(sch, w_pad, lanes)
+        return
+    wp = sch.cache_read(info.main, info.w_read, "global")
     # A partial last channel tile reads zeros from the padded weights (its outputs are
     # masked off in the write-back).
     sch.transform_layout(info.main, ("read", info.w_read), pack,
@@ -439,7 +527,7 @@ def _out_positions(sch, info: ConvInfo) -> list[str]:
 
 
 def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_place=False,
-                     group=None):
+                     group=None, w_pad=None):
     (o,), (h,), (w,) = by_role["O"], by_role["H"], by_role["W"]
     o_ext, w_ext = extent_of(sch, o), extent_of(sch, w)
     if o_ext is None:
@@ -457,7 +545,7 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
                                         pixels_first=not in_place,
                                         gather=_multiplier(sch, info) and not group)
     nr = lanes * nv
-    _pack_weights(sch, func, info, nr, lanes_max)
+    _pack_weights(sch, func, info, nr, lanes_max, w_pad)
     if not info.channels_last:
         # The accumulator tile keeps channels innermost (contiguous vectors); only the
         # write-back reads it transposed.

@@ -1,6 +1,7 @@
 """The conv shapes real nets have on NEON (cross-compiled, run under qemu): a 3-channel stem
 (padding read in place, kw x c unrolled), a wide 1x1 at 7x7 (the pixel x channel-vector
-tile) and a grouped 3x3 (vectors inside a group) take the NEON conv rule, in 4-lane vectors,
+tile), a grouped 3x3 (vectors inside a group) and odd channel counts (padded to whole
+vectors) take the NEON conv rule, in 4-lane vectors,
 and match float64. Small: the arm tests are the suite's slowest (depthwise 5x5 is verified
 on x86 in tests/host/test_conv_shapes.py)."""
 
@@ -26,6 +27,9 @@ CASES = [
     # grouped, RegNet's 8-wide groups: 4-lane vectors inside a group, the input broadcast
     ((1, 7, 7, 32), {"layout": "NHWC", "channels": 32, "kernel": 3, "stride": 1,
                      "padding": 1, "groups": 4, "activation": "relu"}),
+    # 10 output channels (RexNet's odd counts): padded to 12, 3 whole NEON vectors
+    ((1, 6, 7, 8), {"layout": "NHWC", "channels": 10, "kernel": 1, "stride": 1,
+                    "padding": 0, "activation": "silu"}),
 ]
 
 

@@ -281,3 +281,53 @@ def test_a_bug_planted_in_the_grouped_path_is_caught(monkeypatch):
     res = run_case(_case((1, 7, 9, 48), _grouped_attrs(48, 6), seed=11))
     assert res.rule == "x86.conv2d"
     assert not res.ok and res.status == "mismatch", (res.status, res.message)
+
+
+# Output channels no 8-lane vector divides (RexNet's 38, 27): padded to whole vectors, the
+# epilogue over the real channels in a pass of its own.
+ODD = [
+    ("odd38_1x1", (1, 7, 9, 20), {"layout": "NHWC", "channels": 38, "kernel": 1, "stride": 1,
+                                  "padding": 0, "activation": "relu"}),
+    ("odd27_3x3_s2", (1, 13, 11, 16), {"layout": "NHWC", "channels": 27, "kernel": 3,
+                                       "stride": 2, "padding": 1, "activation": "silu"}),
+]
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [o[1:] for o in ODD], ids=[o[0] for o in ODD])
+def test_odd_channel_counts_are_padded_to_whole_vectors(shape, attrs):
+    res = run_case(_case(shape, attrs))
+    assert res.ok and res.rule == "x86.conv2d", (res.status, res.message, res.rule)
+    f = _scheduled(shape, attrs)
+    o = attrs["channels"]
+    padded = -(-o // 8) * 8
+    # the accumulators run over whole 8- or 16-lane vectors: no odd-sized vector of o lanes
+    vec = {_extent(lp) for lp in _loops(f) if lp.kind == tirx.ForKind.VECTORIZED
+           and "ff" in str(lp.loop_var.name)}
+    assert vec and vec <= {8, 16}, vec
+    assert any(sh[-1] == padded for sh in _allocated_shapes(f))  # the padded output
+
+
+def test_a_bug_planted_in_the_channel_padding_is_caught(monkeypatch):
+    # the padded weights drop the last real channel (read as a padding zero)
+    real = _conv._pad_channels
+
+    def buggy(func, lanes_max):
+        out = real(func, lanes_max)
+        if out is None:
+            return None
+        done: list = []
+
+        def lower_bound(node, mut):
+            if isinstance(node.b, tirx.IntImm) and int(node.b.value) == 38 and not done:
+                done.append(node)
+                return tirx.LT(node.a, tirx.IntImm(node.b.ty.dtype, 37))
+            return mut.default_mutate(node)
+
+        f = structural_mutate(out[0], [(tirx.LT, lower_bound)])
+        assert done
+        return f, out[1]
+
+    monkeypatch.setattr(_conv, "_pad_channels", buggy)
+    res = run_case(_case((1, 6, 7, 12), {**ODD[0][2], "channels": 38}, seed=11))
+    assert res.rule == "x86.conv2d"
+    assert not res.ok and res.status == "mismatch", (res.status, res.message)
