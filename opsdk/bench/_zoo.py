@@ -99,6 +99,10 @@ _ENTRIES = (
     ZooModel("efficientnet_b1", "timm efficientnet_b1 (SiLU, SE, depthwise 5x5), 240x240",
              _timm("efficientnet_b1", 240), ("timm",)),
     ZooModel("resnet50", "timm resnet50, 224x224", _timm("resnet50", 224), ("timm",)),
+    ZooModel("regnetx_002", "timm regnetx_002 (RegNetX-200MF: 3x3 convs in 8-wide groups), "
+             "224x224", _timm("regnetx_002", 224), ("timm",)),
+    ZooModel("rexnet_100", "timm rexnet_100 (channel counts like 38 / 27 / 61, SiLU, SE, "
+             "depthwise), 224x224", _timm("rexnet_100", 224), ("timm",)),
     ZooModel("convnext_tiny", "timm convnext_tiny (depthwise 7x7, LayerNorm, GELU), 224x224",
              _timm("convnext_tiny", 224), ("timm",)),
     ZooModel("deit_small", "timm deit_small_patch16_224 (ViT-S/16, 197 tokens)",
