@@ -188,7 +188,16 @@ def schedule_conv2d(
     lanes_max = vector_lanes(target, 32)
     padded = _pad_channels(func, lanes_max)
     if padded is not None:
-        func = padded[0]
+        out = _schedule(padded[0], target, acc_regs, max_vecs, lanes_max, padded[1])
+        if out is not None:
+            return out
+        # (the padded form lost a unit output row or column to simplification: the
+        # unpadded conv is scheduled as before)
+    return _schedule(func, target, acc_regs, max_vecs, lanes_max, None)
+
+
+def _schedule(func, target, acc_regs, max_vecs, lanes_max, unit_window):
+    padded = unit_window is not None
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reds = [b for b in blocks
@@ -196,7 +205,7 @@ def schedule_conv2d(
     if len(reds) != 1:
         return None
     main = reds[0]
-    info = analyze_conv(sch, main, padded[1] if padded is not None else None)
+    info = analyze_conv(sch, main, unit_window)
     if info is None or not float32_accumulator(sch.get(main)):
         return None
     loops = sch.get_loops(main)
@@ -204,7 +213,7 @@ def schedule_conv2d(
         return None
     producers = blocks[: blocks.index(main)]
     w_pad = final = None
-    if padded is not None:
+    if padded:
         # The padded weights' block packs them (at compile time for constants); the tiles
         # are written back whole to the block's padded output and the epilogue runs over
         # the real channels in a vectorized pass of its own (a tile's write-back masked to
@@ -443,6 +452,11 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
     work.
     """
     lanes, _ = tile_n(o_ext, lanes_max, _MAX_CHANNEL_VECTORS)
+    if depthwise and not gather and lanes > lanes_max:
+        # No vector divides the channels (162): whole vectors and a partial last tile (see
+        # _channel_vectors), where one odd vector of every channel kept its 8-pixel
+        # accumulator tile on the stack (2-5 % of the roof).
+        lanes = lanes_max
     if gather:
         # A depthwise multiplier reads input channel o / m: over one vector of every
         # channel (no 4-lane vector divides them) that gather took LLVM 43 s to compile
@@ -545,7 +559,10 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
                                         pixels_first=not in_place,
                                         gather=_multiplier(sch, info) and not group)
     nr = lanes * nv
-    _pack_weights(sch, func, info, nr, lanes_max, w_pad)
+    overlap = info.depthwise and not group and o_ext > nr and o_ext % nr != 0 \
+        and info.w_pos[-1] == "O"
+    if not overlap:  # (a depthwise weight row is contiguous over the channels already)
+        _pack_weights(sch, func, info, nr, lanes_max, w_pad)
     if not info.channels_last:
         # The accumulator tile keeps channels innermost (contiguous vectors); only the
         # write-back reads it transposed.
@@ -566,8 +583,64 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
         red += by_role.get(key, [])
     red += [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, []) if lp not in red]
     batch = by_role.get("N", []) + by_role.get("T", [])
-    return _tile(sch, info, epi, lanes, outer=[*batch, oo, h], tile=wo, red=red,
-                 rows=wi, vecs=ov, vec=ol)
+    if not overlap:
+        return _tile(sch, info, epi, lanes, outer=[*batch, oo, h], tile=wo, red=red,
+                     rows=wi, vecs=ov, vec=ol)
+    # A depthwise conv whose channels no vector divides (RexNet's 162): whole vectors, the
+    # last tile partial. Its lane predicate would scalarize every tile's vector loop (and
+    # TVM's loop_partition crashes on this nest), so the last tile is moved back to end at
+    # the last channel instead; the channel tiles run inside a parallel loop over the rows.
+    oo_var = sch.get(oo).loop_var
+    out = _tile(sch, info, epi, lanes, outer=[*batch, h, oo], tile=wo, red=red, rows=wi,
+                vecs=ov, vec=ol, parallel=[*batch, h])
+    return _overlap_last_tile(out, oo_var, nr, o_ext)
+
+
+def _overlap_last_tile(sch, oo_var, nr: int, o_ext: int):
+    """The last channel tile moved back to end at the last channel (``min(oo * nr,
+    o_ext - nr)``): it recomputes a few channels of the tile before it, the same values,
+    and no tile has a lane predicate left (each is proved true and dropped), so every tile
+    is one vector. Tiles of a row run in one thread, so the overlap is never written
+    concurrently."""
+    from tvm.ir import Range
+    from tvm.sym import Analyzer
+    from tvm_ffi.structural import structural_mutate, structural_walk
+
+    last = o_ext - nr
+
+    def mul(node, mut):
+        if (node.a.same_as(oo_var) and isinstance(node.b, tirx.IntImm)
+                and int(node.b.value) == nr):
+            return tirx.Min(node, tirx.IntImm(node.b.ty.dtype, last))
+        return mut.default_mutate(node)
+
+    f = structural_mutate(sch.mod["main"], [(tirx.Mul, mul)])
+    ana = Analyzer()
+
+    def bind(loop) -> None:
+        ana.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
+
+    structural_walk(f, [(tirx.For, bind)])
+
+    def conjuncts(e) -> list:
+        return [*conjuncts(e.a), *conjuncts(e.b)] if isinstance(e, tirx.And) else [e]
+
+    def uses_oo(e) -> bool:
+        found: list = []
+        structural_walk(e, [(tirx.Var, lambda v: found.append(v) if v.same_as(oo_var)
+                             else None)])
+        return bool(found)
+
+    def realize(node, mut):
+        node = mut.default_mutate(node)
+        keep = [c for c in conjuncts(node.predicate)
+                if not (uses_oo(c) and ana.can_prove(c))]
+        pred = keep[0] if keep else tirx.IntImm("bool", 1)
+        for c in keep[1:]:
+            pred = tirx.And(pred, c)
+        return s_tir.SBlockRealize(node.iter_values, pred, node.block)
+
+    return s_tir.Schedule(structural_mutate(f, [(s_tir.SBlockRealize, realize)]))
 
 
 def _pixel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, max_vecs):

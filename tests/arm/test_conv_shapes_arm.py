@@ -30,6 +30,9 @@ CASES = [
     # 10 output channels (RexNet's odd counts): padded to 12, 3 whole NEON vectors
     ((1, 6, 7, 8), {"layout": "NHWC", "channels": 10, "kernel": 1, "stride": 1,
                     "padding": 0, "activation": "silu"}),
+    # depthwise over 18 channels: 4-lane vectors, the last tile moved back over channel 14
+    ((1, 7, 6, 18), {"layout": "NHWC_dw", "channels": 18, "kernel": 3, "stride": 1,
+                     "padding": 1, "activation": "relu6"}),
 ]
 
 

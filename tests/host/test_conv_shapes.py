@@ -331,3 +331,44 @@ def test_a_bug_planted_in_the_channel_padding_is_caught(monkeypatch):
     res = run_case(_case((1, 6, 7, 12), {**ODD[0][2], "channels": 38}, seed=11))
     assert res.rule == "x86.conv2d"
     assert not res.ok and res.status == "mismatch", (res.status, res.message)
+
+
+# Depthwise convs over channel counts no vector divides (RexNet's 162, 702): whole 16-lane
+# vectors, the last tile moved back to end at the last channel (it recomputes a few
+# channels), no lane predicate left.
+DW_ODD = [
+    ("dw162", (1, 9, 10, 162), {"layout": "NHWC_dw", "channels": 162, "kernel": 3,
+                                "stride": 1, "padding": 1, "activation": "relu6"}),
+    ("dw97_s2", (1, 13, 11, 97), {"layout": "NHWC_dw", "channels": 97, "kernel": 3,
+                                  "stride": 2, "padding": 1, "activation": "silu"}),
+]
+
+
+def _predicates(f) -> list:
+    preds: list = []
+    structural_walk(f, [(s_tir.SBlockRealize, lambda r: preds.append(r.predicate))])
+    return [p for p in preds if not (isinstance(p, tirx.IntImm) and int(p.value) == 1)]
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [d[1:] for d in DW_ODD], ids=[d[0] for d in DW_ODD])
+def test_depthwise_odd_channels_overlap_the_last_tile(shape, attrs):
+    res = run_case(_case(shape, attrs))
+    assert res.ok and res.rule == "x86.conv2d", (res.status, res.message, res.rule)
+    f = _scheduled(shape, attrs)
+    vec = {_extent(lp) for lp in _loops(f) if lp.kind == tirx.ForKind.VECTORIZED
+           and "ff" in str(lp.loop_var.name)}
+    assert vec == {16}, vec  # whole AVX-512 vectors, not one odd vector of every channel
+    mins: list = []
+    structural_walk(f, [(tirx.Min, mins.append)])
+    assert any(isinstance(m.b, tirx.IntImm) and int(m.b.value) == shape[3] - 16 for m in mins)
+    assert not [p for p in _predicates(f) if "ff" in str(p)]  # no lane predicate
+
+
+def test_a_bug_planted_in_the_overlapped_tile_is_caught(monkeypatch):
+    # the last tile moved back one tile too far: the last channels are never computed
+    real = _conv._overlap_last_tile
+    monkeypatch.setattr(_conv, "_overlap_last_tile",
+                        lambda sch, oo, nr, o_ext: real(sch, oo, nr, o_ext - nr))
+    res = run_case(_case((1, 7, 8, 41), {**DW_ODD[0][2], "channels": 41}, seed=11))
+    assert res.rule == "x86.conv2d"
+    assert not res.ok and res.status == "mismatch", (res.status, res.message)
