@@ -1,7 +1,8 @@
 """``opsdk bench``: opsdk kernels against TVM's own lowering, TVM dlight, torch eager and a
 copy kernel moving the same bytes (the bandwidth roofline), measured side by side; whole
 models (``--model``, ``--examples``) against TVM's default pipeline, torch eager and
-onnxruntime; fp32 GEMM (``--gemm``) against torch.matmul.
+onnxruntime; fp32 GEMM (``--gemm``) against torch.matmul; op kernels on a board
+(:func:`run_remote_bench`) or spread over a farm's boards (:func:`run_remote_bench_sharded`).
 
 Examples
 --------
@@ -22,6 +23,7 @@ from ._model import (
     run_gemm_bench,
     run_model_bench,
 )
+from ._remote import run_remote_bench, run_remote_bench_sharded
 from ._report import add_bench_arguments, format_table, plot, run_bench_command, summary
 from ._run import CANDIDATES, expand_cases, run_bench
 from ._timing import setup_threads
@@ -47,6 +49,8 @@ __all__ = [
     "run_gemm_bench",
     "run_int8_bench",
     "run_model_bench",
+    "run_remote_bench",
+    "run_remote_bench_sharded",
     "select_zoo",
     "setup_threads",
     "summary",

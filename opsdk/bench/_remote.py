@@ -141,7 +141,7 @@ def run_remote_bench_sharded(
 
     Examples
     --------
-    >>> from opsdk.bench._remote import run_remote_bench_sharded
+    >>> from opsdk.bench import run_remote_bench_sharded
     >>> rows, device = run_remote_bench_sharded(
     ...     ["gelu"], tracker="127.0.0.1:9190", key="opsdk-farm")  # doctest: +SKIP
     >>> sorted(device["boards"].values())  # doctest: +SKIP

@@ -461,8 +461,8 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
         # A depthwise multiplier reads input channel o / m: over one vector of every
         # channel (no 4-lane vector divides them) that gather took LLVM 43 s to compile
         # (31 channels x 3 = 93 lanes); full vectors with a partial last tile take 2 s.
-        # Without a multiplier the odd vector is the fast one (97 channels: 0.4 s, 11 s
-        # as predicated 16-lane tiles).
+        # (Without a multiplier the partial tile overlaps the one before it instead of
+        # being predicated, which took LLVM 11 s for 97 channels: see _channel_vectors.)
         lanes = min(lanes, lanes_max)
     nvec = -(-o_ext // lanes)
     cands = [v for v in range(1, min(nvec, _MAX_CHANNEL_VECTORS) + 1) if nvec % v == 0]

@@ -492,11 +492,12 @@ def test_winograd_rule_schedules_runtime_weights_with_padded_output_channels():
 
 def test_depthwise_multiplier_tiles_by_full_vectors():
     # 31 channels x 3: one 93-lane vector of every output channel (a gather of o // 3) took
-    # LLVM 43 s; full 16-lane vectors, the last tile partial. Without a multiplier an odd
-    # channel count keeps its one odd vector (the fast one there).
+    # LLVM 43 s; full 16-lane vectors, the last tile partial. Without a multiplier too: the
+    # last tile overlaps the one before it (one odd 31-lane vector kept its accumulator tile
+    # on the stack, 2-5 % of the roof).
     from opsdk.schedules._conv import schedule_conv2d
 
-    for mult, widest in ((3, 16), (1, 31)):
+    for mult, widest in ((3, 16), (1, 16)):
         x = te.placeholder((1, 9, 9, 31), name="x")
         w = te.placeholder((3, 3, 1, 31 * mult), name="w")
         y = topi.nn.conv(x, w, 1, 1, 1, 31, "NHWC", "HWIO")
