@@ -13,8 +13,8 @@ from typing import Any
 
 from ._files import check_can_create
 
-__all__ = ["NEGATIVE_NUMBER", "UsageError", "board_count", "distinct_outputs", "host_port",
-           "model_file",
+__all__ = ["NEGATIVE_NUMBER", "UsageError", "add_farm_arguments", "board_count",
+           "distinct_outputs", "host_port", "model_file",
            "model_path_problem", "named_shapes", "nonneg_float", "nonneg_int", "output_path",
            "parse_dims", "parse_entry_args", "parse_name_values", "percent", "positive_float",
            "positive_int", "split_host_port"]
@@ -57,6 +57,27 @@ def board_count(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of boards >= 1 or 'all', got "
                                          f"{text!r}")
     return n
+
+
+def add_farm_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--boards`` and ``--cell-timeout``, the flags of a run spread over a tracker's boards
+    (``opsdk verify``, ``bench``, ``run``); ``unit`` names what is spread (``"cell"``).
+
+    Examples
+    --------
+    >>> p = argparse.ArgumentParser()
+    >>> add_farm_arguments(p, "cell")
+    >>> p.parse_args(["--boards", "all"]).cell_timeout
+    900.0
+    """
+    parser.add_argument("--boards", type=board_count, metavar="N|all",
+                        help=f"with --tracker and --key: spread the {unit}s over N (or all) "
+                        f"free boards of the key, one worker each; a board that dies or hangs "
+                        f"has its {unit} requeued on another and is named in the report "
+                        "(docs/farm.md)")
+    parser.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
+                        help=f"with --boards: any {unit} with no result after this long has its "
+                        "board counted as hung and is requeued (default 900)")
 
 
 def nonneg_int(text: str) -> int:

@@ -163,10 +163,7 @@ def run_remote_bench_sharded(
         cfg={"modules": list(modules), "repeats": repeats, "rounds": rounds, "check": check},
         progress=(lambda label, _n: progress(label)) if progress else None,
         cell_timeout=cell_timeout)
-    device = {"device": f"rpc tracker {tracker} key {key}, {len(out.boards)} board"
-                        + ("s" if len(out.boards) != 1 else ""),
-              "boards": out.boards, "lost": out.lost, "seconds": out.seconds}
-    return out.results, device
+    return out.results, out.facts()
 
 
 def setup_worker(cfg: dict[str, Any]) -> None:

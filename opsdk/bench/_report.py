@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._cliargs import (
-    board_count,
+    add_farm_arguments,
     distinct_outputs,
     host_port,
     model_file,
@@ -217,14 +217,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                        help="like --rpc, under qemu on this host (checks the path; emulated "
                        "timings are not performance)")
     parser.add_argument("--key", help="device key (with --tracker)")
-    parser.add_argument("--boards", type=board_count, metavar="N|all",
-                        help="with --tracker and --key: spread the op cases over N (or all) "
-                        "free boards of the key, one worker each, each case timed on one "
-                        "board; a board that dies or hangs has its case requeued on another "
-                        "and is named in the report (docs/farm.md)")
-    parser.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
-                        help="with --boards: a case with no result after this long has its "
-                        "board counted as hung and is requeued (default 900)")
+    add_farm_arguments(parser, "op case")
     parser.add_argument(
         "--shapes",
         nargs="+",

@@ -10,13 +10,12 @@ from typing import Any
 
 from .._cliargs import (
     UsageError,
-    board_count,
+    add_farm_arguments,
     host_port,
     model_file,
     named_shapes,
     output_path,
     parse_entry_args,
-    positive_float,
     positive_int,
 )
 from .._files import write_text_atomic
@@ -343,13 +342,7 @@ def add_run_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=positive_int,
                    help="TVM threads for a run on this host (default: every core); a board "
                    "uses what its rpc_server was started with (TVM_NUM_THREADS there)")
-    s.add_argument("--boards", type=board_count, metavar="N|all",
-                   help="with --tracker and --key: spread the artifacts over N (or all) free "
-                   "boards of the key, one worker each; a board that dies or hangs has its "
-                   "artifact run again on another and is named in the report (docs/farm.md)")
-    s.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
-                   help="with --boards: an artifact with no result after this long has its "
-                   "board counted as hung and is run again elsewhere (default 900)")
+    add_farm_arguments(s, "artifact")
     s.add_argument("--json", metavar="PATH", type=output_path, help="also write the result")
 
 

@@ -397,10 +397,7 @@ def run_artifacts_sharded(
              "repeats": repeats},
         progress=(lambda label, _n: progress(label)) if progress else None,
         cell_timeout=cell_timeout)
-    device = {"device": f"rpc tracker {tracker} key {key}, {len(out.boards)} board"
-                        + ("s" if len(out.boards) != 1 else ""),
-              "boards": out.boards, "lost": out.lost, "seconds": out.seconds}
-    return out.results, device
+    return out.results, out.facts()
 
 
 def run_handler(cfg: dict[str, Any], folder: str, runner: Any,

@@ -69,6 +69,19 @@ class FarmOutcome:
     boards: dict[str, int]
     lost: list[str]
     seconds: float
+    tracker: str = ""
+    key: str = ""
+
+    @property
+    def device(self) -> str:
+        """The run's device line: ``rpc tracker 127.0.0.1:9190 key opsdk-farm, 2 boards``."""
+        n = len(self.boards)
+        return f"rpc tracker {self.tracker} key {self.key}, {n} board{'s' if n != 1 else ''}"
+
+    def facts(self) -> dict[str, Any]:
+        """``device``, ``boards``, ``lost`` and ``seconds``: what a report or JSON carries."""
+        return {"device": self.device, "boards": self.boards, "lost": self.lost,
+                "seconds": self.seconds}
 
 
 @dataclass
@@ -258,7 +271,7 @@ def run_on_farm(
         shutil.rmtree(tmp, ignore_errors=True)
     return FarmOutcome(results=[plan.results[i] for i in range(len(plan.cells))],
                        boards=dict(sorted(used.items())), lost=lost_notes,
-                       seconds=time.perf_counter() - t0)
+                       seconds=time.perf_counter() - t0, tracker=tracker, key=key)
 
 
 def _give_up(plan: _Plan, idx: int, why: str) -> None:

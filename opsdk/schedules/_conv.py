@@ -199,12 +199,9 @@ def schedule_conv2d(
 def _schedule(func, target, acc_regs, max_vecs, lanes_max, unit_window):
     padded = unit_window is not None
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reds = [b for b in blocks
-            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
-    if len(reds) != 1:
+    blocks, main = _main_block(sch)
+    if main is None:
         return None
-    main = reds[0]
     info = analyze_conv(sch, main, unit_window)
     if info is None or not float32_accumulator(sch.get(main)):
         return None
@@ -269,6 +266,15 @@ def _schedule(func, target, acc_regs, max_vecs, lanes_max, unit_window):
     return out
 
 
+def _main_block(sch: s_tir.Schedule) -> tuple[list, s_tir.schedule.SBlockRV | None]:
+    """The root's blocks and its one reduction block (the conv), or None beside them when
+    there is not exactly one."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reds = [b for b in blocks
+            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
+    return blocks, reds[0] if len(reds) == 1 else None
+
+
 def _pad_channels(func: tirx.PrimFunc,
                   lanes_max: int) -> tuple[tirx.PrimFunc, tuple[int, int]] | None:
     """``func`` with a dense channels-last conv's output channels padded to whole vectors of
@@ -282,12 +288,9 @@ def _pad_channels(func: tirx.PrimFunc,
     windowed input read goes through ``reindex`` for it, then back), so the weights read
     zeros beyond the real channels and the block computes whole tiles without a predicate."""
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reds = [b for b in blocks
-            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
-    if len(reds) != 1:
+    _, main = _main_block(sch)
+    if main is None:
         return None
-    main = reds[0]
     info = analyze_conv(sch, main)
     if info is None or info.depthwise or not info.channels_last:
         return None

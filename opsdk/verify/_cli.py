@@ -18,12 +18,11 @@ import opsdk
 from opsdk.targets import target_spec
 
 from .._cliargs import (
-    board_count,
+    add_farm_arguments,
     distinct_outputs,
     host_port,
     nonneg_int,
     output_path,
-    positive_float,
 )
 from .._files import write_text_atomic
 from .._userfile import UserCodeError
@@ -71,14 +70,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracker", metavar="HOST:PORT", type=host_port,
                         help="TVM RPC tracker to get a device")
     parser.add_argument("--key", help="device key (with --tracker)")
-    parser.add_argument("--boards", type=board_count, metavar="N|all",
-                        help="with --tracker and --key: spread the cells over N (or all) free "
-                        "boards of the key, one worker each; a board that dies or hangs has "
-                        "its cell requeued on another and is named in the report "
-                        "(docs/farm.md)")
-    parser.add_argument("--cell-timeout", type=positive_float, default=900.0, metavar="SECONDS",
-                        help="with --boards: a cell with no result after this long has its "
-                        "board counted as hung and is requeued (default 900)")
+    add_farm_arguments(parser, "cell")
     parser.add_argument("--module", action="append", metavar="MODULE",
                         help="also load ops from this module (OPS = [...])")
     parser.add_argument("--kernels", action="store_true",

@@ -134,8 +134,7 @@ def _sharded(
         for d in defs:
             report.refusals += check_refusals(d)
     report.device = {
-        "device": f"rpc tracker {tracker} key {key}, {len(out.boards)} board"
-                  + ("s" if len(out.boards) != 1 else ""),
+        "device": out.device,
         "arch": runner_for(target, tracker=tracker, key=key).arch,
         "runner": "rpc-farm",
         "boards": out.boards,
