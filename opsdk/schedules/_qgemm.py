@@ -410,7 +410,11 @@ def schedule_tile_epilogue(sch: s_tir.Schedule, tile: Any, rows_loop: Any, cols_
     sch.unroll(rows_loop)
     copy = sch.get_sblock(out_block)
     sch.reverse_compute_at(copy, tile)
-    vectorize_contiguous(sch, sch.get_loops(copy)[-1], bits // 8)
+    inner = sch.get_loops(copy)[-1]
+    # A one-pixel, one-channel output leaves the copy no loop of its own under the tile,
+    # and the tile loop itself is parallel, not a vector.
+    if not sch.get_sref(inner).same_as(sch.get_sref(tile)):
+        vectorize_contiguous(sch, inner, bits // 8)
 
 
 def _static_k_unpadded(func: tirx.PrimFunc) -> bool:

@@ -96,11 +96,12 @@ def make_cases(seed: int = 0) -> list[ConvCase]:
     return cases
 
 
-def case_module(cases: Sequence[ConvCase]) -> tvm.IRModule:
-    """A Relax module with one function per case calling qconv2d; the batch is symbolic."""
+def case_module(cases: Sequence[ConvCase], batch: int | None = None) -> tvm.IRModule:
+    """A Relax module with one function per case calling qconv2d; the batch is symbolic
+    unless ``batch`` is given."""
     bb = relax.BlockBuilder()
     for case in cases:
-        n = tirx.Var("n", "int64")
+        n = tirx.Var("n", "int64") if batch is None else batch
         params = [relax.Var(name, relax.TensorType(
             [n, *a.shape[1:]] if name == "x" else list(a.shape), str(a.dtype)))
             for name, a in case.inputs.items()]
@@ -113,13 +114,14 @@ def case_module(cases: Sequence[ConvCase]) -> tvm.IRModule:
 
 
 def check_cases(cases: Sequence[ConvCase],
-                run: Callable[[str, list[np.ndarray]], np.ndarray]) -> dict[str, int]:
+                run: Callable[[str, list[np.ndarray]], np.ndarray],
+                batches: Sequence[int] = BATCHES) -> dict[str, int]:
     """Mismatch counts per case and batch (empty when all exact), and the saturated int8
     outputs at each end (``sat_lo`` / ``sat_hi``)."""
     bad: dict[str, int] = {}
     sat = {"sat_lo": 0, "sat_hi": 0}
     for case in cases:
-        for n in BATCHES:
+        for n in batches:
             ins = case.at(n)
             got = run(case.name, list(ins.values()))
             ref = qconv2d.run_reference(ins, case.attrs)
@@ -132,10 +134,11 @@ def check_cases(cases: Sequence[ConvCase],
     return {**bad, **sat}
 
 
-def compile_cases(cases: Sequence[ConvCase], target: Any) -> tuple[Any, Counter]:
+def compile_cases(cases: Sequence[ConvCase], target: Any,
+                  batch: int | None = None) -> tuple[Any, Counter]:
     """Build the module for ``target``; also how many kernels each rule scheduled."""
     before = len(last_choices())
-    ex = tvm.compile(case_module(cases), target=opsdk.target(target)
+    ex = tvm.compile(case_module(cases, batch), target=opsdk.target(target)
                      if isinstance(target, str) else target)
     return ex, Counter(c.rule for c in last_choices()[before:] if c.op == "qconv2d")
 
@@ -233,4 +236,23 @@ def test_x86_vnni_one_pixel_one_channel_block_is_bit_exact() -> None:
     assert rules == Counter({"x86.qconv2d_vnni": len(cases)})
     vm = relax.VirtualMachine(ex, tvm.cpu())
     result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy())
+    assert {k: v for k, v in result.items() if not k.startswith("sat_")} == {}
+
+
+@needs_vnni
+def test_x86_vnni_one_output_channel_one_column_is_bit_exact() -> None:
+    # One output channel and a 1-pixel output row at a static batch (W=3, a 2x2 window at
+    # stride 2): the copy of the tile to the output has no loop of its own under the parallel
+    # tile loop, and the rule vectorized that parallel loop (ScheduleError; the layer fell
+    # back to the generic rule).
+    rng = np.random.default_rng(11)
+    geoms = [(8, 8, 3, 1, 2, 2, 0), (8, 5, 1, 1, 1, 2, 0)]
+    cases = [_case(rng, f"o1_{i}_{layout}_{xdt}", xdt, layout, g, i)
+             for i, (g, xdt, layout) in enumerate(zip(geoms, ("uint8", "int8"),
+                                                      ("NCHW", "NHWC")))]
+    ex, rules = compile_cases(cases, "x86", batch=max(BATCHES))
+    assert rules == Counter({"x86.qconv2d_vnni": len(cases)})
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    result = check_cases(cases, lambda name, ins: vm[name](*map(tvm.runtime.tensor, ins)).numpy(),
+                         batches=(max(BATCHES),))
     assert {k: v for k, v in result.items() if not k.startswith("sat_")} == {}
