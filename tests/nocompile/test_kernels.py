@@ -154,6 +154,23 @@ def test_gemm_tiles_fill_the_registers_without_a_partial_row_tile(m, n, want):
     assert m is None or m % mr == 0
 
 
+@pytest.mark.parametrize(
+    "m,n,min_vecs,want",
+    [
+        (64, 50257, 1, (16, 3, 8)),  # a vocabulary: 24 accumulators for 48 more columns
+        (197, 197, 1, (16, 1, 8)),  # 208 columns; 224 or 256 would waste 8-30 %
+        (1, 1000, 3, (16, 3, 1)),  # a classifier GEMV: 1008, not 1024
+    ],
+)
+def test_padded_gemm_tiles_trade_little_padding_for_accumulators(m, n, min_vecs, want):
+    from opsdk.schedules._gemm import _PAD_SLACK, _padded_tile
+
+    lanes, nv, mr = _padded_tile(m, n, 16, 4, 8, 24, min_vecs=min_vecs)
+    assert (lanes, nv, mr) == want
+    least = min(-(-n // (16 * v)) * 16 * v for v in range(min_vecs, 5))
+    assert -(-n // (lanes * nv)) * lanes * nv - least <= _PAD_SLACK * n
+
+
 # ------------------------------------------------------------------ the new attributes
 def _direct_conv(x, w, stride, pads, dilation, groups):
     """NCHW x OIHW, one output at a time (the definition, no vectorized slicing)."""
