@@ -806,11 +806,15 @@ def schedule_channels_last_groups(
     for block in rfs:
         spatial, red = _loops_by_kind(sch, block)
         chans = [lp for lp in spatial if extent_of(sch, lp) != 1]
-        if len(chans) != 2 or len(red) != 2:
+        if len(chans) not in (1, 2) or len(red) != 2:
             return None
-        rc_l, g_l = chans  # block iter order (rc, n, g); memory order of channels is (g, rc)
-        sch.reorder(*red, g_l, rc_l)
-        ch = sch.fuse(g_l, rc_l)
+        if len(chans) == 2:
+            rc_l, g_l = chans  # block iter order (rc, n, g); channels in memory: (g, rc)
+            sch.reorder(*red, g_l, rc_l)
+            ch = sch.fuse(g_l, rc_l)
+        else:  # one group (PoolFormer's GroupNorm(1, C)), or one channel per group
+            (ch,) = chans
+            sch.reorder(*red, ch)
         c = extent_of(sch, ch)
         if c is not None and c % lanes32 == 0:
             outer, vec = sch.split(ch, [None, lanes32])

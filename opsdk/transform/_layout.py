@@ -21,7 +21,10 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   norm over an axis does not;
 - a group norm between convs would sit between two transposes, so
   ``to_nhwc(group_norm_nchw(to_nchw(x)))`` becomes ``group_norm_nhwc(x)`` (opsdk's group
-  norm has an NHWC kernel).
+  norm has an NHWC kernel); an NCHW pool or group norm on ``to_nchw(x)`` runs NHWC on ``x``
+  with its result permuted back, and a binary op's lower-rank operand (a ``(C, 1, 1)`` layer
+  scale) is brought to the layout it broadcasts against, so PoolFormer's blocks (group norm,
+  ``pool(y) - y``, layer scale) stay NHWC between the convs.
 
 A transposed conv first becomes a conv and a depth-to-space (the sub-pixel form,
 ``_TransposedConvAsConv``; a 1x1 conv for UNet / FPN's kernel 2 / stride 2): it then runs NHWC
@@ -238,6 +241,10 @@ _UNARY = frozenset(f"relax.{n}" for n in (
 #: scalar or a full-rank operand can be permuted to match).
 _BINARY = frozenset(f"relax.{n}" for n in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "floor_divide"))
+#: 2-D pools with a layout of their own: an NCHW one on ``to_nchw(x)`` runs NHWC on ``x``.
+_POOLS = {"relax.nn.avg_pool2d": relax.op.nn.avg_pool2d,
+          "relax.nn.max_pool2d": relax.op.nn.max_pool2d,
+          "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d}
 #: Reductions over ``axis`` (StatisticalAttrs): the axes are renumbered.
 _REDUCE = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
            "relax.min": relax.op.min, "relax.prod": relax.op.prod}
@@ -260,6 +267,12 @@ class _PermutesSink(relax.PyExprMutator):
         if not isinstance(e, relax.Var):
             return None
         b = self.lookup_binding(e)
+        if isinstance(b, relax.TupleGetItem) and isinstance(b.tuple_value, relax.Var):
+            # a field of a tuple built here (torch's max pool: ``(out, indices)[0]``)
+            tup = self.lookup_binding(b.tuple_value)
+            if isinstance(tup, relax.Tuple):
+                return self._permuted(tup.fields[int(b.index)])
+            return None
         axes = _axes(b)
         return None if axes is None else (b.args[0], axes)
 
@@ -279,16 +292,15 @@ class _PermutesSink(relax.PyExprMutator):
             axes = _compose(first[1], outer)
             return first[0] if axes == list(range(len(axes))) else relax.op.permute_dims(
                 first[0], axes)
+        if name in _BINARY and len(call.args) == 2:
+            return self._binary(call)
         if first is None:
             return call
         x, perm = first
         if name in _UNARY:
             return relax.op.permute_dims(self._emit(call, [x, *call.args[1:]]), perm)
-        if name in _BINARY and len(call.args) == 2:
-            other = self._matched(call.args[1], perm, _rank(call))
-            if other is None:
-                return call
-            return relax.op.permute_dims(self._emit(call, [x, other]), perm)
+        if perm == _TO_NCHW and (name in _POOLS or name == "opsdk.group_norm"):
+            return self._channels_last(call, x)
         if name in _REDUCE:
             return self._reduce(call, x, perm)
         if name.startswith("opsdk."):
@@ -298,19 +310,74 @@ class _PermutesSink(relax.PyExprMutator):
             return relax.op.permute_dims(self._emit(call, [f[0] for f in found]), perm)
         return call
 
+    def _binary(self, call: relax.Call) -> relax.Expr:
+        """A broadcasting binary op with a permuted operand: the op on the unpermuted
+        source, the other operand brought to that layout. A permuted second operand is sunk
+        only when the first comes to its layout for free (a constant, a scalar, a
+        lower-rank operand or one permuted alike): ConvertLayout's NHWC bias add,
+        ``add(conv_nhwc, to_nhwc(bias))``, would otherwise move the conv's output to NCHW."""
+        a, b = call.args
+        for pos, got in enumerate((self._permuted(a), self._permuted(b))):
+            if got is None:
+                continue
+            x, perm = got
+            if pos == 1 and not self._free(a, perm, _rank(call)):
+                continue
+            other = self._matched((b, a)[pos], perm, _rank(call))
+            if other is not None:
+                args = [x, other] if pos == 0 else [other, x]
+                return relax.op.permute_dims(self._emit(call, args), perm)
+        return call
+
+    def _free(self, e: relax.Expr, perm: list[int], rank: int) -> bool:
+        """Whether ``e`` comes to ``perm``'s source layout without a transpose at run time."""
+        got = self._permuted(e)
+        if got is not None:
+            return got[1] == perm
+        return isinstance(e, tvm.ir.expr.GenericConst) or 0 <= _rank(e) < rank
+
     def _matched(self, e: relax.Expr, perm: list[int], rank: int) -> relax.Expr | None:
         """``e`` in the unpermuted layout: its own unpermuted source, itself when a scalar,
-        or a permute of it when it has the full rank (a constant's folds away)."""
+        or a permute of it (a constant's folds away). An operand of lower rank broadcasts
+        from the right: it gets its leading unit axes first (PoolFormer's and ConvNeXt's
+        per-channel layer scale, ``(C, 1, 1)`` against ``(N, C, H, W)``)."""
         got = self._permuted(e)
         if got is not None:
             return got[0] if got[1] == perm else None
         r = _rank(e)
         if r == 0:
             return e
-        if r != rank:
+        if r < 1 or r > rank:
             return None
+        if r < rank:
+            e = self.builder_.emit(relax.op.expand_dims(e, list(range(rank - r))))
         inverse = [perm.index(i) for i in range(len(perm))]
         return self.builder_.emit(relax.op.permute_dims(e, inverse))
+
+    def _channels_last(self, call: relax.Call, x: relax.Expr) -> relax.Expr:
+        """An NCHW pool or group norm whose input is ``to_nchw(x)``: the same op in NHWC on
+        ``x``, its result permuted back (and sunk further by its consumers)."""
+        if call.op.name == "opsdk.group_norm":
+            _, ins, attrs = decode_call(call)
+            if attrs.get("layout", "NCHW") != "NCHW":
+                return call
+            extra = {k: v for k, v in ins.items() if k != "x"}
+            y = ops.group_norm(x, **extra, **{**attrs, "layout": "NHWC"})
+        else:
+            a = call.attrs
+            if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+                return call
+            if call.op.name == "relax.nn.adaptive_avg_pool2d":
+                size = None if a.output_size is None else [int(v) for v in a.output_size]
+                y = relax.op.nn.adaptive_avg_pool2d(x, size, layout="NHWC", out_layout="NHWC")
+            else:
+                y = _POOLS[call.op.name](
+                    x, pool_size=[int(v) for v in a.pool_size],
+                    strides=[int(v) for v in a.strides], padding=[int(v) for v in a.padding],
+                    dilation=[int(v) for v in a.dilation], ceil_mode=bool(a.ceil_mode),
+                    count_include_pad=bool(a.count_include_pad), layout="NHWC",
+                    out_layout="NHWC")
+        return relax.op.permute_dims(self.builder_.emit(y), _TO_NCHW)
 
     def _reduce(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
         axis = call.attrs.axis

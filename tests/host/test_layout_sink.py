@@ -119,3 +119,44 @@ def test_an_op_that_reduces_over_channels_keeps_its_layout(registered):
         y = torch.softmax(torch.nn.functional.conv2d(x, conv.weight, padding=1), dim=1)
         want = torch.nn.functional.conv2d(y, torch.ones(8, 8, 1, 1) / 8).numpy()
     assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
+
+
+class _PoolMixer(torch.nn.Module):
+    """A PoolFormer block's token mixer: GroupNorm(1, C), ``pool(y) - y`` (3x3 average,
+    padding not counted), a per-channel layer scale of shape (C, 1, 1), the residual."""
+
+    def __init__(self, c: int, pool: torch.nn.Module):
+        super().__init__()
+        self.norm, self.pool = torch.nn.GroupNorm(1, c), pool
+        self.scale = torch.nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.scale * (self.pool(y) - y)
+
+
+@pytest.mark.parametrize("pool", [
+    torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False),
+    torch.nn.MaxPool2d(3, 1, 1),
+])
+def test_pools_norms_and_layer_scales_between_convs_stay_channels_last(pool):
+    # ConvertLayout stops at the opsdk group norm: the pool after it ran NCHW (its window
+    # predicates per lane: 3-7 % of the roof in PoolFormer-S12) and the (C, 1, 1) layer
+    # scale, of lower rank than the tensor, kept a transpose pair around every block.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), _PoolMixer(16, pool),
+                              torch.nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(1, 3, 20, 20)
+    mod = from_torch(torch.export.export(net, (x,)))
+    cm = compile_model(mod, "x86", cache=False)
+    rows = report(cm, "x86", profile=False, asm=False).kernels
+    names = [k.name for k in rows]
+    # Transposes: the input's and the output's only (into NHWC and back).
+    assert sum("transpose" in n for n in names) == 2, names
+    rules = {k.kind: k.rule for k in rows}
+    # NHWC group norm with one group: its own rule (it had fallen to the generic row rule)
+    assert rules["opsdk.group_norm"] == "x86.group_norm", rules
+    assert rules["pool"] == "x86.pool", rules
+    got = _run(cm, x.numpy())
+    want = net(x).detach().numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
