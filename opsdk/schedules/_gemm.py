@@ -415,8 +415,11 @@ def schedule_matmul(
     m_ext = ext[i_last] if i_last is not None else 1
     n_ext = ext[j_last]
     lanes, nv, mr = tile_mn(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
-    pad_n = n_ext is not None and n_ext % (lanes * nv) != 0
-    if pad_n:  # no tile width divides N (a sequence of 197 tokens): pad N to whole tiles
+    # No tile width divides N (a sequence of 197 tokens), or only one odd vector wider than
+    # a register does (Swin's 49-token windows: a 49-lane accumulator row that LLVM keeps on
+    # the stack, 10 GFLOP/s): pad N to whole tiles.
+    pad_n = n_ext is not None and (n_ext % (lanes * nv) != 0 or lanes > lanes_max)
+    if pad_n:
         lanes, nv, mr = _padded_tile(m_ext, n_ext, lanes_max, max_vecs, mr_max, acc_regs)
     elif n_ext is not None and mr * nv < _MIN_CHAINS and n_ext >= _MIN_CHAINS * lanes_max \
             and max_vecs >= _MIN_CHAINS:

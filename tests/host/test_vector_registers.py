@@ -143,6 +143,30 @@ def test_the_padded_gemv_computes_every_column():
     assert np.all(np.abs(y.numpy() - ref) <= bound)
 
 
+@pytest.mark.parametrize("mcpu", ["haswell", "znver4"])
+def test_an_n_only_an_odd_vector_divides_is_padded_to_register_vectors(mcpu):
+    # Swin's windows: 49 x 49 attention scores. N = 49 took one 49-lane vector, an
+    # accumulator row LLVM kept on the stack (10 GFLOP/s); it is padded to whole register
+    # vectors now (2.98 -> 0.22 ms for 192 windows, one Zen 4, 2 threads).
+    tgt = _x86(mcpu)
+    lanes, vecs = _tile(_scheduled(_matmul(49, 49, 32), tgt))
+    assert lanes == vector_bits(tgt) // 32 and vecs >= 1, (lanes, vecs)
+
+
+def test_the_odd_n_matmul_computes_every_column():
+    tgt = opsdk.target("x86")
+    out = _scheduled(_matmul(49, 49, 32), tgt)
+    f = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target=tgt)
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, (49, 32)).astype("float32")
+    b = rng.uniform(-1, 1, (32, 49)).astype("float32")
+    y = tvm.runtime.empty((49, 49), "float32")
+    f(tvm.runtime.tensor(a), tvm.runtime.tensor(b), y)
+    ref = a.astype("float64") @ b.astype("float64")
+    bound = 32 * 2.0 ** -24 * (np.abs(a).astype("float64") @ np.abs(b).astype("float64"))
+    assert np.all(np.abs(y.numpy() - ref) <= bound)
+
+
 @pytest.mark.skipif(target_arch(opsdk.target("x86")) != "x86_64", reason="x86-64 host only")
 def test_the_avx2_matmul_keeps_its_accumulators_in_registers():
     # The hot loop (the basic block with the most FMAs) has a 12-accumulator tile's FMAs
