@@ -192,6 +192,41 @@ def _counted(name: str, fn: Converter, hits: dict[str, int]) -> Converter:
     return convert
 
 
+def _div_mode(node: fx.Node, imp: Any) -> relax.Expr:
+    """``div.Tensor_mode`` (``x // 2``, ``torch.div(x, y, rounding_mode=...)``) with torch's
+    type promotion. TVM 0.27's converter makes a Python scalar an int32 or float32 constant
+    whatever the tensor's dtype, so ``float_tensor // 2`` (EdgeNeXt's positional encoding)
+    failed to import ("Binary operators must have the same datatype")."""
+    import torch  # heavy: torch
+
+    a, b = (imp.env[v] if isinstance(v, torch.fx.Node) else v for v in node.args[:2])
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
+    bb = imp.block_builder
+    exprs = [v for v in (a, b) if isinstance(v, relax.Expr)]
+    dts = [str(v.ty.dtype) for v in exprs]
+    if len(exprs) == 2:
+        dt = imp._promote_common_dtype(*dts) or dts[0]
+    else:
+        scalar = b if isinstance(a, relax.Expr) else a
+        # a float scalar makes an integer tensor's quotient float (torch's default dtype)
+        dt = "float32" if isinstance(scalar, float) and "float" not in dts[0] else dts[0]
+    a, b = (bb.emit(relax.op.astype(v, dt)) if isinstance(v, relax.Expr) and
+            str(v.ty.dtype) != dt else v if isinstance(v, relax.Expr) else relax.const(v, dt)
+            for v in (a, b))
+    if mode is None:
+        return bb.emit(relax.op.divide(a, b))
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(a, b))
+    if mode == "trunc":
+        return bb.emit(relax.op.trunc(bb.emit(relax.op.divide(a, b))))
+    raise ValueError(f"aten.div: rounding_mode={mode!r} is not one of None, 'floor', 'trunc'")
+
+
+#: Converters for aten overloads TVM 0.27's importer gets wrong; below opsdk's op mappings
+#: and the caller's ``custom_convert_map`` in precedence.
+_ATEN_FIXES: dict[str, Converter] = {"div.Tensor_mode": _div_mode}
+
+
 def _aten_names(ep: Any) -> set[str]:
     """``node.target.__name__`` of every call in the program (what a converter keys on)."""
     return {getattr(n.target, "__name__", str(n.target)) for n in ep.graph.nodes
@@ -270,6 +305,8 @@ def from_torch(
     for d in registered_ops():
         for aten, fn in d.torch_unmapped.items():
             cmap.setdefault(aten, fn)
+    for aten, fn in _ATEN_FIXES.items():
+        cmap.setdefault(aten, fn)
     hits = dict.fromkeys([*mapped, *custom], 0)
     cmap.update({k: _counted(k, fn, hits) for k, (_, fn) in mapped.items()})
     cmap.update({k: _counted(k, fn, hits) for k, fn in custom.items()})

@@ -144,6 +144,30 @@ def test_torch_convert_map_keys():
     assert {"group_norm.default", "native_group_norm.default"} <= keys
 
 
+def test_rounding_divisions_promote_like_torch():
+    # TVM 0.27's div.Tensor_mode made a Python scalar an int32 constant beside a float
+    # tensor: EdgeNeXt's `arange(float) // 2` did not import.
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x, i, j):
+            pos = torch.arange(12, dtype=torch.float32, device=x.device)
+            return (x // 2 + pos // 3, torch.div(x, 0.7, rounding_mode="trunc"),
+                    i // 3, torch.div(i, j, rounding_mode="floor"),
+                    torch.div(i, 2.5, rounding_mode="floor"))
+
+    x = torch.linspace(-7, 7, 12)
+    i = torch.arange(-6, 6)
+    j = torch.tensor([3, -2, 5, 7, -4, 1, 2, 3, 4, 5, 6, 7])
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x, i, j)))
+    ex = tvm.compile(mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(t.numpy()) for t in (x, i, j)])
+    for g, w in zip(got, M()(x, i, j)):
+        assert str(g.dtype) == str(w.dtype).removeprefix("torch."), (g.dtype, w.dtype)
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
 def test_compile_imported_model_dynamic_batch_and_params_as_inputs():
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     batch = torch.export.Dim("batch", min=1, max=64)
