@@ -240,6 +240,8 @@ def run_model_bench(
                 continue
         if "tvm_default" in candidates:
             try:
+                if m.tvm_mod is None:
+                    raise RuntimeError(m.tvm_error or "TVM's own import failed")
                 t0 = time.perf_counter()
                 ex = compile_default(m.tvm_mod, tgt)  # through the compile cache
                 row["tvm_default_ready_s"] = time.perf_counter() - t0
@@ -342,9 +344,9 @@ def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequ
     if built is not None:  # the baselines from_torch skipped, outside the measured span
         model, args = built[0], tuple(built[1])
         if "tvm_default" in candidates:
-            from tvm.relax.frontend.torch import from_exported_program
+            from ..model import tvm_import
 
-            m.tvm_mod = from_exported_program(export_torch(model, args))
+            m.tvm_mod, m.tvm_error = tvm_import(export_torch(model, args))
         if {"onnxruntime", "openvino"} & set(candidates):
             with fd_silenced(1):  # a failed export logs the whole TorchScript graph to fd 1
                 m.onnx, m.onnx_error = _torch_to_onnx(model, args)

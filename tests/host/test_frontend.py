@@ -672,3 +672,25 @@ def test_an_ops_onnx_mapping_converts_its_nodes_and_counts_them():
         np.testing.assert_allclose(got, np.maximum(_ref(x.astype(np.float64)), 0), atol=1e-6)
     finally:
         opsdk.unregister(onnx_hswish)
+
+
+def test_a_failing_tvm_baseline_import_costs_its_column_only(monkeypatch):
+    # XCiT imported with opsdk's converters but failed TVM's own importer (the baseline of
+    # `opsdk bench --model`), and the whole model row failed with it.
+    import torch
+
+    import opsdk.model as model_mod
+    from opsdk.bench import run_model_bench
+
+    def broken(ep, *a, **k):
+        raise TypeError("Binary operators must have the same datatype for both operands.")
+
+    monkeypatch.setattr(model_mod, "from_exported_program", broken)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    m = model_mod.LoadedModel.from_torch("tiny", net, (torch.randn(2, 8),))
+    assert m.tvm_mod is None and m.tvm_error.startswith("TVM's own import failed: Binary")
+    (row,) = run_model_bench([m], candidates=("opsdk", "tvm_default"), repeats=2,
+                             budget_ms=2.0)
+    assert "failed" not in row and row["opsdk_ms"] > 0
+    assert "TVM's own import failed" in row["errors"]["tvm_default"]
