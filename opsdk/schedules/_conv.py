@@ -418,8 +418,8 @@ def _tile(sch, info, epi, lanes, *, outer, tile, red, rows, vecs, vec, parallel=
 
 
 def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
-                        pixels_first=False, gather=False):
-    """(lanes, channel vectors, pixels) of a channel-vector tile.
+                        pixels_first=False, gather=False, overlap_ok=False):
+    """(lanes, channel vectors, pixels, overlapped) of a channel-vector tile.
 
     Depthwise: one channel vector x :data:`_DEPTHWISE_PIXELS` pixels of the row. Each FMA
     needs its own input vector, so what a tile can save is the weight loads: one weight
@@ -470,8 +470,8 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
     nvec = -(-o_ext // lanes)
     cands = [v for v in range(1, min(nvec, _MAX_CHANNEL_VECTORS) + 1) if nvec % v == 0]
     if depthwise:
-        return lanes, 1, tile_m(w_ext, _DEPTHWISE_PIXELS)
-    best = None
+        return lanes, 1, tile_m(w_ext, _DEPTHWISE_PIXELS), False
+    best = over = None
     for v in cands:
         top = max(1, min(_MAX_TILE_PIXELS, (regs - v) // v))
         mr = tile_m(w_ext, top)
@@ -480,6 +480,19 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
             # Loads per FMA, a weight vector (from the panel streaming through L2) counting
             # twice an input broadcast (from L1): the most pixels where registers allow it.
             key = (exact, -(2 / mr + 1 / v), mr)
+            if overlap_ok and w_ext is not None:
+                # Exact tiles, and whole tiles with the last one moved back to end at the
+                # row's end (_overlap_last_tile) where no tile divides the row (Inception's
+                # 17 pixels: 1 x 12 vectors exactly, 2 loads per FMA; 6 + 6 + 6 overlapped
+                # with 4 vectors), each costed per useful output; see below.
+                mr = max(r for r in range(1, top + 1) if w_ext % r == 0)
+                key = (True, -_pixel_cost(mr, v, w_ext), -(2 / mr + 1 / v), mr, False)
+                if w_ext > top:
+                    mo = min(range(2, top + 1),
+                             key=lambda r: (_pixel_cost(r, v, w_ext), -r), default=1)
+                    alt = (True, -_pixel_cost(mo, v, w_ext), -(2 / mo + 1 / v), mo, True)
+                    if w_ext % mo and (over is None or alt > over[0]):
+                        over = (alt, v, mo)
         else:
             if long_k and w_ext is not None and mr < top <= w_ext:
                 mr = top  # a long reduction amortizes the tail tile: every register in use
@@ -490,7 +503,24 @@ def _pixel_channel_tile(w_ext, o_ext, lanes_max, regs, depthwise, long_k=False,
             key = (exact or long_k, useful, v)
         if best is None or key > best[0]:
             best = (key, v, mr)
-    return lanes, best[1], best[2]
+    if over is not None and -over[0][1] < -best[0][1] * _OVERLAP_GAIN:
+        # the overlapped tile only where it clearly beats every exact one: the exact tiles'
+        # order was measured (the docstring's numbers), the overlap's cost is modelled
+        return lanes, over[1], over[2], True
+    return lanes, best[1], best[2], False
+
+
+#: An overlapped pixel tile (:func:`_pixel_channel_tile`) must cost this much less than the
+#: best exact one (its recomputed pixels are counted in :func:`_pixel_cost` already).
+_OVERLAP_GAIN = 0.85
+
+
+def _pixel_cost(mr: int, v: int, w_ext: int | None) -> float:
+    """A tile's time per useful output, in FMA issues: the FMAs, or the loads when they
+    dominate (a weight vector counts twice an input broadcast, as in the tile choice), over
+    the share of pixels that are not recomputed (a tile overlapping the one before it)."""
+    useful = 1.0 if w_ext is None else w_ext / (-(-w_ext // mr) * mr)
+    return max(1.0, 2 / mr + 1 / v) / useful
 
 
 def _short_inner(sch, red: list) -> list:
@@ -555,12 +585,11 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
     for r in ("C", "KH", "KW"):
         for lp in by_role.get(r, []):
             k_len *= extent_of(sch, lp) or 1
-    lanes, nv, mr = _pixel_channel_tile(w_ext, o_ext, group or lanes_max,
-                                        acc_regs + acc_regs // 6,
-                                        info.depthwise and not group,
-                                        long_k=k_len >= 256,
-                                        pixels_first=not in_place,
-                                        gather=_multiplier(sch, info) and not group)
+    lanes, nv, mr, pix_overlap = _pixel_channel_tile(
+        w_ext, o_ext, group or lanes_max, acc_regs + acc_regs // 6,
+        info.depthwise and not group, long_k=k_len >= 256, pixels_first=not in_place,
+        gather=_multiplier(sch, info) and not group,
+        overlap_ok=info.channels_last and not info.depthwise)
     nr = lanes * nv
     overlap = info.depthwise and not group and o_ext > nr and o_ext % nr != 0 \
         and info.w_pos[-1] == "O"
@@ -587,8 +616,12 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
     red += [lp for r in ("C", "KH", "KW", "TR") for lp in by_role.get(r, []) if lp not in red]
     batch = by_role.get("N", []) + by_role.get("T", [])
     if not overlap:
-        return _tile(sch, info, epi, lanes, outer=[*batch, oo, h], tile=wo, red=red,
-                     rows=wi, vecs=ov, vec=ol)
+        wo_var = sch.get(wo).loop_var
+        out = _tile(sch, info, epi, lanes, outer=[*batch, oo, h], tile=wo, red=red,
+                    rows=wi, vecs=ov, vec=ol)
+        # The pixel tiles of a row run in one thread (the parallel loop is outside them), so
+        # a moved last tile rewrites its overlap with the same values, never concurrently.
+        return _overlap_last_tile(out, wo_var, mr, w_ext) if pix_overlap else out
     # A depthwise conv whose channels no vector divides (RexNet's 162): whole vectors, the
     # last tile partial. Its lane predicate would scalarize every tile's vector loop (and
     # TVM's loop_partition crashes on this nest), so the last tile is moved back to end at

@@ -372,3 +372,40 @@ def test_a_bug_planted_in_the_overlapped_tile_is_caught(monkeypatch):
     res = run_case(_case((1, 7, 8, 41), {**DW_ODD[0][2], "channels": 41}, seed=11))
     assert res.rule == "x86.conv2d"
     assert not res.ok and res.status == "mismatch", (res.status, res.message)
+
+
+# Rows of a prime pixel count (Inception-v3's 17 x 17 and 73 x 73 maps): the only exact
+# pixel tiles are 1 pixel (2 loads per FMA) or the whole row; whole tiles with the last one
+# moved back to end at the row's end (6 + 6 + 6 for 17) recompute one pixel and keep every
+# register busy. 1x1 768 -> 192 at 17x17, 2 threads: 1.11 -> 0.54 ms.
+PRIME_ROWS = [
+    ("pw17", (1, 17, 17, 64), {"layout": "NHWC", "channels": 192, "kernel": 1, "stride": 1,
+                               "padding": 0, "activation": "relu"}),
+    ("c3s2_17", (1, 35, 35, 24), {"layout": "NHWC", "channels": 64, "kernel": 3,
+                                  "stride": 2, "padding": 0, "activation": "relu"}),
+]
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [d[1:] for d in PRIME_ROWS],
+                         ids=[d[0] for d in PRIME_ROWS])
+def test_prime_rows_overlap_the_last_pixel_tile(shape, attrs):
+    res = run_case(_case(shape, attrs))
+    assert res.ok and res.rule == "x86.conv2d", (res.status, res.message, res.rule)
+    f = _scheduled(shape, attrs)
+    (mr,) = {_extent(lp) for lp in _named(f, "xx_1")}
+    assert 1 < mr < 17 and 17 % mr, mr  # several pixels, not a divisor of the row
+    mins: list = []
+    structural_walk(f, [(tirx.Min, mins.append)])
+    assert any(isinstance(m.b, tirx.IntImm) and int(m.b.value) == 17 - mr for m in mins)
+    assert not _predicates(f)  # every tile whole
+
+
+def test_a_bug_planted_in_the_overlapped_pixel_tile_is_caught(monkeypatch):
+    # the last pixel tile moved back one pixel too far: the row's last pixel never computed
+    real = _conv._overlap_last_tile
+    monkeypatch.setattr(_conv, "_overlap_last_tile",
+                        lambda sch, oo, nr, o_ext: real(sch, oo, nr, o_ext - 1))
+    # (a shape no other test compiles: verify keeps compiled cases for the session)
+    res = run_case(_case((1, 17, 17, 40), {**PRIME_ROWS[0][2], "channels": 96}, seed=11))
+    assert res.rule == "x86.conv2d"
+    assert not res.ok and res.status == "mismatch", (res.status, res.message)
