@@ -633,11 +633,12 @@ def _channel_vectors(sch, func, info, by_role, epi, lanes_max, acc_regs, in_plac
 
 
 def _overlap_last_tile(sch, oo_var, nr: int, o_ext: int):
-    """The last channel tile moved back to end at the last channel (``min(oo * nr,
-    o_ext - nr)``): it recomputes a few channels of the tile before it, the same values,
-    and no tile has a lane predicate left (each is proved true and dropped), so every tile
-    is one vector. Tiles of a row run in one thread, so the overlap is never written
-    concurrently."""
+    """The last tile of the loop ``oo_var`` (``nr`` wide, over ``o_ext``) moved back to end
+    at the loop's end (``min(oo * nr, o_ext - nr)``): a depthwise conv's channel tiles, a
+    dense conv's pixel tiles. It recomputes a few elements of the tile before it, the same
+    values, and no tile has an edge predicate left (each is proved true and dropped), so
+    every tile is whole. The caller keeps the tiles of one loop in one thread, so the
+    overlap is never written concurrently."""
     from tvm.ir import Range
     from tvm.sym import Analyzer
     from tvm_ffi.structural import structural_mutate, structural_walk
@@ -661,16 +662,10 @@ def _overlap_last_tile(sch, oo_var, nr: int, o_ext: int):
     def conjuncts(e) -> list:
         return [*conjuncts(e.a), *conjuncts(e.b)] if isinstance(e, tirx.And) else [e]
 
-    def uses_oo(e) -> bool:
-        found: list = []
-        structural_walk(e, [(tirx.Var, lambda v: found.append(v) if v.same_as(oo_var)
-                             else None)])
-        return bool(found)
-
     def realize(node, mut):
         node = mut.default_mutate(node)
         keep = [c for c in conjuncts(node.predicate)
-                if not (uses_oo(c) and ana.can_prove(c))]
+                if not (oo_var in index_vars(c) and ana.can_prove(c))]
         pred = keep[0] if keep else tirx.IntImm("bool", 1)
         for c in keep[1:]:
             pred = tirx.And(pred, c)

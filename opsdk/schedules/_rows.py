@@ -17,7 +17,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import StringImm
 from tvm.target import Target
-from tvm_ffi.structural import structural_mutate, structural_walk
+from tvm_ffi.structural import structural_mutate
 
 from ..targets import target_arch
 from . import _stream
@@ -39,6 +39,7 @@ from ._core import (
     vectorize_loop,
 )
 from ._fallback import _fallback_block
+from ._gemm import index_vars
 from ._rfactor import (
     RFactor,
     pick_width,
@@ -384,12 +385,6 @@ def rolled_partial_sums(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     body = structural_mutate(func.body, [(tirx.For, swap)])
     return func if body.same_as(func.body) else func.with_body(body)
-
-
-def _uses(e: tirx.PrimExpr, var: tirx.Var) -> bool:
-    found: list = []
-    structural_walk(e, [(tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)])
-    return bool(found)
 
 
 def _reduces_innermost(sch: s_tir.Schedule, b: BlockInfo) -> bool:
@@ -739,7 +734,7 @@ def schedule_columns(
         if isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1 \
                 and last.min.same_as(col):
             continue
-        if any(_uses(rg.min, col) for rg in r.region):
+        if any(col in index_vars(rg.min) for rg in r.region):
             return None
     loops = sch.get_loops(red.rv)
     realize = _realize(sch, red.rv)

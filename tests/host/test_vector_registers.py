@@ -128,19 +128,24 @@ def test_a_gemv_with_an_awkward_n_keeps_several_full_width_accumulators(mcpu, bi
     assert lanes == bits // 32 and vecs >= 3, (lanes, vecs)
 
 
-def test_the_padded_gemv_computes_every_column():
+def _check_matmul_numbers(m: int, n: int, k: int, seed: int) -> None:
+    """The host's scheduled m x n x k matmul against float64 within a sum of k products'
+    bound, gamma_k * sum |a||b| (float32 unit roundoff 2^-24): every column computed."""
     tgt = opsdk.target("x86")
-    out = _scheduled(_matmul(1, 1000, 1280), tgt)
+    out = _scheduled(_matmul(m, n, k), tgt)
     f = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target=tgt)
-    rng = np.random.default_rng(2)
-    a = rng.uniform(-1, 1, (1, 1280)).astype("float32")
-    b = rng.uniform(-1, 1, (1280, 1000)).astype("float32")
-    y = tvm.runtime.empty((1, 1000), "float32")
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (m, k)).astype("float32")
+    b = rng.uniform(-1, 1, (k, n)).astype("float32")
+    y = tvm.runtime.empty((m, n), "float32")
     f(tvm.runtime.tensor(a), tvm.runtime.tensor(b), y)
     ref = a.astype("float64") @ b.astype("float64")
-    # a sum of 1280 products: gamma_1280 * sum |a||b| (float32 unit roundoff 2^-24)
-    bound = 1280 * 2.0 ** -24 * (np.abs(a).astype("float64") @ np.abs(b).astype("float64"))
+    bound = k * 2.0 ** -24 * (np.abs(a).astype("float64") @ np.abs(b).astype("float64"))
     assert np.all(np.abs(y.numpy() - ref) <= bound)
+
+
+def test_the_padded_gemv_computes_every_column():
+    _check_matmul_numbers(1, 1000, 1280, seed=2)
 
 
 @pytest.mark.parametrize("mcpu", ["haswell", "znver4"])
@@ -154,17 +159,7 @@ def test_an_n_only_an_odd_vector_divides_is_padded_to_register_vectors(mcpu):
 
 
 def test_the_odd_n_matmul_computes_every_column():
-    tgt = opsdk.target("x86")
-    out = _scheduled(_matmul(49, 49, 32), tgt)
-    f = tvm.compile(tvm.IRModule({"main": out.with_attr("global_symbol", "main")}), target=tgt)
-    rng = np.random.default_rng(3)
-    a = rng.uniform(-1, 1, (49, 32)).astype("float32")
-    b = rng.uniform(-1, 1, (32, 49)).astype("float32")
-    y = tvm.runtime.empty((49, 49), "float32")
-    f(tvm.runtime.tensor(a), tvm.runtime.tensor(b), y)
-    ref = a.astype("float64") @ b.astype("float64")
-    bound = 32 * 2.0 ** -24 * (np.abs(a).astype("float64") @ np.abs(b).astype("float64"))
-    assert np.all(np.abs(y.numpy() - ref) <= bound)
+    _check_matmul_numbers(49, 49, 32, seed=3)
 
 
 @pytest.mark.skipif(target_arch(opsdk.target("x86")) != "x86_64", reason="x86-64 host only")
