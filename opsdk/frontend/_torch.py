@@ -205,7 +205,7 @@ def _div_mode(node: fx.Node, imp: Any) -> relax.Expr:
     exprs = [v for v in (a, b) if isinstance(v, relax.Expr)]
     dts = [str(v.ty.dtype) for v in exprs]
     if len(exprs) == 2:
-        dt = imp._promote_common_dtype(*dts) or dts[0]
+        dt = str(torch.promote_types(*(getattr(torch, d) for d in dts))).removeprefix("torch.")
     else:
         scalar = b if isinstance(a, relax.Expr) else a
         # a float scalar makes an integer tensor's quotient float (torch's default dtype)
