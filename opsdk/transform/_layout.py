@@ -24,7 +24,10 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   norm has an NHWC kernel); an NCHW pool or group norm on ``to_nchw(x)`` runs NHWC on ``x``
   with its result permuted back, and a binary op's lower-rank operand (a ``(C, 1, 1)`` layer
   scale) is brought to the layout it broadcasts against, so PoolFormer's blocks (group norm,
-  ``pool(y) - y``, layer scale) stay NHWC between the convs.
+  ``pool(y) - y``, layer scale) stay NHWC between the convs; an inference ``batch_norm`` is
+  carried with its axis renumbered (FastViT's BN after a GELU);
+- ConvertLayout transposes a value once per use: the copies are merged (one
+  ``EliminateCommonSubexpr``), so two convs reading one NCHW value share its transpose.
 
 A transposed conv first becomes a conv and a depth-to-space (the sub-pixel form,
 ``_TransposedConvAsConv``; a 1x1 conv for UNet / FPN's kernel 2 / stride 2): it then runs NHWC
@@ -303,6 +306,8 @@ class _PermutesSink(relax.PyExprMutator):
             return self._channels_last(call, x)
         if name in _REDUCE:
             return self._reduce(call, x, perm)
+        if name == "relax.nn.batch_norm":
+            return self._batch_norm(call, x, perm)
         if name.startswith("opsdk."):
             found = [self._permuted(a) for a in call.args]
             if any(f is None or f[1] != perm for f in found) or not _is_elementwise(call):
@@ -379,6 +384,21 @@ class _PermutesSink(relax.PyExprMutator):
                     out_layout="NHWC")
         return relax.op.permute_dims(self.builder_.emit(y), _TO_NCHW)
 
+    def _batch_norm(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
+        """``batch_norm(permute(x, P), axis=a)`` -> ``batch_norm(x, axis=P[a])``, its
+        normalized field permuted by ``P`` (the statistics fields have no layout): a BN that
+        follows a user's or a built-in activation stays NHWC (FastViT's RepMixer)."""
+        a = call.attrs
+        axis = int(a.axis) % len(perm)
+        y = self.builder_.emit(relax.op.nn.batch_norm(
+            x, *call.args[1:], axis=perm[axis], epsilon=float(a.epsilon),
+            center=bool(a.center), scale=bool(a.scale), momentum=float(a.momentum),
+            training=bool(a.training)))
+        out = self.builder_.emit(relax.op.permute_dims(
+            self.builder_.emit(relax.TupleGetItem(y, 0)), perm))
+        return relax.Tuple([out, *(self.builder_.emit(relax.TupleGetItem(y, i))
+                                   for i in (1, 2))])
+
     def _reduce(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
         axis = call.attrs.axis
         if axis is None:  # over everything: the layout does not matter
@@ -432,6 +452,8 @@ def ChannelsLast() -> tvm.transform.Pass:
             if isinstance(func, relax.Function):
                 func = _PermutesSink().visit_expr(func)
                 mod[gv] = _GroupNormChannelsLast().visit_expr(func)
+        # ConvertLayout permutes a value once per use (FastViT: ``to_nhwc(x)`` twice)
+        mod = relax.transform.EliminateCommonSubexpr()(mod)
         return relax.transform.DeadCodeElimination()(mod)
 
     return _pass

@@ -220,3 +220,26 @@ def test_a_reshaping_transpose_through_an_l1_tile_is_right_on_arm() -> None:
         (y,) = runner.run(ex, [av, bv], outputs=[((1, 32, 125), "float32")])
     want = np.concatenate([av.reshape(1, 100, 32), bv.reshape(1, 25, 32)], axis=1)
     np.testing.assert_array_equal(y, want.transpose(0, 2, 1))
+
+
+def test_a_transpose_in_tiles_through_a_local_buffer_is_right_on_arm() -> None:
+    # neon.elementwise's tiled transpose (NCHW -> NHWC, 4-lane tiles), run under emulation
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    import opsdk
+    from opsdk.runners import runner_for
+
+    a = te.placeholder((1, 12, 8, 16), name="a")
+    out = te.compute((1, 8, 16, 12), lambda n, h, w, c: a[n, c, h, w], name="T_transpose")
+    f = te.create_prim_func([a, out])
+    tgt = opsdk.target("arm")
+    s = opsdk.schedules.apply_schedule(opsdk.schedules.kernel_for("k", f), f, tgt)
+    assert s.attrs["opsdk.rule"] == "neon.elementwise"
+    assert [str(b.scope()) for b in s.body.block.alloc_buffers] == ["local"]
+    ex = tvm.compile(tvm.IRModule({"main": s.with_attr("global_symbol", "main")}), target=tgt)
+    x = np.random.default_rng(2).standard_normal((1, 12, 8, 16)).astype("float32")
+    with runner_for("arm") as runner:
+        (y,) = runner.run(ex, [x], outputs=[((1, 8, 16, 12), "float32")])
+    np.testing.assert_array_equal(y, x.transpose(0, 2, 3, 1))

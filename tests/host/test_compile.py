@@ -266,6 +266,38 @@ def test_a_reshaping_transpose_runs_through_an_l1_tile():
     np.testing.assert_array_equal(y.numpy(), want.transpose(0, 2, 1))
 
 
+@pytest.mark.parametrize("shape,perm,dtype", [
+    ((1, 48, 64, 64), (0, 2, 3, 1), "float32"),  # NCHW -> NHWC
+    ((1, 64, 32, 48), (0, 3, 1, 2), "float32"),  # NHWC -> NCHW
+    ((32, 80), (1, 0), "float32"),
+    ((2, 64, 128), (0, 2, 1), "uint8"),  # 64-lane vectors
+])
+def test_a_transpose_runs_in_tiles_through_a_local_buffer(shape, perm, dtype):
+    """A transpose whose input is contiguous along another output axis than the output's
+    innermost: lanes x lanes tiles read in vectors along the input's rows into a local
+    buffer, written out in vectors along the output's. Structure (the local tile, both
+    loops vectorized, the rule's name) and every element."""
+    from tvm import te
+
+    a = te.placeholder(shape, name="a", dtype=dtype)
+    out_shape = tuple(shape[p] for p in perm)
+    out = te.compute(out_shape, lambda *i: a[tuple(i[perm.index(k)] for k in range(len(shape)))],
+                     name="T_transpose")
+    f = te.create_prim_func([a, out])
+    tgt = opsdk.target("x86")
+    sched = opsdk.schedules.apply_schedule(opsdk.schedules.kernel_for("k", f), f, tgt)
+    assert sched.attrs["opsdk.rule"] == "x86.elementwise"
+    assert [str(b.scope()) for b in sched.body.block.alloc_buffers] == ["local"]
+    vec = [lp for lp in _loops(sched.body) if lp.kind == tirx.ForKind.VECTORIZED]
+    lanes = opsdk.schedules.vector_lanes(tgt, np.dtype(dtype).itemsize * 8)
+    assert [int(lp.extent) for lp in vec] == [lanes, lanes]
+    fn = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}), target=tgt)
+    x = np.random.default_rng(4).integers(0, 250, size=shape).astype(dtype)
+    y = tvm.runtime.empty(out_shape, dtype)
+    fn(tvm.runtime.tensor(x), y)
+    np.testing.assert_array_equal(y.numpy(), x.transpose(perm))
+
+
 def _loops(stmt) -> list:
     """Every For loop under ``stmt`` (a scheduled function whose partitioned tails' block
     copies share iter vars, which a new Schedule would reject)."""
