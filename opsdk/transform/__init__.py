@@ -8,7 +8,8 @@
 - :func:`FoldViewsIntoOps`: reshape / transpose / slice copies read through inside the opsdk
   op kernels they feed;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
-  conv2d + batch_norm  ->  fused ops;
+  conv2d + batch_norm  ->  fused ops; summed conv branches of one input (RepVGG, MobileOne)
+  ->  one conv (:func:`MergeConvBranches`);
 - :func:`tir_pipeline`: the TIR pipeline opsdk's kernels compile with (register tiles kept
   on the stack, not in a per-tile workspace);
 - :func:`op_counts` and :func:`rewrite_sites` to inspect the result, :func:`script` to print
@@ -35,6 +36,7 @@ Examples
 from __future__ import annotations
 
 from .._tir import tir_pipeline
+from ._branches import MergeConvBranches
 from ._fold import FoldConstantsAtOnce, fold_cache
 from ._fuse import FUSION_RULES, FuseIntoOps
 from ._layout import ChannelsLast
@@ -62,6 +64,7 @@ __all__ = [
     "KernelFormWeights",
     "LegalizeOpsDeferred",
     "LowerOps",
+    "MergeConvBranches",
     "ReplaceTVMOps",
     "RewriteSite",
     "ScheduleKernels",

@@ -25,6 +25,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
 from .. import ops as op_library  # the explicit op list, read when used
 from .._patterns import Rule, call_attr, const_value, either, float_tensor
 from ..registry import registered_ops
+from ._branches import MergeConvBranches
 from ._rewrite import apply_rules
 
 __all__ = ["FUSION_RULES", "FuseIntoOps"]
@@ -101,8 +102,10 @@ def _conv_bn_rule() -> Rule:
 
 
 def _graph_rules() -> dict[str, list[Rule]]:
-    """Rules that produce no opsdk op (so no op file owns them)."""
-    return {"conv_bn": [_conv_bn_rule()]}
+    """Rules that produce no opsdk op (so no op file owns them); ``conv_branches`` is a
+    pass of its own (:func:`~._branches.MergeConvBranches`: a sum of any number of terms is
+    no fixed pattern), run after the others."""
+    return {"conv_bn": [_conv_bn_rule()], "conv_branches": []}
 
 
 def op_fusion_rules() -> dict[str, list[Rule]]:
@@ -159,6 +162,10 @@ def FuseIntoOps(
       ->  ``opsdk.bias_gelu``;
     - ``conv_bn``: inference ``batch_norm`` of a ``conv2d`` (+ bias) whose weights and BN
       parameters are constants  ->  ``conv2d`` with folded weights plus a bias add;
+    - ``conv_branches``: a sum of constant-weight convs (+ bias) of one input with the same
+      stride and groups, and of an inference BN of that input or the input itself  ->  one
+      ``conv2d`` whose kernel is their sum (:func:`MergeConvBranches`: RepVGG / MobileOne
+      blocks as trained);
     - ``group_norm``: a 4-D NCHW ``x`` reshaped to ``(N, G, -1)``, normalized over the last
       axis with ``variance`` (ONNX InstanceNormalization as TVM imports it, its scale and
       bias all ones and zeros), reshaped back, optionally ``* gamma + beta`` of shape
@@ -222,6 +229,7 @@ def FuseIntoOps(
         mod = relax.transform.EliminateCommonSubexpr()(mod)
         if attrs is not None and mod.attrs is None:
             mod = mod.with_attrs(attrs)
-        return apply_rules(mod, selected)
+        mod = apply_rules(mod, selected)
+        return MergeConvBranches()(mod) if "conv_branches" in names else mod
 
     return _pass

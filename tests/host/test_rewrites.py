@@ -335,6 +335,123 @@ def test_conv_bn_training_mode_is_left_alone():
 
 
 # ---------------------------------------------------------------------------------------------
+# parallel conv branches of one input (MobileOne / RepVGG / FastViT blocks as trained)
+
+_U32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def _branch_params(c, groups, convs, affine):
+    """Random weights: ``convs`` as (kernel, padding, stride) with a bias each, ``affine``
+    inference BNs of the input (mean 0, so ``|gamma|, |beta|`` bound their terms)."""
+    rng = np.random.default_rng(5)
+    p = {f"w{k}": rng.normal(size=(c, c // groups, kk, kk)) for k, (kk, _, _) in enumerate(convs)}
+    p.update({f"b{k}": rng.normal(size=(1, c, 1, 1)) for k in range(len(convs))})
+    for k in range(affine):
+        p[f"g{k}"], p[f"beta{k}"] = rng.normal(size=c), rng.normal(size=c)
+        p[f"var{k}"] = rng.uniform(0.5, 2.0, size=c)
+    return p
+
+
+def _branches_module(p, x_shape, groups, convs, affine, identity, scale=None):
+    """``sum(conv_k(x) + b_k) + sum(bn_k(x)) [+ x]``, times ``scale`` per channel and plus
+    ``x`` when ``scale`` is given (FastViT's layer-scaled residual), then a ReLU."""
+    c = x_shape[1]
+
+    def body(x):
+        total = None
+        for k, (_, pad, stride) in enumerate(convs):
+            y = yield R.nn.conv2d(x, _c(p[f"w{k}"]), strides=stride, padding=pad, groups=groups)
+            y = yield R.add(y, _c(p[f"b{k}"]))
+            total = y if total is None else (yield R.add(total, y))
+        for k in range(affine):
+            bn = yield R.nn.batch_norm(x, _c(p[f"g{k}"]), _c(p[f"beta{k}"]), _c(np.zeros(c)),
+                                       _c(p[f"var{k}"]), axis=1, training=False)
+            total = yield R.add(total, (yield relax.TupleGetItem(bn, 0)))
+        if identity:
+            total = yield R.add(total, x)
+        if scale is not None:
+            total = yield R.add(x, (yield R.multiply(total, _c(scale))))
+        yield R.nn.relu(total)
+
+    return _func([_var("x", x_shape)], body)
+
+
+def _assert_within_summation_bound(before, after, p, x, groups, convs, affine, identity,
+                                   scale=None):
+    """Both modules round a sum of ``n`` products per output, each within ``n u`` of
+    ``sum |term|``: they differ by at most twice that (``|term|`` from the module with every
+    weight made positive, on ``|x|``)."""
+    n = sum(kk * kk * x.shape[1] // groups + 1 for kk, _, _ in convs) + 2 * affine + identity + 2
+    ref, got = _run(before, x), _run(after, x)
+    pos = {k: np.abs(v) for k, v in p.items()}
+    mag = _run(_branches_module(pos, x.shape, groups, convs, affine, identity,
+                                None if scale is None else np.abs(scale)), np.abs(x))
+    gamma = n * _U32 / (1 - n * _U32)
+    assert got.shape == ref.shape
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * gamma * (mag + 1e-30)), \
+        np.max(np.abs(got - ref))
+
+
+@pytest.mark.parametrize("groups,convs,affine,identity", [
+    (1, [(3, 1, 1), (3, 1, 1), (1, 0, 1)], 1, True),  # RepVGG / MobileOne, dense
+    (8, [(3, 1, 1)] * 3 + [(1, 0, 1)], 1, False),  # MobileOne depthwise, k = 3
+    (2, [(3, 1, 2), (1, 0, 2)], 0, False),  # stride 2: the 1x1 is the 3x3's centre tap
+    (1, [(3, [1, 1, 1, 1], 1), (3, [0, 0, 2, 2], 1)], 0, False),  # shifted: a 4x4 kernel
+], ids=["dense", "depthwise", "stride2", "shifted"])
+def test_conv_branches_of_one_input_merge_into_one_conv(groups, convs, affine, identity):
+    shape = (1, 8, 10, 10)
+    p = {k: v.astype("float32") for k, v in _branch_params(8, groups, convs, affine).items()}
+    before = _branches_module(p, shape, groups, convs, affine, identity)
+    after = FuseIntoOps(["conv_branches"])(before)
+    counts = op_counts(after)
+    assert counts["relax.nn.conv2d"] == 1 and "relax.nn.batch_norm" not in counts, counts
+    assert counts["relax.add"] == 1, counts  # the merged bias
+    assert [s.rule for s in rewrite_sites(after)] == ["fuse.conv_branches"]
+    x = RNG.normal(size=shape).astype("float32")
+    _assert_within_summation_bound(before, after, p, x, groups, convs, affine, identity)
+
+
+def test_a_layer_scaled_residual_of_branches_merges_with_its_scale():
+    # FastViT's RepMixer: x + scale * (dwconv(x) + b + bn(x) - ...): the scale multiplies
+    # the merged kernel and bias; the residual x is the identity tap.
+    shape, convs = (1, 8, 9, 9), [(3, 1, 1)]
+    p = {k: v.astype("float32") for k, v in _branch_params(8, 8, convs, 1).items()}
+    scale = RNG.uniform(0.5, 1.5, size=(8, 1, 1)).astype("float32")
+    before = _branches_module(p, shape, 8, convs, 1, False, scale)
+    after = FuseIntoOps(["conv_branches"])(before)
+    counts = op_counts(after)
+    assert counts["relax.nn.conv2d"] == 1 and "relax.multiply" not in counts, counts
+    x = RNG.normal(size=shape).astype("float32")
+    _assert_within_summation_bound(before, after, p, x, 8, convs, 1, True, scale)
+
+
+def test_conv_branches_that_do_not_line_up_are_left_alone():
+    shape = (1, 8, 10, 10)
+    # different groups (a dense 1x1 beside a depthwise 3x3): two convs stay
+    p = _branch_params(8, 1, [(1, 0, 1)], 0)
+    p["w1"] = RNG.normal(size=(8, 1, 3, 3))
+    p["b1"] = RNG.normal(size=(1, 8, 1, 1))
+
+    def mixed(x):
+        a = yield R.nn.conv2d(x, _c(p["w0"]))
+        b = yield R.nn.conv2d(x, _c(p["w1"]), padding=1, groups=8)
+        yield R.add(a, b)
+
+    before = _func([_var("x", shape)], mixed)
+    _unchanged(before, FuseIntoOps(["conv_branches"])(before))
+
+    # a branch also read elsewhere: merging would not remove its conv
+    def shared(x):
+        a = yield R.nn.conv2d(x, _c(p["w0"]))
+        b = yield R.nn.conv2d(x, _c(p["w0"] + 1.0))
+        s = yield R.add(a, b)
+        yield R.multiply(s, a)
+
+    before = _func([_var("x", shape)], shared)
+    _unchanged(before, FuseIntoOps(["conv_branches"])(before))
+
+
+# ---------------------------------------------------------------------------------------------
 # ReplaceTVMOps
 
 

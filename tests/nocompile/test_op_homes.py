@@ -105,8 +105,9 @@ def test_builtin_facts_come_from_the_op_files():
     ops = opsdk.ops.BUILTIN_OPS
     assert {d.name: tuple(d.torch_maps) for d in ops if d.torch_maps} == _torch.TORCH_OPS
     assert opsdk.frontend.TORCH_OPS == _torch.TORCH_OPS
-    assert list(_fuse.FUSION_RULES) == ["conv_bn", *(n.removeprefix("fuse.") for d in ops
-                                                     for n, _ in d.fusions)]
+    assert list(_fuse.FUSION_RULES) == ["conv_bn", "conv_branches",
+                                        *(n.removeprefix("fuse.") for d in ops
+                                          for n, _ in d.fusions)]
     assert list(_replace.REPLACEABLE_OPS) == [t.removeprefix("relax.nn.") for d in ops
                                               for t, _, _ in d.replacements]
     assert {v["opsdk"] for v in _onnx.ONNX_OPS.values()} <= {d.name for d in ops}
