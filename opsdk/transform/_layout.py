@@ -29,6 +29,10 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
 - ConvertLayout transposes a value once per use: the copies are merged (one
   ``EliminateCommonSubexpr``), so two convs reading one NCHW value share its transpose.
 
+A depthwise conv with a channel multiplier reads its input through ``o // m``: it becomes a
+``repeat`` of the input channels and a plain depthwise conv (``_MultiplierAsRepeat``), so the
+conv rule loads whole vectors instead of gathering at every tap.
+
 A transposed conv first becomes a conv and a depth-to-space (the sub-pixel form,
 ``_TransposedConvAsConv``; a 1x1 conv for UNet / FPN's kernel 2 / stride 2): it then runs NHWC
 on the conv rules like the others, instead of TVM's NCHW conv over a zero-dilated input.
@@ -157,6 +161,36 @@ class _TransposedConvAsConv(relax.PyExprMutator):
 
 
 _TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+@relax.expr_functor.mutator
+class _MultiplierAsRepeat(relax.PyExprMutator):
+    """An NHWC depthwise conv with a channel multiplier ``m`` (``Cin`` groups, ``m * Cin``
+    output channels: FastViT's and MobileViT's downsampling convs) -> its input with every
+    channel repeated ``m`` times, then a depthwise conv with one output channel a group
+    (the same HWIO weights). Output channel ``o`` reads input channel ``o // m``: in the
+    conv, a vector of output channels gathers its inputs lane by lane at every tap (a 7x7
+    stride-2 conv of 48 -> 96 channels at 64x64: 0.89 ms, 5 % of the roof); the repeat
+    gathers once per input element and the conv then loads whole vectors."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+            return call
+        a = call.attrs
+        x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
+        if (x_shape is None or w_shape is None or str(a.data_layout) != "NHWC"
+                or str(a.kernel_layout) != "HWIO" or len(x_shape) != 4):
+            return call
+        cin, groups, cout = x_shape[3], int(a.groups), w_shape[3]
+        if groups != cin or cin < 2 or w_shape[2] != 1 or cout % cin or cout == cin:
+            return call
+        x = self.builder_.emit(relax.op.repeat(call.args[0], cout // cin, axis=3))
+        return relax.op.nn.conv2d(
+            x, call.args[1], strides=[int(v) for v in a.strides],
+            padding=[int(v) for v in a.padding], dilation=[int(v) for v in a.dilation],
+            groups=cout, data_layout="NHWC", kernel_layout="HWIO",
+            out_layout=str(a.out_layout), out_dtype=a.out_dtype)
 
 
 def _axes(call) -> list[int] | None:
@@ -451,7 +485,8 @@ def ChannelsLast() -> tvm.transform.Pass:
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 func = _PermutesSink().visit_expr(func)
-                mod[gv] = _GroupNormChannelsLast().visit_expr(func)
+                func = _GroupNormChannelsLast().visit_expr(func)
+                mod[gv] = _MultiplierAsRepeat().visit_expr(func)
         # ConvertLayout permutes a value once per use (FastViT: ``to_nhwc(x)`` twice)
         mod = relax.transform.EliminateCommonSubexpr()(mod)
         return relax.transform.DeadCodeElimination()(mod)

@@ -234,3 +234,27 @@ def test_a_value_two_convs_read_is_transposed_once(registered):
 def _calls(mod: tvm.IRModule) -> list:
     return [b.value for blk in mod["main"].body.blocks for b in blk.bindings
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_conv_with_a_channel_multiplier_reads_a_repeated_input(stride):
+    # 8 -> 24 channels in 8 groups: output channel o reads input channel o // 3, which
+    # vectors of output channels gathered at every tap (FastViT's 7x7 downsampling, 5 % of
+    # the roof); the input is repeated once instead and the conv is depthwise.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 24, 3, stride, padding=1, groups=8),
+                              torch.nn.Conv2d(24, 8, 1)).eval()
+    x = torch.randn(1, 3, 14, 14)
+    mod = from_torch(torch.export.export(net, (x,)))
+    with opsdk.target("x86"):
+        cl = opsdk.transform.ChannelsLast()(mod)
+    calls = _calls(cl)
+    (rep,) = [c for c in calls if c.op.name == "relax.repeat"]
+    assert int(rep.attrs.repeats) == 3 and int(rep.attrs.axis) == 3
+    groups = sorted(int(c.attrs.groups) for c in calls if c.op.name == "relax.nn.conv2d")
+    assert groups == [1, 1, 24], groups
+    cm = compile_model(mod, "x86", cache=False)
+    got = _run(cm, x.numpy())
+    want = net(x).detach().numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
