@@ -314,6 +314,19 @@ def _torch_mask(mask: relax.Expr, b: int, n: int, m: int) -> relax.Expr | None:
     return relax.op.broadcast_to(mask, relax.ShapeExpr([b, 1, n, m]))
 
 
+def _additive(mask: relax.Expr, scores: tuple, dtype: str) -> relax.Expr | None:
+    """torch's ``attn_mask`` as an additive mask of the scores' dtype (a bool mask: 0 where
+    True, -inf where False), or None when it does not broadcast to the ``scores`` shape."""
+    ty = mask.ty
+    shape = _static(ty.shape) if isinstance(ty, relax.TensorType) else None
+    if shape is None or len(shape) > 4 or any(
+            d not in (1, s) for d, s in zip(shape[::-1], scores[::-1])):
+        return None
+    if str(ty.dtype) == "bool":
+        return relax.op.where(mask, relax.const(0.0, dtype), relax.const(float("-inf"), dtype))
+    return mask if str(ty.dtype) == dtype else None
+
+
 def _decomposed(imp: Any, q: relax.Expr, k: relax.Expr, v: relax.Expr, mask: relax.Expr | None,
                 scale: float, causal: bool) -> relax.Expr:
     """``softmax(q k^T * scale + mask) v`` as matmul / softmax / matmul (torch's math path)."""
@@ -353,7 +366,12 @@ def _from_torch(node: Any, imp: Any) -> relax.Expr:
         return imp._scaled_dot_product_attention(node)
     madd = None if mask is None else _torch_mask(imp.env[mask], b, n, m)
     if mask is not None and madd is None:
-        return imp._scaled_dot_product_attention(node)
+        # a mask per head (TinyViT's and Swin's relative position bias, (H, n, m)): the
+        # op takes one mask for all heads, the decomposition adds it to the scores
+        per_head = _additive(imp.env[mask], (b, hq, n, m), str(q.ty.dtype))
+        if per_head is None:
+            return imp._scaled_dot_product_attention(node)
+        return _decomposed(imp, q, k, v, imp.block_builder.emit(per_head), scale, causal)
     madd = None if madd is None else imp.block_builder.emit(madd)
     fits = (str(q.ty.dtype) == "float32" and hq % hk == 0 and d % 4 == 0
             and (not causal or n == m) and min(n, m) >= TORCH_MIN_TOKENS)

@@ -316,9 +316,18 @@ def test_sdpa_below_the_size_threshold_or_with_a_per_head_mask_is_decomposed():
     ops, rules = _import_and_run((1, 2, n, 16), (1, 2, n, 16), {})
     assert "opsdk.attention" not in ops and "opsdk.softmax" in ops, ops
     assert rules.get("x86.matmul") == 2, rules
-    # a mask per head: not the op's (B, 1, n, m); TVM's import of the call
-    ops, _ = _import_and_run((1, 2, 40, 16), (1, 2, 40, 16), {}, torch.randn(1, 2, 40, 40))
-    assert "opsdk.attention" not in ops, ops
+    # a mask per head: not the op's (B, 1, n, m); the decomposition adds it to the scores
+    ops, rules = _import_and_run((1, 2, 40, 16), (1, 2, 40, 16), {}, torch.randn(1, 2, 40, 40))
+    assert "opsdk.attention" not in ops and "opsdk.softmax" in ops, ops
+    assert rules.get("x86.matmul") == 2, rules
+    # ... also as a 3-D per-head bias (TinyViT's relative positions), which TVM's import of
+    # the call rejects (its attention op takes a 4-D bias only), and a per-head bool mask
+    ops, _ = _import_and_run((1, 2, 40, 16), (1, 2, 40, 16), {}, torch.randn(2, 40, 40))
+    assert "opsdk.softmax" in ops, ops
+    keep = torch.rand(2, 40, 40, generator=torch.Generator().manual_seed(3)) > 0.2
+    keep[..., 0] = True  # every row keeps a key (an all-masked row is NaN in torch too)
+    ops, _ = _import_and_run((1, 2, 40, 16), (1, 2, 40, 16), {"scale": 0.2}, keep)
+    assert "opsdk.softmax" in ops, ops
 
 
 def _attention_func(q_shape, kv_shape, **attrs):
