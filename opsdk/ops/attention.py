@@ -362,7 +362,9 @@ def _from_torch(node: Any, imp: Any) -> relax.Expr:
             or len({str(x.ty.dtype) for x in (q, k, v)}) != 1):
         return imp._scaled_dot_product_attention(node)  # TVM's own import
     (b, hq, n, d), (_, hk, m, _), _ = shapes
-    if hk != hq and not node.kwargs.get("enable_gqa", False):
+    if hk != hq and hk != 1 and not node.kwargs.get("enable_gqa", False):
+        # (one key / value head broadcasts over the query heads like any batch dim:
+        # MobileNetV4's multi-query attention; the op's grouped heads take it)
         return imp._scaled_dot_product_attention(node)
     madd = None if mask is None else _torch_mask(imp.env[mask], b, n, m)
     if mask is not None and madd is None:

@@ -307,6 +307,15 @@ def test_sdpa_imports_as_one_fused_attention_call(kw, mask):
     assert rules.get("x86.attention") == 1 and "x86.matmul" not in rules, rules
 
 
+def test_sdpa_with_one_key_head_broadcast_over_the_query_heads_is_the_fused_op():
+    # MobileNetV4's multi-query attention: k / v with one head, no enable_gqa (SDPA
+    # broadcasts batch dims); TVM's import made it relax.nn.attention, on the fallback rule
+    # (2.7 of 15 ms)
+    ops, rules = _import_and_run((1, 4, 49, 16), (1, 1, 49, 16), {})
+    assert ops == {"opsdk.attention": 1}, ops
+    assert rules.get("x86.attention") == 1 and "x86.fallback" not in rules, rules
+
+
 def test_sdpa_below_the_size_threshold_or_with_a_per_head_mask_is_decomposed():
     import torch
 
