@@ -76,6 +76,7 @@ from .transform import (
     ChannelsLast,
     FoldConstantsAtOnce,
     FoldViewsIntoOps,
+    InjectiveWhenShapesChange,
     KernelFormWeights,
     LegalizeOpsDeferred,
     LowerOps,
@@ -127,6 +128,7 @@ def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     return [
         relax.transform.LegalizeOps(customize_legalize_map=custom),
         relax.transform.AnnotateTIROpPattern(),
+        InjectiveWhenShapesChange(),  # a pad is no conv epilogue
         FoldConstantsAtOnce(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

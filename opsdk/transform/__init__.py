@@ -48,6 +48,7 @@ from ._lift import (
     weights_as_params,
 )
 from ._lower import MISSING_LEGALIZATIONS, LegalizeOpsDeferred, LowerOps, ScheduleKernels
+from ._oppattern import InjectiveWhenShapesChange
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 from ._script import script
@@ -61,6 +62,7 @@ __all__ = [
     "FoldConstantsAtOnce",
     "FoldViewsIntoOps",
     "FuseIntoOps",
+    "InjectiveWhenShapesChange",
     "KernelFormWeights",
     "LegalizeOpsDeferred",
     "LowerOps",

@@ -24,8 +24,11 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   norm has an NHWC kernel); an NCHW pool or group norm on ``to_nchw(x)`` runs NHWC on ``x``
   with its result permuted back, and a binary op's lower-rank operand (a ``(C, 1, 1)`` layer
   scale) is brought to the layout it broadcasts against, so PoolFormer's blocks (group norm,
-  ``pool(y) - y``, layer scale) stay NHWC between the convs; an inference ``batch_norm`` is
-  carried with its axis renumbered (FastViT's BN after a GELU);
+  ``pool(y) - y``, layer scale) stay NHWC between the convs; an operand computed from
+  constants only is permuted for free (folded); an inference ``batch_norm``, a ``pad`` and a
+  ``concat`` of inputs permuted alike are carried with their axes renumbered (FastViT's BN
+  after a GELU, HGNetV2's padded stem and concatenated branches); the identity permutes
+  ConvertLayout leaves of a model's own ``permute`` (ConvNeXt's) are dropped;
 - ConvertLayout transposes a value once per use: the copies are merged (one
   ``EliminateCommonSubexpr``), so two convs reading one NCHW value share its transpose.
 
@@ -321,9 +324,13 @@ class _PermutesSink(relax.PyExprMutator):
         if not isinstance(call.op, tvm.ir.Op) or not call.args:
             return call
         name = call.op.name
+        if name == "relax.concat":
+            return self._concat(call)
         first = self._permuted(call.args[0])
         if name == "relax.permute_dims":
             outer = _axes(call)
+            if outer == list(range(len(outer or []))):
+                return call.args[0]  # ConvertLayout's rewrite of a model's own permute
             if first is None or outer is None:
                 return call
             axes = _compose(first[1], outer)
@@ -340,6 +347,8 @@ class _PermutesSink(relax.PyExprMutator):
             return self._channels_last(call, x)
         if name in _REDUCE:
             return self._reduce(call, x, perm)
+        if name == "relax.nn.pad":
+            return self._pad(call, x, perm)
         if name == "relax.nn.batch_norm":
             return self._batch_norm(call, x, perm)
         if name.startswith("opsdk."):
@@ -373,7 +382,17 @@ class _PermutesSink(relax.PyExprMutator):
         got = self._permuted(e)
         if got is not None:
             return got[1] == perm
-        return isinstance(e, tvm.ir.expr.GenericConst) or 0 <= _rank(e) < rank
+        return self._constant(e) or 0 <= _rank(e) < rank
+
+    def _constant(self, e: relax.Expr, depth: int = 8) -> bool:
+        """Whether ``e`` is computed from constants only (its permute folds at compile time:
+        ConvNeXt-V2's ``gamma * 1.0``)."""
+        if isinstance(e, tvm.ir.expr.GenericConst):
+            return True
+        b = self.lookup_binding(e) if isinstance(e, relax.Var) and depth else None
+        return (isinstance(b, relax.Call) and isinstance(b.op, tvm.ir.Op)
+                and all(self._constant(a, depth - 1) for a in b.args
+                        if not isinstance(a, relax.ShapeExpr)))
 
     def _matched(self, e: relax.Expr, perm: list[int], rank: int) -> relax.Expr | None:
         """``e`` in the unpermuted layout: its own unpermuted source, itself when a scalar,
@@ -417,6 +436,34 @@ class _PermutesSink(relax.PyExprMutator):
                     count_include_pad=bool(a.count_include_pad), layout="NHWC",
                     out_layout="NHWC")
         return relax.op.permute_dims(self.builder_.emit(y), _TO_NCHW)
+
+    def _concat(self, call: relax.Call) -> relax.Expr:
+        """A concat of inputs all permuted alike -> their sources concatenated along the
+        source axis, permuted once (HGNetV2's stem and blocks join NHWC branches)."""
+        tup = call.args[0]
+        if isinstance(tup, relax.Var):
+            tup = self.lookup_binding(tup)
+        if not isinstance(tup, relax.Tuple) or not tup.fields:
+            return call
+        found = [self._permuted(f) for f in tup.fields]
+        if any(f is None or f[1] != found[0][1] for f in found):
+            return call
+        perm = found[0][1]
+        axis = int(call.attrs.axis) % len(perm)
+        y = self.builder_.emit(relax.op.concat([f[0] for f in found], axis=perm[axis]))
+        return relax.op.permute_dims(y, perm)
+
+    def _pad(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
+        """``pad(permute(x, P))`` -> ``permute(pad(x))``, the widths moved to the source's
+        axes (HGNetV2's stem pads between two convs)."""
+        a = call.attrs
+        width = [int(v) for v in a.pad_width]
+        moved = [0] * len(width)
+        for i, src in enumerate(perm):
+            moved[2 * src: 2 * src + 2] = width[2 * i: 2 * i + 2]
+        y = self.builder_.emit(relax.op.nn.pad(x, moved, pad_mode=str(a.pad_mode),
+                                               pad_value=float(a.pad_value)))
+        return relax.op.permute_dims(y, perm)
 
     def _batch_norm(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
         """``batch_norm(permute(x, P), axis=a)`` -> ``batch_norm(x, axis=P[a])``, its

@@ -258,3 +258,55 @@ def test_a_depthwise_conv_with_a_channel_multiplier_reads_a_repeated_input(strid
     got = _run(cm, x.numpy())
     want = net(x).detach().numpy()
     assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
+
+
+class _PadConcatStem(torch.nn.Module):
+    """HGNetV2's stem: pads between convs, a max pool and a conv branch concatenated, a
+    learnable scalar affine (``a * relu(y) + b``) after every conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.Conv2d(16, 8, 2)
+        self.c3, self.c4 = torch.nn.Conv2d(8, 16, 2), torch.nn.Conv2d(32, 16, 3, 2, 1)
+        self.pool = torch.nn.MaxPool2d(2, 1, ceil_mode=True)
+        self.scale = torch.nn.Parameter(torch.tensor([1.5]))
+        self.shift = torch.nn.Parameter(torch.tensor([-0.25]))
+
+    def forward(self, x):
+        act = lambda y: self.scale * torch.relu(y) + self.shift  # noqa: E731
+        x = torch.nn.functional.pad(act(self.c1(x)), (0, 1, 0, 1))
+        x2 = act(self.c3(torch.nn.functional.pad(act(self.c2(x)), (0, 1, 0, 1))))
+        return self.c4(torch.cat([self.pool(x), x2], 1))
+
+
+class _GlobalResponseNorm(torch.nn.Module):
+    """ConvNeXt-V2's block tail: GRN over the spatial axes, then a 1x1 conv; its ``gamma``
+    enters as ``gamma * 1.0``, computed from constants only."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv, self.out = torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.Conv2d(c, 8, 1)
+        self.gamma = torch.nn.Parameter(torch.rand(1, c, 1, 1))
+        self.beta = torch.nn.Parameter(torch.rand(1, c, 1, 1))
+
+    def forward(self, x):
+        y = torch.nn.functional.gelu(self.conv(x))
+        g = y.abs().pow(2).sum(dim=(2, 3), keepdim=True).pow(0.5)
+        n = g / (g.mean(dim=1, keepdim=True) + 1e-6)
+        return self.out(self.gamma * 1.0 * (y * n) + self.beta + y)
+
+
+@pytest.mark.parametrize("net", [_PadConcatStem, lambda: _GlobalResponseNorm(16)],
+                         ids=["pad_concat", "grn"])
+def test_pads_concats_and_constant_operands_stay_channels_last(net):
+    # A pad or concat of channels-last values, and a binary op whose other operand is
+    # computed from constants, kept transposes around them (HGNetV2: 18, ConvNeXt-V2: 44).
+    torch.manual_seed(0)
+    net, x = net().eval(), torch.randn(1, 3, 24, 24)
+    mod = from_torch(torch.export.export(net, (x,)))
+    cm = compile_model(mod, "x86", cache=False)
+    names = [k.name for k in report(cm, "x86", profile=False, asm=False).kernels]
+    assert sum("transpose" in n for n in names) == 2, names  # the input's and the output's
+    got = _run(cm, x.numpy())
+    want = net(x).detach().numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()

@@ -407,3 +407,35 @@ def test_an_op_no_lowering_takes_is_named_not_an_internal_error():
         bb.emit_func_output(y)
     with pytest.raises(UnloweredOpError, match=r"relax\.nn\.conv3d_transpose\(.*NDHWC"):
         compile_model(bb.get(), "x86", cache=False)
+
+
+class _ConvPad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.Conv2d(16, 8, 2)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.pad(torch.relu(self.a(x)), (0, 1, 0, 1)))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_pad_after_a_conv_is_not_its_epilogue(channels_last):
+    # TVM calls a constant pad elementwise (each output reads x at its own index), so
+    # FuseOps made it the conv's epilogue, and the conv rule never wrote the padded border
+    # (uninitialized values, up to 1e30); a kernel whose shape changes is injective now.
+    torch.manual_seed(0)
+    net, x = _ConvPad().eval(), torch.randn(1, 3, 32, 32)
+    mod = opsdk.frontend.from_torch(torch.export.export(net, (x,)))
+    from opsdk._pipeline import schedule_passes
+
+    tgt = opsdk.target("x86")
+    passes = schedule_passes(tgt, channels_last=channels_last)
+    cut = [p.info.name for p in passes].index("opsdk.ScheduleKernels")
+    with tgt:
+        fused = tvm.transform.Sequential(passes[:cut])(mod)
+    names = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert not any("conv2d" in n and "pad" in n for n in names), names
+    ex = tvm.compile(opsdk.pipeline(tgt, channels_last=channels_last)(mod), target=tgt)
+    got = _run(ex, x.numpy())
+    want = net(x).detach().numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
