@@ -23,18 +23,23 @@ _ELEMWISE, _BROADCAST, _INJECTIVE = 0, 1, 2
 
 
 def _shape_changes(func: tirx.PrimFunc) -> bool:
-    bufs = [p for p in func.params if isinstance(p, tirx.Buffer)]  # (0.27: params are buffers)
-    if len(bufs) < 2:
+    shapes = []
+    for p in func.params:  # (0.27: a buffer parameter is a Var of a BufferType)
+        try:
+            shapes.append(list(p.shape))
+        except AttributeError:  # a scalar parameter (a symbolic shape's value)
+            continue
+    if len(shapes) < 2:
         return False
-    out, ins = bufs[-1], bufs[:-1]
+    out, ins = shapes[-1], shapes[:-1]
 
     def dim(d):
         return int(d.value) if isinstance(d, tirx.IntImm) else d
 
     for b in ins:
-        if len(b.shape) != len(out.shape):
+        if len(b) != len(out):
             continue
-        for di, do in zip(b.shape, out.shape):
+        for di, do in zip(b, out):
             a, o = dim(di), dim(do)
             if isinstance(a, int) and isinstance(o, int) and a not in (1, o):
                 return True
