@@ -268,10 +268,11 @@ def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):
     killed = []
 
     def progress(label: str, done: int) -> None:
-        # Cells go out to both workers at once, when both have a board, and every cell has
-        # more than one example: at the first example both boards are mid-cell (a later
-        # tick may find one board done with its only cell, and its kill unnoticed).
-        if done == 1 and not killed:
+        # The kill waits until the tracker has no free board: both workers hold theirs, so
+        # the victim is lost by the worker that knows its address. (Killed at the first
+        # tick, under a loaded suite the second worker could still be asking the tracker
+        # for a board, and lost it as "(no board yet)".)
+        if not killed and tracker_boards("127.0.0.1", state.tracker_port, KEY)[1] == 0:
             os.killpg(victim_pid, signal.SIGKILL)  # the board's server, as a power cut
             killed.append(label)
 
