@@ -24,6 +24,7 @@ __all__ = [
     "ZEROS",
     "Rule",
     "affine_params",
+    "bn_scale_shift",
     "call_attr",
     "const_value",
     "either",
@@ -211,6 +212,25 @@ def _is_filled(m: Any, pat: Any, value: float) -> bool:
         return False
     v = const_value(m[pat])
     return v is None or bool(np.all(v == value))  # None: a ones/zeros(_like) call
+
+
+def bn_scale_shift(call: relax.Call, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """An inference ``batch_norm`` call as ``(scale, shift)`` per channel, float64:
+    ``gamma / sqrt(var + eps)`` and ``beta - mean * scale`` (``scale`` / ``center`` off: a
+    gamma of ones / a beta of zeros). None for a training-mode BN or statistics that are no
+    constants of ``channels`` values."""
+    if call_attr(call, "training", True):
+        return None  # training mode normalizes with batch statistics
+    stats = [const_value(p) for p in call.args[1:5]]
+    if any(s is None or s.size != channels for s in stats):
+        return None
+    gamma, beta, mean, var = (s.reshape(channels).astype(np.float64) for s in stats)
+    if not call_attr(call, "scale", True):
+        gamma = np.ones(channels)
+    if not call_attr(call, "center", True):
+        beta = np.zeros(channels)
+    scale = gamma / np.sqrt(var + float(call_attr(call, "epsilon")))
+    return scale, beta - mean * scale
 
 
 def affine_params(call: relax.Call, m: Any) -> tuple[relax.Expr | None, relax.Expr | None] | None:

@@ -296,27 +296,17 @@ def _static(shape: Any) -> list[int] | None:
 
 
 def _torch_mask(mask: relax.Expr, b: int, n: int, m: int) -> relax.Expr | None:
-    """torch's ``attn_mask`` as the op's additive ``(B, 1, n, m)`` float32 mask (a bool mask:
-    0 where True, -inf where False, as torch's math path makes it), or None when its shape
-    does not broadcast that way (per-head masks)."""
-    ty = mask.ty
-    shape = _static(ty.shape) if isinstance(ty, relax.TensorType) else None
-    if shape is None or len(shape) > 4:
-        return None
-    shape = [1] * (4 - len(shape)) + shape
-    if shape[1] != 1 or shape[0] not in (1, b) or shape[2] not in (1, n) or shape[3] not in (1, m):
-        return None
-    if str(ty.dtype) == "bool":
-        mask = relax.op.where(mask, relax.const(0.0, "float32"),
-                              relax.const(float("-inf"), "float32"))
-    elif str(ty.dtype) != "float32":
-        return None
-    return relax.op.broadcast_to(mask, relax.ShapeExpr([b, 1, n, m]))
+    """torch's ``attn_mask`` as the op's additive ``(B, 1, n, m)`` float32 mask
+    (:func:`_additive`), or None when its shape does not broadcast that way (per-head
+    masks)."""
+    add = _additive(mask, (b, 1, n, m), "float32")
+    return None if add is None else relax.op.broadcast_to(add, relax.ShapeExpr([b, 1, n, m]))
 
 
 def _additive(mask: relax.Expr, scores: tuple, dtype: str) -> relax.Expr | None:
     """torch's ``attn_mask`` as an additive mask of the scores' dtype (a bool mask: 0 where
-    True, -inf where False), or None when it does not broadcast to the ``scores`` shape."""
+    True, -inf where False, as torch's math path makes it), or None when it does not
+    broadcast to the ``scores`` shape."""
     ty = mask.ty
     shape = _static(ty.shape) if isinstance(ty, relax.TensorType) else None
     if shape is None or len(shape) > 4 or any(

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._patterns import call_attr, const_value, float_tensor, static_shape
+from .._patterns import bn_scale_shift, call_attr, const_value, float_tensor, static_shape
 from ._rewrite import SITES_ATTR, _as_dict, _dedupe, _site, op_counts, rewrite_sites
 
 __all__ = ["MergeConvBranches"]
@@ -163,9 +163,10 @@ class _Merge(relax.PyExprMutator):
         mine = [i for i, ((e, _), t) in enumerate(zip(summands, terms))
                 if coefs[i] is not None and ((t is not None and t[0].same_as(x))
                                              or e.same_as(x))]
-        consts = [i for i, (e, _) in enumerate(summands) if coefs[i] is not None
-                  and const_value(e) is not None
-                  and _per_channel(const_value(e), channels, layout) is not None]
+        consts = {i: _per_channel(const_value(e), channels, layout)
+                  for i, (e, _) in enumerate(summands)
+                  if coefs[i] is not None and const_value(e) is not None}
+        consts = {i: c * coefs[i] for i, c in consts.items() if c is not None}
         if len(mine) < 2:
             return None
         scaled = []
@@ -179,8 +180,7 @@ class _Merge(relax.PyExprMutator):
         if merged is None:
             return None
         weight, bias, params = merged
-        for i in consts:
-            bias = bias + _per_channel(const_value(summands[i][0]), channels, layout) * coefs[i]
+        bias = bias + sum(consts.values(), np.zeros(channels))
         kl = params["kernel_layout"]
         w = np.transpose(weight, ["OIHW".index(c) for c in kl]).astype(dtype)
         y = self.builder_.emit(relax.op.nn.conv2d(self.visit_expr(x), relax.const(w),
@@ -215,21 +215,11 @@ def _conv(call: relax.Call) -> _Conv | None:
 
 def _bn(call: relax.Call) -> _Affine | None:
     shape = static_shape(call.args[0])
-    stats = [const_value(p) for p in call.args[1:5]]
-    if (shape is None or len(shape) != 4 or call_attr(call, "training", True)
-            or any(s is None for s in stats)):
+    if shape is None or len(shape) != 4:
         return None
     axis = int(call_attr(call, "axis")) % 4
-    channels = shape[axis]
-    if any(s.size != channels for s in stats):
-        return None
-    gamma, beta, mean, var = (s.reshape(channels).astype(np.float64) for s in stats)
-    if not call_attr(call, "scale", True):
-        gamma = np.ones(channels)
-    if not call_attr(call, "center", True):
-        beta = np.zeros(channels)
-    scale = gamma / np.sqrt(var + float(call_attr(call, "epsilon")))
-    return _Affine(scale, beta - mean * scale, axis)
+    affine = bn_scale_shift(call, shape[axis])
+    return None if affine is None else _Affine(*affine, axis)
 
 
 def _per_channel(c: np.ndarray, channels: int, layout: str) -> np.ndarray | None:

@@ -23,7 +23,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
 
 from .. import ops as op_library  # the explicit op list, read when used
-from .._patterns import Rule, call_attr, const_value, either, float_tensor
+from .._patterns import Rule, bn_scale_shift, call_attr, const_value, either, float_tensor
 from ..registry import registered_ops
 from ._branches import MergeConvBranches
 from ._rewrite import apply_rules
@@ -47,8 +47,6 @@ def _conv_bn_rule() -> Rule:
 
     def fused(orig: relax.Expr, m: Any) -> relax.Expr | None:
         bn_call, conv_call = m[bn], m[conv]
-        if call_attr(bn_call, "training", True):
-            return None  # training-mode BN normalizes with batch statistics
         ty = float_tensor(conv_call)
         wv = const_value(m[w])
         if ty is None or wv is None or ty.ndim != 4:
@@ -61,27 +59,22 @@ def _conv_bn_rule() -> Rule:
         if call_attr(bn_call, "axis") % 4 != caxis:
             return None
         channels = wv.shape[kernel_layout.index("O")]
-        stats = [const_value(m[p]) for p in (g, b, mu, var)]
-        if any(s is None or s.size != channels for s in stats):
+        affine = bn_scale_shift(bn_call, channels)
+        if affine is None:
             return None
-        gamma, beta, mean, variance = (s.reshape(channels).astype(np.float64) for s in stats)
-        if not call_attr(bn_call, "scale", True):
-            gamma = np.ones(channels)
-        if not call_attr(bn_call, "center", True):
-            beta = np.zeros(channels)
+        inv, shift = affine
         bias = np.zeros(channels)
         if cbias in m:
             bv = const_value(m[cbias])
             if bv is None or bv.size != channels:
                 return None
             bias = bv.reshape(channels).astype(np.float64)
-        inv = gamma / np.sqrt(variance + float(call_attr(bn_call, "epsilon")))
         wshape = [1] * wv.ndim
         wshape[kernel_layout.index("O")] = channels
         new_w = (wv.astype(np.float64) * inv.reshape(wshape)).astype(wv.dtype)
         bshape = [1] * 4
         bshape[caxis] = channels
-        new_b = ((bias - mean) * inv + beta).reshape(bshape).astype(str(ty.dtype))
+        new_b = (bias * inv + shift).reshape(bshape).astype(str(ty.dtype))
         attrs = conv_call.attrs
         out_dtype = call_attr(conv_call, "out_dtype")
         new_conv = relax.op.nn.conv2d(

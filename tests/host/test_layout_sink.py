@@ -192,12 +192,7 @@ def test_a_batch_norm_after_an_activation_stays_channels_last():
         cl = opsdk.transform.ChannelsLast()(mod)
     (bn,) = [c for c in _calls(cl) if c.op.name == "relax.nn.batch_norm"]
     assert int(bn.attrs.axis) == 3
-    cm = compile_model(mod, "x86", cache=False)
-    names = [k.name for k in report(cm, "x86", profile=False, asm=False).kernels]
-    assert sum("transpose" in n for n in names) == 2, names  # the input's and the output's
-    got = _run(cm, x.numpy())
-    want = net(x).detach().numpy()
-    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
+    _assert_two_transposes_and_torchs_numbers(mod, net, x)
 
 
 def test_a_value_two_convs_read_is_transposed_once(registered):
@@ -304,9 +299,15 @@ def test_pads_concats_and_constant_operands_stay_channels_last(net):
     torch.manual_seed(0)
     net, x = net().eval(), torch.randn(1, 3, 24, 24)
     mod = from_torch(torch.export.export(net, (x,)))
+    _assert_two_transposes_and_torchs_numbers(mod, net, x)
+
+
+def _assert_two_transposes_and_torchs_numbers(mod, net, x) -> None:
+    """Compiled, ``mod`` has the input's and the output's transpose only, and matches
+    ``net`` on ``x``."""
     cm = compile_model(mod, "x86", cache=False)
     names = [k.name for k in report(cm, "x86", profile=False, asm=False).kernels]
-    assert sum("transpose" in n for n in names) == 2, names  # the input's and the output's
+    assert sum("transpose" in n for n in names) == 2, names
     got = _run(cm, x.numpy())
     want = net(x).detach().numpy()
     assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
