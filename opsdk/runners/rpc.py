@@ -199,6 +199,17 @@ class RPCRunner(Runner):
     def device_info(self) -> dict[str, Any]:
         return {"device": self._where(), "arch": self.arch, "runner": self.name}
 
+    def device_threads(self) -> int | None:
+        """The TVM runtime's thread count on the device (``runtime.NumThreads`` there), read
+        on the session an earlier call left open; None without one."""
+        session = self._session
+        if session is None:
+            return None
+        try:
+            return int(session.sess.get_function("runtime.NumThreads")())
+        except Exception:
+            return None
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:

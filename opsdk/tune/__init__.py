@@ -4,8 +4,9 @@ A record is a MetaSchedule trace for one kernel (its workload: the structural ha
 unscheduled function) on one target. It enters the database only after two gates: opsdk's
 differential verify (the trace replayed from its stored form, against a float64 reference and
 the unscheduled kernel) and a side-by-side timing against the hand rule in the compiled
-model. A kept record is a rule of the registry (``tuned:<hash8>``,
-:func:`opsdk.schedules.tuned_rules`), chosen by the same driver as the hand rules;
+model (on the boards of a device target: :mod:`opsdk.tune._remote`). A kept record is a rule
+of the registry (``tuned:<hash8>``, :func:`opsdk.schedules.tuned_rules`), chosen by the same
+driver as the hand rules;
 ``compile_model(tuning=...)``, ``opsdk build --tuning`` and ``opsdk explain --tuning`` use
 it. See docs/tuning.md.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from ._cli import format_tuned
 from ._db import FORMAT, TuningDB, TuningDBError, default_db_dir, read_record, target_id
 from ._gate import GateResult, float64_twin, reduction_length, speed_ratios, verify_trace
+from ._remote import kernel_harness, kernel_inputs
 from ._search import Candidate, search, trace_json
 from ._tune import TUNABLE_KINDS, KernelTuning, TuneReport, recheck, tune_model
 
@@ -30,6 +32,8 @@ __all__ = [
     "default_db_dir",
     "float64_twin",
     "format_tuned",
+    "kernel_harness",
+    "kernel_inputs",
     "read_record",
     "recheck",
     "reduction_length",

@@ -7,7 +7,14 @@ import json
 import sys
 from typing import Any
 
-from .._cliargs import UsageError, model_file, output_path, positive_int
+from .._cliargs import (
+    UsageError,
+    board_count,
+    host_port,
+    model_file,
+    output_path,
+    positive_int,
+)
 from ._db import TuningDB, TuningDBError
 
 __all__ = ["add_tune_arguments", "format_tuned", "run_tune_command"]
@@ -19,7 +26,18 @@ def add_tune_arguments(s: argparse.ArgumentParser) -> None:
                    help="a model file (as opsdk build / explain --model take)")
     s.add_argument("--zoo", metavar="NAME", help="a zoo model instead (opsdk explain --zoo list)")
     s.add_argument("--target", default="x86",
-                   help="x86 or host: tuning measures on this machine (default x86)")
+                   help="x86 or host: tune on this machine (default x86); a device target "
+                   "(arm, arm-dotprod, ...): tune on its boards, --tracker/--key or --rpc, "
+                   "else the emulator (a check of the mechanism, not of speed)")
+    s.add_argument("--tracker", metavar="HOST:PORT", type=host_port,
+                   help="TVM RPC tracker whose boards of --key compile-check, time and verify "
+                   "every candidate, spread over --boards (docs/farm.md)")
+    s.add_argument("--key", help="device key (with --tracker)")
+    s.add_argument("--rpc", metavar="HOST:PORT", type=host_port,
+                   help="one board's TVM RPC server instead of a tracker")
+    s.add_argument("--boards", type=board_count, default="all", metavar="N|all",
+                   help="with --tracker: use up to N (or all) free boards of the key, one "
+                   "worker each (default all)")
     s.add_argument("--kernels", metavar="K1,K2", help="tune these kernels (names as opsdk "
                    "explain --model prints them) instead of the slowest")
     s.add_argument("--top", type=positive_int, default=2, metavar="N",
@@ -73,8 +91,10 @@ def run_tune_command(args: argparse.Namespace) -> int:
     from ._tune import recheck, tune_model
 
     if args.recheck:
+        _check_device(args)
         try:
-            g = recheck(args.recheck, args.target)
+            g = recheck(args.recheck, args.target, tracker=args.tracker, key=args.key,
+                        rpc=args.rpc)
         except (TuningDBError, ValueError) as e:
             raise UsageError(str(e)) from None
         print(f"{args.recheck}: {'PASS' if g.ok else 'FAIL'}"
@@ -83,9 +103,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         return 0 if g.ok else 1
     if bool(args.model) == bool(args.zoo):
         raise UsageError("name a model file or --zoo NAME (one of them)")
-    if args.target not in ("x86", "host"):
-        raise UsageError(f"--target {args.target}: opsdk tune measures on this machine; "
-                         "use x86 (or host)")
+    _check_device(args)
     try:
         db = TuningDB(args.db)
     except TuningDBError as e:
@@ -97,7 +115,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
         rep = tune_model(model, args.target, kernels=kernels, top=args.top, pick=args.pick,
                          trials=args.trials, db=db, seed=args.seed,
                          min_speedup=args.min_speedup,
-                         log=lambda m: print(m, file=sys.stderr, flush=True))
+                         log=lambda m: print(m, file=sys.stderr, flush=True),
+                         tracker=args.tracker, key=args.key, boards=args.boards, rpc=args.rpc)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(rep.format())
@@ -105,6 +124,24 @@ def run_tune_command(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(rep.as_dict(), f, indent=1)
     return 0
+
+
+def _check_device(args: argparse.Namespace) -> None:
+    """The device flags, checked together (one line naming the flag and the fix)."""
+    from ..targets import target_spec
+
+    try:
+        target_spec(args.target)
+    except ValueError as e:
+        raise UsageError(f"--target {args.target}: {e}") from None
+    if args.tracker and not args.key:
+        raise UsageError("--tracker needs --key (the boards' device key; `opsdk setup farm "
+                         "--status` lists the keys)")
+    if args.tracker and args.rpc:
+        raise UsageError("--tracker and --rpc both name the device: give one")
+    if (args.tracker or args.rpc) and args.target in ("x86", "host"):
+        raise UsageError(f"--target {args.target} tunes on this machine: name the boards' "
+                         "target (e.g. --target arm) with --tracker / --rpc")
 
 
 def format_tuned(kernels: list[Any], records: list[Any]) -> str:

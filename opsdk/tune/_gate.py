@@ -161,10 +161,27 @@ def _outputs(args: list[Any]) -> list[np.ndarray]:
     return [a.numpy() for a in args]
 
 
+def _here(fn: Any) -> Any:
+    """A kernel built for this machine as :func:`verify_trace`'s ``device`` runs one."""
+    import tvm  # heavy: TVM
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        args = [tvm.runtime.tensor(x, tvm.cpu()) for x in arrays]
+        fn(*args)
+        return _outputs(args)
+
+    return run
+
+
 def verify_trace(func: Any, trace: Any, target: Any, *, draws: int = 3,
-                 seed: int = 0) -> GateResult:
+                 seed: int = 0, device: Any = None) -> GateResult:
     """Replay ``trace`` on ``func`` and check it against the float64 reference and the
     unscheduled kernel on ``draws`` random inputs (see the module's note).
+
+    ``device``: None runs both kernels here; else ``device(kernel, arrays)`` runs a
+    ``target`` kernel on its device (a board, :mod:`opsdk.tune._remote`) on the arguments
+    ``arrays`` (numpy, every parameter) and returns them after the call, raising
+    ``ValueError`` when the kernel does not build. The float64 reference runs here.
 
     Examples
     --------
@@ -179,26 +196,37 @@ def verify_trace(func: Any, trace: Any, target: Any, *, draws: int = 3,
     import tvm  # heavy: TVM
 
     from ..schedules import apply_trace
+    from ..targets import target as resolve_target
 
     try:
         tuned_func = apply_trace(func, trace, target).mod["main"]
     except Exception as e:
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         return GateResult(False, f"the trace does not replay on the workload: {first}")
-    try:
-        tuned = build_func(tuned_func, target)
-    except Exception as e:
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        return GateResult(False, f"the scheduled kernel does not build: {first}")
-    generic = build_func(func, target)
+    if device is None:
+        try:
+            run_tuned = _here(build_func(tuned_func, target))
+        except Exception as e:
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            return GateResult(False, f"the scheduled kernel does not build: {first}")
+        run_generic = _here(build_func(func, target))
+        host = target
+    else:
+        def run_tuned(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            return list(device(tuned_func, arrays))
+
+        def run_generic(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            return list(device(func, arrays))
+
+        host = resolve_target("host")
     script = func.script()
     twin = float64_twin(func, text=script)
-    ref64 = build_func(twin, target) if twin is not None else None
+    ref64 = build_func(twin, host) if twin is not None else None
     mag64 = ref64
     unclamped = _without_clamps(script)
     if ref64 is not None and unclamped != script:
         loose = float64_twin(func, text=unclamped)
-        mag64 = build_func(loose, target) if loose is not None else None
+        mag64 = build_func(loose, host) if loose is not None else None
         if mag64 is None:
             ref64 = None  # no clamp-free magnitude run: judge against float32 instead
     k = reduction_length(func)
@@ -215,11 +243,12 @@ def verify_trace(func: Any, trace: Any, target: Any, *, draws: int = 3,
             a = [tvm.runtime.tensor((x.numpy() * 64).astype(x.dtype), dev)
                  if str(x.dtype).startswith("float") else x for x in a]
         base = [x.numpy() for x in a]
-        got_t = [tvm.runtime.tensor(x.copy(), dev) for x in base]
-        got_g = [tvm.runtime.tensor(x.copy(), dev) for x in base]
-        tuned(*got_t)
-        generic(*got_g)
-        out_t, out_g = _outputs(got_t), _outputs(got_g)
+        try:
+            out_t = run_tuned([x.copy() for x in base])
+        except ValueError as e:  # a device's build
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            return GateResult(False, f"the scheduled kernel does not build: {first}")
+        out_g = run_generic([x.copy() for x in base])
         if ref64 is not None:
             wide = [x.astype("float64") if x.dtype == np.float32 else x for x in base]
             r = [tvm.runtime.tensor(x.copy(), dev) for x in wide]

@@ -22,13 +22,15 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Candidate", "args_for", "search", "trace_json"]
+__all__ = ["Candidate", "args_for", "export_isolated", "in_child", "sample", "search",
+           "trace_json"]
 
 
 @dataclass
@@ -121,24 +123,18 @@ def build_func(func: Any, target: Any) -> Any:
                           pipeline=tir_pipeline())["main"]
 
 
-def build_isolated(func: Any, target: Any, path: Path, timeout_s: float = 120.0) -> Any:
-    """``func`` compiled in a forked child and exported to ``path``, then loaded here: the
-    callable ``main``, or None when the compile failed, crashed or ran past ``timeout_s``.
+def in_child(work: Any, timeout_s: float = 120.0) -> bool:
+    """Run ``work()`` in a forked child; True when it returned, False when it raised,
+    crashed or ran past ``timeout_s`` (then the child is killed).
 
     A sample of MetaSchedule's space can crash TVM's or LLVM's code generation (a conv2d
     sample killed the whole ``opsdk tune`` without a message); ``tune_tir`` builds in worker
     processes for the same reason."""
-    import tvm  # heavy: TVM
-
-    from ..targets import LINK_OPTIONS
-
     pid = os.fork()
     if pid == 0:  # the child: no Python exit handlers, no return to the caller
         code = 1
         try:
-            lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                                 target=target, pipeline=_pipeline_name())
-            lib.export_library(str(path), options=list(LINK_OPTIONS))
+            work()
             code = 0
         finally:
             os._exit(code)
@@ -151,9 +147,37 @@ def build_isolated(func: Any, target: Any, path: Path, timeout_s: float = 120.0)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return None
+            return False
         time.sleep(0.02)
-    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0) or not path.exists():
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def export_isolated(func: Any, target: Any, path: Path, *, cc: str | None = None,
+                    timeout_s: float = 120.0) -> bool:
+    """``func`` compiled with opsdk's TIR pipeline in a forked child (:func:`in_child`) and
+    exported to ``path`` (with the compiler ``cc``: a cross compiler for a board); False
+    when the compile failed, crashed or ran past ``timeout_s``."""
+    import tvm  # heavy: TVM
+
+    from ..targets import LINK_OPTIONS
+
+    def work() -> None:
+        lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                             target=target, pipeline=_pipeline_name())
+        if cc is None:
+            lib.export_library(str(path), options=list(LINK_OPTIONS))
+        else:
+            lib.export_library(str(path), cc=cc)
+
+    return in_child(work, timeout_s) and path.exists()
+
+
+def build_isolated(func: Any, target: Any, path: Path, timeout_s: float = 120.0) -> Any:
+    """``func`` compiled in a forked child and exported to ``path``, then loaded here: the
+    callable ``main``, or None when the compile failed, crashed or ran past ``timeout_s``."""
+    import tvm  # heavy: TVM
+
+    if not export_isolated(func, target, path, timeout_s=timeout_s):
         return None
     return tvm.runtime.load_module(str(path))["main"]
 
@@ -164,23 +188,12 @@ def _pipeline_name() -> str:
     return tir_pipeline()
 
 
-def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int = 3,
-           log: Any = None) -> list[Candidate]:
-    """Sample ``trials`` schedules of ``func`` from MetaSchedule's CPU space for
-    ``target``, time each on random arguments, and return the ``keep`` fastest distinct ones
-    (fastest first). Candidates that fail a postprocessor or the build are skipped.
-
-    Examples
-    --------
-    >>> import opsdk
-    >>> from tvm import te
-    >>> from opsdk.tune import search
-    >>> a = te.placeholder((16, 16), name="a")
-    >>> k = te.reduce_axis((0, 16), name="k")
-    >>> f = te.create_prim_func([a, te.compute((16,), lambda i: te.sum(a[i, k], axis=k))])
-    >>> len(search(f, opsdk.target("x86"), trials=2, keep=1)) <= 1
-    True
-    """
+def sample(func: Any, target: Any, *, trials: int = 16, seed: int = 0,
+           threads: int | None = None, log: Any = None) -> Iterator[tuple[int, Any, Any]]:
+    """Draw ``trials`` schedules of ``func`` from MetaSchedule's CPU space for ``target``
+    (its parallel rules sized for ``threads`` cores: this machine's by default, a board's
+    for a remote target) as ``(trial, trace JSON, scheduled IRModule)``; a draw that does
+    not replay, a postprocessor refuses or that repeats an earlier one is skipped."""
     import tvm  # heavy: TVM
     import tvm_ffi  # heavy: TVM
     from tvm import s_tir  # heavy: TVM
@@ -188,7 +201,8 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
 
     from ..schedules import apply_trace, tensor_intrinsics
 
-    threads = int(tvm.get_global_func("runtime.NumThreads")())
+    if threads is None:
+        threads = int(tvm.get_global_func("runtime.NumThreads")())
     mtgt = ms_target(target, threads)
     mod = tvm.IRModule({"main": func.without_attr("global_symbol")
                         if "global_symbol" in (func.attrs or {}) else func})
@@ -202,11 +216,8 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
         ctx = ms.TuneContext(mod=mod, target=mtgt, space_generator=space, task_name="main",
                              num_threads=threads, rand_state=seed + 1)
         spaces = ctx.generate_design_space()
-    args = args_for(func, seed)
     rng = np.random.default_rng(seed)
     seen: set[int] = set()
-    found: list[Candidate] = []
-    work = tempfile.mkdtemp(prefix="opsdk-tune-")
     for t in range(trials):
         base = spaces[t % len(spaces)].trace
         sch = s_tir.Schedule(mod, seed=int(rng.integers(1, 2**30)))
@@ -214,17 +225,47 @@ def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int
             s_tir.Trace(base.insts, {}).apply_to_schedule(sch, remove_postproc=True)
             trace = trace_json(sch.trace)  # the record: replayed below as it is stored
             sch = apply_trace(func, trace, target)
-            h = int(tvm_ffi.structural_hash(sch.mod))
-            if h in seen:
-                continue
-            seen.add(h)
-            fn = build_isolated(sch.mod["main"], target, Path(work) / f"c{t}.so")
+        except Exception as e:  # a sample the space allows but TVM cannot replay: skipped
+            if log:
+                log(f"    trial {t + 1}: skipped ({type(e).__name__})")
+            continue
+        h = int(tvm_ffi.structural_hash(sch.mod))
+        if h in seen:
+            continue
+        seen.add(h)
+        yield t, trace, sch.mod
+
+
+def search(func: Any, target: Any, *, trials: int = 16, seed: int = 0, keep: int = 3,
+           log: Any = None) -> list[Candidate]:
+    """Sample ``trials`` schedules of ``func`` from MetaSchedule's CPU space for
+    ``target`` (:func:`sample`), time each here on random arguments, and return the ``keep``
+    fastest distinct ones (fastest first). Candidates that fail a postprocessor or the
+    build are skipped.
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import te
+    >>> from opsdk.tune import search
+    >>> a = te.placeholder((16, 16), name="a")
+    >>> k = te.reduce_axis((0, 16), name="k")
+    >>> f = te.create_prim_func([a, te.compute((16,), lambda i: te.sum(a[i, k], axis=k))])
+    >>> len(search(f, opsdk.target("x86"), trials=2, keep=1)) <= 1
+    True
+    """
+    args = args_for(func, seed)
+    found: list[Candidate] = []
+    work = tempfile.mkdtemp(prefix="opsdk-tune-")
+    for t, trace, mod in sample(func, target, trials=trials, seed=seed, log=log):
+        try:
+            fn = build_isolated(mod["main"], target, Path(work) / f"c{t}.so")
             if fn is None:
                 if log:
                     log(f"    trial {t + 1}: skipped (the build failed or crashed)")
                 continue
             secs = time_call(fn, args)
-        except Exception as e:  # a sample the space allows but TVM cannot build: skipped
+        except Exception as e:  # a sample TVM cannot build or run: skipped
             if log:
                 log(f"    trial {t + 1}: skipped ({type(e).__name__})")
             continue

@@ -11,6 +11,7 @@ import socket
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from opsdk.runners import farm_state, request_board, start_farm, stop_farm, tracker_boards
@@ -258,6 +259,133 @@ def test_artifacts_checked_over_the_farm_once_each(farm, relu_mod, tmp_path, cap
                  "--boards", "all"]) == 2
     err = capsys.readouterr().err.strip()
     assert "different architectures" in err and "\n" not in err, err
+
+
+def _tiny_model():
+    import numpy as np
+    from tvm import relax
+
+    from opsdk.model import LoadedModel
+
+    rng = np.random.default_rng(3)
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    w = rng.standard_normal((64, 48)).astype("float32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, relax.const(w))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    m = LoadedModel("tiny", mod, mod, [rng.standard_normal((32, 64)).astype("float32")])
+    return m, w
+
+
+@pytest.fixture(scope="module")
+def farm_tuned(farm, tmp_path_factory):
+    """One tune over the farm (3 samples of a 32x64x48 matmul + ReLU), every record kept
+    that passes the verify gate (``min_speedup=0``: emulated timings are no speed)."""
+    from opsdk.tune import TuningDB, tune_model
+
+    state, _ = farm
+    _all_free(state)
+    db = TuningDB(tmp_path_factory.mktemp("tuning"))
+    m, w = _tiny_model()
+    rep = tune_model(m, "arm", trials=3, keep=2, draws=2, db=db, log=None, min_speedup=0.0,
+                     tracker=state.tracker, key=KEY)
+    return m, w, db, rep
+
+
+def test_tune_on_the_farm_times_and_verifies_every_candidate_on_the_boards(farm, farm_tuned):
+    import opsdk
+    from opsdk.tune import read_record, recheck
+
+    state, _ = farm
+    _, _, db, rep = farm_tuned
+    assert rep.target == f"arm (rpc tracker {state.tracker} key {KEY}, 2 boards)", rep.target
+    (k,) = rep.kernels
+    assert k.kind == "matmul" and k.hand_rule == "neon.matmul"
+    assert k.hand_ms and k.hand_ms > 0  # timed on a board under the hand rule
+    assert 1 <= len(k.verified) <= 2 and k.candidates == len(k.verified)
+    for g in k.verified:  # the board's outputs against the float64 reference made here
+        assert g.ok and g.reference == "float64" and g.draws == 2
+        assert 0 < g.worst <= 1.0 and g.generic_worst > 0
+    assert k.ratio is not None and k.hand_ms_gate > 0 and k.tuned_ms_gate > 0
+    assert k.kept, k.why
+    (path,) = db.folder(opsdk.target("arm")).glob("*.json")
+    rec = read_record(path)
+    assert rec["workload"] == k.workload and rec["n_in"] == 2 and rec["status"] == "kept"
+    assert rec["device"] == rep.target
+    assert recheck(path, "arm", tracker=state.tracker, key=KEY, draws=1).ok
+
+
+def test_a_farm_tuned_record_schedules_the_arm_model_and_matches_the_host(farm, farm_tuned):
+    import numpy as np
+
+    import opsdk
+    from opsdk.model import compile_model, report
+    from opsdk.runners import runner_for
+
+    state, _ = farm
+    m, w, db, _ = farm_tuned
+    tgt = opsdk.target("arm")
+    records = db.records(tgt)
+    cm = compile_model(m.opsdk_mod, tgt, tuning=records, cache=False)
+    r = report(cm, tgt, source=m.opsdk_mod, asm=False, profile=False)
+    assert [k.rule for k in r.kernels] == [records[0].rule_name]
+    _all_free(state)
+    with runner_for("arm", tracker=state.tracker, key=KEY) as board:
+        (got,) = board.run(cm.ex, m.inputs)
+    want = np.maximum(m.inputs[0].astype("float64") @ w.astype("float64"), 0)
+    # float32 GEMM: K = 64 products and sums, gamma_64 of |x| @ |w| bounds each element
+    bound = 64 * 2.0 ** -24 / (1 - 64 * 2.0 ** -24) * (np.abs(m.inputs[0]) @ np.abs(w))
+    assert np.all(np.abs(got - want) <= bound + 1e-30)
+
+
+def test_the_board_gate_rejects_a_miscomputing_kernel_and_a_corrupted_record(
+        farm, farm_tuned, tmp_path):
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    import opsdk
+    from opsdk.model import fused_module
+    from opsdk.runners import runner_for
+    from opsdk.tune import TuningDB, kernel_inputs, read_record, recheck, verify_trace
+    from opsdk.tune._remote import board_kernel
+
+    state, _ = farm
+    m, _, db, rep = farm_tuned
+    tgt = opsdk.target("arm")
+    (path,) = db.folder(tgt).glob("*.json")
+    good = read_record(path)["trace"]
+    fused = fused_module(m.opsdk_mod, tgt)
+    (func,) = [f for gv, f in fused.functions.items() if gv.name_hint == rep.kernels[0].kernel]
+    n_in = kernel_inputs(fused)[rep.kernels[0].kernel]
+    _all_free(state)
+    with runner_for("arm", tracker=state.tracker, key=KEY) as board:
+        run = board_kernel(board, tgt, n_in, Path(tempfile.mkdtemp(dir=tmp_path)))
+
+        def one_row_wrong(kernel, arrays):  # the tuned kernel, one output row wrong
+            out = run(kernel, arrays)
+            if kernel is not func:
+                out[-1][5] = out[-1][5] * np.float32(1.001) + np.float32(1e-3)
+            return out
+
+        g = verify_trace(func, good, tgt, draws=1, device=one_row_wrong)
+        assert not g.ok and "output 2 at (5, " in g.why and "float64 reference" in g.why, g.why
+        assert verify_trace(func, good, tgt, draws=1, device=run).ok
+    # A wrong tile edge: refused at replay, with the device's reproducer flags
+    bad = copy.deepcopy(good)
+    for d in bad[1]:
+        if bad[0][d[0]][0] == "SamplePerfectTile" and d[1][0] > 1:
+            d[1] = [d[1][0] - 1, *d[1][1:]]
+            break
+    else:
+        raise AssertionError("no tile split with an outer factor above 1")
+    rec = {**read_record(path), "trace": bad, "status": "rejected: planted"}
+    bad_path = TuningDB(tmp_path).put(tgt, rec, kept=False)
+    g = recheck(bad_path, "arm", tracker=state.tracker, key=KEY, draws=1)
+    assert not g.ok and "does not replay" in g.why
 
 
 def test_a_board_killed_mid_run_has_its_cell_requeued_and_is_named(farm):

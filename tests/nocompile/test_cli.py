@@ -222,6 +222,13 @@ BAD_ARGUMENTS = [
     (["drift", "m.py", "--max-rel", "nan"], "--max-rel: must be a finite number >= 0"),
     (["drift", "m.py", "--target", "armv9"], "unknown target 'armv9'"),
     (["drift", "/nonexistent/m.py"], "model file '/nonexistent/m.py' does not exist"),
+    (["tune", __file__, "--target", "armv9"], "--target armv9: unknown target 'armv9'"),
+    (["tune", __file__, "--target", "arm", "--tracker", "127.0.0.1:9190"],
+     "--tracker needs --key"),
+    (["tune", __file__, "--target", "arm", "--tracker", "127.0.0.1:9190", "--key", "k",
+      "--rpc", "127.0.0.1:9090"], "--tracker and --rpc both name the device"),
+    (["tune", __file__, "--rpc", "127.0.0.1:9090"], "--target x86 tunes on this machine"),
+    (["tune", __file__, "--target", "arm", "--boards", "0"], "--boards: expected a number"),
 ]
 
 
