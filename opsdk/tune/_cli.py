@@ -47,6 +47,9 @@ def add_tune_arguments(s: argparse.ArgumentParser) -> None:
                    help="which kernels --top takes: the slowest, or the weakest (the lowest %% "
                    "of the machine's roof in the model report, of those with 0.25 %% of the "
                    "time or more) (default slowest)")
+    s.add_argument("--candidates", type=positive_int, default=6, metavar="N",
+                   help="on a device: time the N tunable kernels with the most work on a "
+                   "board under their hand rules, and tune the --top slowest (default 6)")
     s.add_argument("--trials", type=positive_int, default=32, metavar="T",
                    help="MetaSchedule samples per kernel (default 32); see docs/tuning.md for "
                    "budgets")
@@ -116,7 +119,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
                          trials=args.trials, db=db, seed=args.seed,
                          min_speedup=args.min_speedup,
                          log=lambda m: print(m, file=sys.stderr, flush=True),
-                         tracker=args.tracker, key=args.key, boards=args.boards, rpc=args.rpc)
+                         tracker=args.tracker, key=args.key, boards=args.boards, rpc=args.rpc,
+                         candidates=args.candidates)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(rep.format())
