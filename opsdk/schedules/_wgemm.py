@@ -4,7 +4,7 @@ activations, int8 or ggml q4_0 weights unpacked in vector registers.
 A rule rebuilds the op from the attributes its definition records on the output block
 (:func:`rebuild_wdense`), in one of two shapes:
 
-- **GEMV** (a few rows, M < 16, or a symbolic M: an LLM's decode step). Memory-bound on the
+- **GEMV** (a few rows, a static M < 16: an LLM's decode step). Memory-bound on the
   weights, so every weight byte is read once per call and unpacked in registers. The
   weights are repacked ``(N / lanes, K / 2, lanes)`` bytes for q4 (``(N / lanes, K, lanes)``
   for int8; the q4 group scales ``(N / lanes, K / 32, lanes)`` float32), so one vector load
@@ -14,11 +14,14 @@ A rule rebuilds the op from the attributes its definition records on the output 
   multiplies it by the group's scales once (``acc += part * d``); int8 sums all of K and
   scales once in the write-back. Tiles of ``rows x nv`` vectors run in parallel over output
   channels (and row tiles).
-- **GEMM** (M >= 16, prefill). Unpacking per row would repeat the work M times, so each
+- **GEMM** (M >= 16, or a symbolic M: an LLM's prefill; its short prompts pay the panel for
+  a few rows, its long ones would otherwise unpack per row: GPT-2's prefill of 64 tokens
+  280 -> 122 ms with int8 weights). Unpacking per row would repeat the work M times, so each
   parallel task dequantizes its N-tile of weights for all of K into a float32 panel
   (``wd``, ``(nv, K, lanes)``, computed at the N-tile loop, so it stays in L2) and runs the
   register-tiled float32 micro-kernel of :mod:`._gemm` (``MR x nv`` vectors of accumulators,
-  ``tile_m`` rows) over all M rows against it.
+  ``tile_m`` rows) over all M rows against it; a symbolic M runs whole row tiles (the padded
+  rows read the last row again), so the tile has no row predicate.
 
 The weight packing reads only the weight (and the q4 scales), so for a constant weight the
 rule marks it ``meta_schedule.layout_rewrite_preproc`` (:func:`._qgemm.pack_at_compile_time`'s
@@ -95,7 +98,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def wdense_packed(
     op: str, x: te.Tensor, w: te.Tensor, scale: te.Tensor, bias: te.Tensor | None, *,
-    lanes: int, nv: int, gemm: bool, activation: str = "none",
+    lanes: int, nv: int, gemm: bool, activation: str = "none", rows: int = 1,
 ) -> te.Tensor:
     """``dense_w8`` (``w``: int8 ``(N, K)``, ``scale``: ``(N,)``) or ``dense_q4`` (``w``: the
     ``qs`` bytes ``(N, K / 2)``, ``scale``: ``d`` ``(N, K / 32)``) computed in packed form:
@@ -106,6 +109,11 @@ def wdense_packed(
     as float32; GEMV: ``part`` (q4) the per-group sums and ``acc`` ``(M, Np)``; GEMM: ``wd`` the
     dequantized float32 weights ``(Np / lanes, K, lanes)`` and ``acc``; then the output
     ``dense_w8`` / ``dense_q4`` ``(M, N)`` with the scale (int8), bias and activation.
+
+    GEMM with a symbolic M: ``acc`` has whole tiles of ``rows`` rows, the padded rows reading
+    ``x``'s last row again in place (their sums are never written), so the register tile has
+    no row predicate (with one, TVM kept the accumulators of all M rows in memory: 37
+    against 110 GFLOP/s for an LLM's prefill).
     """
     m, k_dim = x.shape
     n_dim = w.shape[0]
@@ -162,9 +170,15 @@ def wdense_packed(
             wd = te.compute((dim(nb), dim(k), dim(lanes)),
                             lambda b, kk, l_: wp[b, kk, l_].astype(f32), name="wd")
         rk = te.reduce_axis((dim(0), dim(k)), name="k")
+        rows_m = m
+        xrow = x
+        if rows > 1 and not isinstance(m, tirx.IntImm):
+            rows_m = (m + dim(rows - 1)) // dim(rows) * dim(rows)
+            last = m - dim(1)
+            xrow = _Rows(x, last)
         acc = te.compute(
-            (m, dim(nb * lanes)),
-            lambda i, j: te.sum(x[i, rk] * wd[j // lanes, rk, j % lanes], axis=rk),
+            (rows_m, dim(nb * lanes)),
+            lambda i, j: te.sum(xrow[i, rk] * wd[j // lanes, rk, j % lanes], axis=rk),
             name="acc",
         )
     elif q4:
@@ -201,6 +215,17 @@ def wdense_packed(
     return te.compute((m, dim(n)), body, name=op)
 
 
+class _Rows:
+    """``x`` indexed with its row clamped to ``last``: ``x[min(i, last), k]``."""
+
+    def __init__(self, x: te.Tensor, last: tirx.PrimExpr) -> None:
+        self.x, self.last = x, last
+
+    def __getitem__(self, idx: tuple[Any, Any]) -> tirx.PrimExpr:
+        i, kk = idx
+        return self.x[tirx.min(i, self.last), kk]
+
+
 def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,
           q4: bool) -> tuple[int, int]:
     """(rows, vectors) of a register tile.
@@ -214,7 +239,7 @@ def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,
     """
     nvec = _cdiv(n, lanes)
     best = None
-    # A symbolic M (decode and prefill in one function) keeps room for several rows.
+    # A symbolic M (a prefill of any length) keeps room for several rows.
     for nv in range(min(4 if gemm or m is None else 8, nvec), 0, -1):
         per_row = nv * (2 if (q4 and not gemm) else 1)
         if per_row > acc_regs and nv > 1:
@@ -242,14 +267,14 @@ def rebuild_wdense(func: tirx.PrimFunc, target: Target, acc_regs: int) -> tirx.P
     x, w = bufs[0], bufs[1]
     mdim = x.shape[0]
     m = int(mdim.value) if isinstance(mdim, tirx.IntImm) else None
-    gemm = m is not None and m >= GEMM_ROWS
+    gemm = m is None or m >= GEMM_ROWS
     lanes = vector_lanes(target, 32)
     n = int(w.shape[0])
     mr, nv = _tile(m, n, lanes, acc_regs, gemm, op == "dense_q4")
     if m is not None and not gemm:
         mr = min(mr, m)
     new = recompute(func, bufs, has_bias, lambda *ins: wdense_packed(
-        op, *ins, lanes=lanes, nv=nv, gemm=gemm, activation=attrs["activation"]))
+        op, *ins, lanes=lanes, nv=nv, gemm=gemm, activation=attrs["activation"], rows=mr))
     return (new.with_attr("opsdk.wdense_tile", [mr, nv, lanes, int(gemm)])
             .with_attr("opsdk.wdense_op", op))
 

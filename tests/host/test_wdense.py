@@ -174,6 +174,47 @@ def test_vector_width_comes_from_the_target(mcpu: str, m: int, n: int) -> None:
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("op", ["dense_q4", "dense_w8"])
+def test_symbolic_rows_run_the_gemm_over_whole_row_tiles(op: str) -> None:
+    """An LLM's prefill has a symbolic row count: with float32 activations it runs the GEMM
+    over a dequantized panel, its accumulator block over whole row tiles (the padded rows
+    read the last row again), so the register tile has no row predicate (with one TVM kept
+    every row's accumulators in memory: 37 against 110 GFLOP/s). One kernel for 1, 7
+    (a partial tile) and 64 rows, each against the reference."""
+    from tvm import te
+
+    from opsdk.schedules._core import accumulator_registers
+    from opsdk.schedules._wgemm import schedule_wdense
+
+    tgt = opsdk.target("x86")
+    k, n = 96, 40
+    rng = np.random.default_rng(7)
+    wf = rng.standard_normal((n, k)).astype("float32")
+    ws = dict(zip(("qs", "d"), quantize_q4_0(wf))) if op == "dense_q4" else \
+        dict(zip(("w", "w_scale"), quantize_w8(wf)))
+    mvar = te.var("m", "int64")
+    phs = [te.placeholder((mvar, k), "float32", name="x"),
+           *(te.placeholder(v.shape, str(v.dtype), name=nm) for nm, v in ws.items())]
+    d = opsdk.get_op(op)
+    y = d.call_compute([*phs, None], {"activation": "gelu"})
+    sch = schedule_wdense(te.create_prim_func([*phs, y]), tgt,
+                          acc_regs=accumulator_registers(tgt))
+    mr, _, _, gemm = (int(v) for v in sch.mod["main"].attrs["opsdk.wdense_tile"])
+    assert gemm == 1 and mr > 1
+    for name in ("acc_init", "acc_update"):  # no row predicate on the register tile
+        loops = sch.get_loops(sch.get_sblock(name))
+        realize = sch.get(loops[-1]).body
+        assert isinstance(realize.predicate, tvm.tirx.IntImm), (name, realize.predicate)
+        assert int(realize.predicate) == 1
+    ex = tvm.compile(sch.mod, target=tgt)
+    for rows in (1, 7, 64):
+        xv = rng.uniform(-2, 2, (rows, k)).astype("float32")
+        out = tvm.runtime.empty((rows, n), "float32")
+        ex["main"](*[tvm.runtime.tensor(v) for v in (xv, *ws.values())], out)
+        want = d.run_reference({"x": xv, **ws}, {"activation": "gelu"})
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
 # ---------------------------------------------------------------- activations="q8_0"
 
 
