@@ -47,6 +47,8 @@ values, and elementwise ops it carries the layout through.
 
 from __future__ import annotations
 
+import warnings
+
 import tvm
 from tvm import relax
 
@@ -92,6 +94,27 @@ class _ClipAsMinMax(relax.PyExprMutator):
         dt = str(ty.dtype)
         x = relax.op.maximum(call.args[0], relax.const(lo, dt))
         return relax.op.minimum(self.builder_.normalize(x), relax.const(hi, dt))
+
+
+@relax.expr_functor.mutator
+class _SqueezeAxesPositive(relax.PyExprMutator):
+    """``squeeze(x, axis=[-2])`` -> ``squeeze(x, axis=[rank - 2])``: TVM 0.27's layout
+    inference of ``squeeze`` indexes the layout with the axis as given, and a negative one
+    after a channels-last op throws ``std::bad_alloc`` out of ``ConvertLayout`` (NextViT's
+    ``AvgPool1d`` spelled as ``expand_dims``, ``avg_pool2d``, ``squeeze(-2)``)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.squeeze"):
+            return call
+        axes = call.attrs.axis
+        ty = call.args[0].ty
+        if axes is None or not isinstance(ty, relax.TensorType) or ty.ndim < 0:
+            return call
+        given = [int(a) for a in axes]
+        if all(a >= 0 for a in given):
+            return call
+        return relax.op.squeeze(call.args[0], axis=[a % ty.ndim for a in given])
 
 
 def _static_shape(e: relax.Expr) -> list[int] | None:
@@ -525,10 +548,20 @@ def ChannelsLast() -> tvm.transform.Pass:
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 func = _TransposedConvAsConv().visit_expr(func)
+                func = _SqueezeAxesPositive().visit_expr(func)
                 updates[gv] = _ClipAsMinMax().visit_expr(func)
         for gv, func in updates.items():
             mod[gv] = func
-        mod = relax.transform.ConvertLayout(LAYOUTS)(mod)
+        try:
+            mod = relax.transform.ConvertLayout(LAYOUTS)(mod)
+        except Exception as e:  # TVM's own pass on a graph it mishandles: stay NCHW
+            first = next((ln for ln in str(e).splitlines()[::-1] if ln.strip()),
+                         type(e).__name__)
+            warnings.warn(f"opsdk: the convolutions stay in the model's layout: TVM's "
+                          f"ConvertLayout failed on this model ({first.strip()[:200]}); the "
+                          "model runs correctly but slower than channels-last. Please "
+                          "report the model to opsdk", stacklevel=2)
+            return mod
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 func = _PermutesSink().visit_expr(func)

@@ -169,8 +169,10 @@ def board_kernel(runner: Any, target: Any, n_in: int, tmp: Path) -> Callable[...
     return run
 
 
-def _timed(runner: Any, path: Path, inputs: list[np.ndarray], repeats: int) -> float:
-    _, t = runner.run_timed(str(path), inputs, repeats=repeats)
+def _timed(runner: Any, lib: str, inputs: list[np.ndarray], repeats: int) -> float:
+    """The median ms of ``repeats`` calls on the device; ``lib`` the same ``str`` object
+    call after call (a runner keeps what it uploaded by the object's identity)."""
+    _, t = runner.run_timed(lib, inputs, repeats=repeats)
     return float(t["median_ms"])
 
 
@@ -212,7 +214,7 @@ def _cell(op: str, func: Any, name: str, n_in: int, inputs: list[np.ndarray],
         rule = _export_harness(func, name, n_in, tgt, hand, cc)
         if rule is None:
             return {"error": "the hand-ruled kernel did not compile"}
-        ms = _timed(runner, hand, inputs, repeats)
+        ms = _timed(runner, str(hand), inputs, repeats)
         threads = runner.device_threads() if hasattr(runner, "device_threads") else None
         return {"ms": ms, "rule": rule, "threads": threads}
     if op == "search":
@@ -223,7 +225,7 @@ def _cell(op: str, func: Any, name: str, n_in: int, inputs: list[np.ndarray],
             return {"error": "the build failed or crashed" if rule is None else
                     f"the record did not schedule the kernel ({rule} did)"}
         tick()
-        return {"ms": _timed(runner, path, inputs, repeats)}
+        return {"ms": _timed(runner, str(path), inputs, repeats)}
     if op != "gate":
         raise ValueError(f"unknown cell {op!r}")
     device = board_kernel(runner, tgt, n_in, tmp)
@@ -245,10 +247,12 @@ def _cell(op: str, func: Any, name: str, n_in: int, inputs: list[np.ndarray],
         out["speed_error"] = "the kernel's harness did not compile"
         return out
     th, tt, ratios = [], [], []
+    libs = str(hand), str(tuned)  # uploaded once each, then timed in alternating order
     for r in range(int(payload.get("rounds", 7))):
-        order = [(hand, th), (tuned, tt)] if r % 2 == 0 else [(tuned, tt), (hand, th)]
-        for path, into in order:
-            into.append(_timed(runner, path, inputs, repeats))
+        order = [(libs[0], th), (libs[1], tt)] if r % 2 == 0 else \
+            [(libs[1], tt), (libs[0], th)]
+        for lib, into in order:
+            into.append(_timed(runner, lib, inputs, repeats))
         ratios.append(th[-1] / max(tt[-1], 1e-9))
         tick()
     out.update(best=payload["traces"].index(best), hand_rule=hand_rule,

@@ -311,3 +311,56 @@ def _assert_two_transposes_and_torchs_numbers(mod, net, x) -> None:
     got = _run(cm, x.numpy())
     want = net(x).detach().numpy()
     assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
+
+
+class _PoolOverTokens(torch.nn.Module):
+    """NextViT's spatial reduction: tokens from a conv, ``AvgPool1d`` over them (torch
+    exports ``expand_dims``, ``avg_pool2d``, ``squeeze(-2)``), then a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pool = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.AvgPool1d(4, 4)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        t = self.conv(x).flatten(2)  # (1, 8, 64)
+        return self.fc(self.pool(t).transpose(1, 2))
+
+
+def test_a_negative_squeeze_axis_after_a_channels_last_op_converts():
+    # TVM's squeeze layout inference indexed the layout with axis -2: std::bad_alloc out of
+    # ConvertLayout, and the model did not compile. The axis is made positive first.
+    torch.manual_seed(0)
+    net, x = _PoolOverTokens().eval(), torch.randn(1, 3, 8, 8)
+    mod = from_torch(torch.export.export(net, (x,)))
+    assert any(c.op.name == "relax.squeeze" and int(c.attrs.axis[0]) < 0 for c in _calls(mod))
+    with opsdk.target("x86"):
+        cl = opsdk.transform.ChannelsLast()(mod)
+    (conv,) = [c for c in _calls(cl) if c.op.name == "relax.nn.conv2d"]
+    assert conv.attrs.data_layout == "NHWC"
+    cm = compile_model(mod, "x86", cache=False)
+    want = net(x).detach().numpy()
+    got = _run(cm, x.numpy())
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
+
+
+def test_a_failing_convertlayout_leaves_the_model_nchw_with_a_warning(monkeypatch):
+    # A graph TVM's own pass mishandles costs speed, not the compile: the convs stay in the
+    # model's layout and the user is told which pass failed.
+    def broken(layouts):
+        def run(mod):
+            raise tvm.error.InternalError("std::bad_alloc")
+        return run
+
+    torch.manual_seed(0)
+    net, x = _BnAfterGelu().eval(), torch.randn(1, 3, 16, 16)
+    mod = from_torch(torch.export.export(net, (x,)))
+    monkeypatch.setattr(relax.transform, "ConvertLayout", broken)
+    with pytest.warns(UserWarning, match=r"stay in the model's layout.*ConvertLayout "
+                      r"failed.*std::bad_alloc"):
+        cm = compile_model(mod, "x86", cache=False)
+    rep = report(cm, "x86", profile=False, asm=False)
+    assert not any("transpose" in k.name for k in rep.kernels), [k.name for k in rep.kernels]
+    got = _run(cm, x.numpy())
+    want = net(x).detach().numpy()
+    assert within_tolerance(got, want)["ok"], np.abs(got - want).max()
