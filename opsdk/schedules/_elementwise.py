@@ -18,6 +18,7 @@ from ._core import (
     _dtype_bits,
     _fuse,
     _is_one,
+    _pow2_pieces,
     _realize,
     analyze,
     extent_of,
@@ -69,6 +70,33 @@ def _reads_aligned(sch: s_tir.Schedule, rv) -> bool:
                if not _is_scalar_read(rd))
 
 
+def _same_dim(a, b) -> bool:
+    if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
+        return int(a.value) == int(b.value)
+    return a.same_as(b)
+
+
+def _contiguous_depth(sch: s_tir.Schedule, rv) -> int:
+    """How many trailing output axes fuse into one contiguous run in every read: one more
+    than the trailing dims each read's buffer shares with the output. A read indexed as the
+    output but of a wider buffer (the first part of a split: 72 of 96 channels) is
+    contiguous along its innermost axis only; fused with the pixel axis, each vector would
+    gather across two pixels' rows."""
+    blk = sch.get(rv)
+    shape = list(blk.writes[0].source.shape)
+    depth = len(shape)
+    for rd in blk.reads:
+        if _is_scalar_read(rd):
+            continue
+        src = list(rd.source.shape)
+        same = 0
+        while same < min(len(src), len(shape)) - 1 and _same_dim(src[-1 - same],
+                                                                 shape[-1 - same]):
+            same += 1
+        depth = min(depth, same + 1)
+    return depth
+
+
 def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Injective blocks: producers inlined; the leading loops fused and split across the cores;
     the trailing static loops (at most ``MAX_FUSE``, contiguous in memory) fused and vectorized
@@ -84,12 +112,47 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         if b.name not in outs:
             sch.compute_inline(b.rv)
     if len(outs) > 1:
+        merged = _split_along_last_axis(func, outs, target)
+        if merged is not None:
+            return merged
         # Several outputs (a split): each output its own parallel, vectorized loop nest over
         # the inlined producers (no streaming stores: they rebuild the function).
         for name in outs:
             _elementwise_nest(sch, sch.get_sblock(name), target, stream_ok=False)
         return sch
     return _elementwise_nest(sch, blocks[-1].rv, target, stream_ok=True)
+
+
+def _split_along_last_axis(func: tirx.PrimFunc, outs: Sequence[str], target: Target
+                           ) -> s_tir.Schedule | None:
+    """Outputs that differ in their innermost axis only (a split along it: InceptionNeXt's
+    72 + 8 + 8 + 8 channels): one parallel loop over the shared outer positions, each
+    output's piece of the row vectorized inside it, so the input is read in one pass (a
+    loop nest per output read it once per output, 8 channels of each 96-channel row at a
+    time). None when the outputs' outer dims differ or TVM refuses the merge."""
+    sch = s_tir.Schedule(func)
+    for b in analyze(sch):
+        if b.name not in outs:
+            sch.compute_inline(b.rv)
+    blocks = [sch.get_sblock(n) for n in outs]
+    shapes = [list(sch.get(b).writes[0].source.shape) for b in blocks]
+    if len({len(sh) for sh in shapes}) != 1 or len(shapes[0]) < 2:
+        return None
+    if not all(_same_dim(a, b) for sh in shapes[1:] for a, b in zip(sh[:-1], shapes[0][:-1])):
+        return None
+    if any(not isinstance(sh[-1], tirx.IntImm) for sh in shapes) or \
+            any(not isinstance(d, tirx.IntImm) for d in shapes[0][:-1]):
+        return None
+    lanes = vector_lanes(target, _dtype_bits(sch, blocks[0]))
+    try:
+        outer = [_fuse(sch, sch.get_loops(b)[:-1]) for b in blocks]
+        row = sch.merge(*outer)
+    except Exception:  # blocks TVM will not merge: one nest per output instead
+        return None
+    sch.parallel(row)
+    for b in blocks:
+        vectorize_loop(sch, sch.get_loops(b)[-1], lanes)
+    return sch
 
 
 def _elementwise_nest(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV, target: Target,
@@ -112,14 +175,16 @@ def _elementwise_nest(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV, target
     # too: fused, its index would be div/mod of the flat loop, gathered lane by lane
     # (measured: NCHW -> NHWC of 24x56x56, 90 us fused, 10 us with the channel loop alone).
     aligned = _is_broadcast_free(sch, last) and _reads_aligned(sch, last)
-    n_inner = min(n_inner, MAX_FUSE if aligned else 1)
+    n_inner = min(n_inner, MAX_FUSE if aligned else 1, _contiguous_depth(sch, last))
     cuts = _select_cuts(sch, last, loops[-1]) if n_inner == 1 else []
-    if cuts and len(loops) > 1 and all(c % lanes == 0 for c in
-                                       [*cuts, extent_of(sch, loops[-1]) or 1]):
+    if cuts and len(loops) > 1:
         # A concatenate along the innermost axis selects its input by index: one vector
         # loop per input range (the select folds away in each), not a select per lane.
         sch.parallel(_fuse(sch, loops[:-1]))
-        vectorize_segments(sch, loops[-1], lanes, cuts)
+        if all(c % lanes == 0 for c in [*cuts, extent_of(sch, loops[-1]) or 1]):
+            vectorize_segments(sch, loops[-1], lanes, cuts)
+        else:  # ranges of any width (InceptionNeXt: 72 + 8 + 8 + 8 channels)
+            vectorize_ranges(sch, loops[-1], lanes, cuts)
         return sch
     if not aligned and n_inner == 1 and len(loops) >= 2 \
             and _transpose_through_tile(sch, last, loops, lanes):
@@ -294,6 +359,29 @@ def vectorize_segments(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: 
         while sch.get_child_blocks(leaf):  # a partition is a block scope of its own
             leaf = sch.get_child_blocks(leaf)[0]
         sch.vectorize(sch.get_loops(leaf)[-1])
+
+
+def vectorize_ranges(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: int,
+                     cuts: Sequence[int]) -> None:
+    """Vectorize a static loop cut at ``cuts`` (offsets of any value): each range as whole
+    ``lanes`` vectors and a tail of power-of-two vectors, all the pieces made by one
+    ``loop_partition`` of the loop (TVM 0.27 mis-sizes a partition of a loop that does not
+    start at 0, so no range is partitioned again)."""
+    ext = extent_of(sch, loop)
+    assert ext is not None
+    bounds = [0, *cuts, ext]
+    pieces: list[int] = []
+    for a, b in itertools.pairwise(bounds):
+        n = b - a
+        main = n - n % lanes
+        pieces += ([main] if main else []) + _pow2_pieces(n - main)
+    parts = sch.loop_partition(loop, pieces[:-1]) if len(pieces) > 1 else [loop]
+    for part, n in zip(parts, pieces):
+        if n > lanes:
+            _, vec = sch.split(part, [None, lanes])
+            sch.vectorize(vec)
+        elif n > 1:
+            sch.vectorize(part)
 
 
 def _select_cuts(sch: s_tir.Schedule, rv, loop: s_tir.schedule.LoopRV) -> list[int]:
