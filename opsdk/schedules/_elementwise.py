@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 from tvm.target import Target
 
 from ._core import (
@@ -143,6 +144,8 @@ def _split_along_last_axis(func: tirx.PrimFunc, outs: Sequence[str], target: Tar
     if any(not isinstance(sh[-1], tirx.IntImm) for sh in shapes) or \
             any(not isinstance(d, tirx.IntImm) for d in shapes[0][:-1]):
         return None
+    if not all(_contiguous_along(sch, b, sch.get_loops(b)[-1]) for b in blocks):
+        return None  # a transposing read: each output through the transpose paths
     lanes = vector_lanes(target, _dtype_bits(sch, blocks[0]))
     try:
         outer = [_fuse(sch, sch.get_loops(b)[:-1]) for b in blocks]
@@ -177,13 +180,17 @@ def _elementwise_nest(sch: s_tir.Schedule, last: s_tir.schedule.SBlockRV, target
     aligned = _is_broadcast_free(sch, last) and _reads_aligned(sch, last)
     n_inner = min(n_inner, MAX_FUSE if aligned else 1, _contiguous_depth(sch, last))
     cuts = _select_cuts(sch, last, loops[-1]) if n_inner == 1 else []
-    if cuts and len(loops) > 1:
+    whole = bool(cuts) and all(c % lanes == 0
+                               for c in [*cuts, extent_of(sch, loops[-1]) or 1])
+    if cuts and len(loops) > 1 and (whole or _contiguous_along(sch, last, loops[-1])):
         # A concatenate along the innermost axis selects its input by index: one vector
-        # loop per input range (the select folds away in each), not a select per lane.
+        # loop per input range (the select folds away in each), not a select per lane;
+        # ranges of any width when each input is read contiguously (InceptionNeXt's
+        # 72 + 8 + 8 + 8 channels; a transposed concat goes through a tile below).
         sch.parallel(_fuse(sch, loops[:-1]))
-        if all(c % lanes == 0 for c in [*cuts, extent_of(sch, loops[-1]) or 1]):
+        if whole:
             vectorize_segments(sch, loops[-1], lanes, cuts)
-        else:  # ranges of any width (InceptionNeXt: 72 + 8 + 8 + 8 channels)
+        else:
             vectorize_ranges(sch, loops[-1], lanes, cuts)
         return sch
     if not aligned and n_inner == 1 and len(loops) >= 2 \
@@ -332,6 +339,32 @@ def _bound_var(sch: s_tir.Schedule, rv, loop):
     blk = sch.get(rv)
     return next((iv.var for iv, v in zip(blk.iter_vars, _realize(sch, rv).iter_values)
                  if v.same_as(var)), None)
+
+
+def _contiguous_along(sch: s_tir.Schedule, rv, loop) -> bool:
+    """Whether every read of the block indexes its innermost axis with ``loop``'s variable
+    (plus a constant) and no other axis with it: each input range is a contiguous run (a
+    concatenate along the channels), not a gather (a detector head's concat transposed)."""
+    v = _bound_var(sch, rv, loop)
+    if v is None:
+        return False
+    analyzer = Analyzer()
+    blk = sch.get(rv)
+    for iv in blk.iter_vars:  # an inlined reshape's div / mod fold within the ranges
+        analyzer.bind(iv.var, iv.dom)
+    for rd in blk.reads:
+        if _is_scalar_read(rd):
+            continue
+        *outer, inner = [analyzer.simplify(r.min) for r in rd.region]
+        if any(_uses(e, v) for e in outer):
+            return False
+        if _uses(analyzer.simplify(inner - v), v):  # not v plus something without v
+            return False
+    return True
+
+
+def _uses(e, v) -> bool:
+    return any(x.same_as(v) for x in tirx.analysis.undefined_vars(e))
 
 
 def _under_div_mod(e, var) -> bool:
