@@ -291,10 +291,30 @@ def tune_model(model: Any, target: Any = "x86", *, kernels: list[str] | None = N
     return out
 
 
+def _boards_back(tracker: str, key: str, want: int, timeout: float = 30.0) -> None:
+    """Wait, up to ``timeout`` seconds, until ``want`` boards of ``key`` are free again: a
+    round's workers have exited, but the tracker hears their sessions end a moment later
+    (the next round would otherwise find "all boards busy", or take fewer)."""
+    import time
+
+    from .._cliargs import split_host_port
+    from ..runners import tracker_boards
+
+    host, port = split_host_port(tracker)
+    deadline = time.monotonic() + timeout
+    while want > 0 and time.monotonic() < deadline:
+        try:
+            if tracker_boards(host, port, key)[1] >= want:
+                return
+        except Exception:  # unreachable: run_on_farm says so in one line
+            return
+        time.sleep(0.2)
+
+
 def _run_cells(payloads: list[dict[str, Any]], labels: list[str], target: str, *,
                tracker: str | None, key: str | None, boards: int | str, rpc: str | None,
-               runner: list[Any], say: Callable[[str], None]) -> tuple[list[dict[str, Any]],
-                                                                       dict[str, Any]]:
+               runner: list[Any], say: Callable[[str], None], want: int = 0
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``payloads`` run as cells of :func:`opsdk.tune._remote.tune_handler`: over the
     tracker's boards (the farm queue), or one after another on one runner (``rpc``, or the
     emulator; ``runner`` holds it between calls). A cell that failed gets ``{"error"}``."""
@@ -304,6 +324,7 @@ def _run_cells(payloads: list[dict[str, Any]], labels: list[str], target: str, *
         return {"error": why}
 
     if tracker:
+        _boards_back(tracker, key or "", want)
         out = run_on_farm([FarmCell(lb, p) for lb, p in zip(labels, payloads)],
                           handler="opsdk.tune._remote:tune_handler", failed=failed,
                           target=target, tracker=tracker, key=key or "", boards=boards)
@@ -334,13 +355,17 @@ def _tune_on_device(model: Any, target: str, tgt: Any, store: TuningDB, *,
     runner: list[Any] = []
     used: Counter[str] = Counter()
     where: list[str] = []
+    last = [0]  # boards the previous round ran on
 
     def run(payloads: list[dict[str, Any]], labels: list[str]
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if not payloads:
             return [], {}
+        # the boards the last round held, back before this one asks for them
         got, facts = _run_cells(payloads, labels, target, tracker=tracker, key=key,
-                                boards=boards, rpc=rpc, runner=runner, say=say)
+                                boards=boards, rpc=rpc, runner=runner, say=say,
+                                want=last[0])
+        last[0] = len(facts.get("boards", {}))
         used.update(facts.get("boards", {}))
         where[:] = [facts["device"]]
         return got, facts
