@@ -113,7 +113,7 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
         if b.name not in outs:
             sch.compute_inline(b.rv)
     if len(outs) > 1:
-        merged = _split_along_last_axis(func, outs, target)
+        merged = _split_along_last_axis(sch.mod["main"], outs, target)
         if merged is not None:
             return merged
         # Several outputs (a split): each output its own parallel, vectorized loop nest over
@@ -130,11 +130,9 @@ def _split_along_last_axis(func: tirx.PrimFunc, outs: Sequence[str], target: Tar
     72 + 8 + 8 + 8 channels): one parallel loop over the shared outer positions, each
     output's piece of the row vectorized inside it, so the input is read in one pass (a
     loop nest per output read it once per output, 8 channels of each 96-channel row at a
-    time). None when the outputs' outer dims differ or TVM refuses the merge."""
+    time). ``func``: the producers inlined already. None when the outputs' outer dims
+    differ or TVM refuses the merge (``func`` is left as it was for the other path)."""
     sch = s_tir.Schedule(func)
-    for b in analyze(sch):
-        if b.name not in outs:
-            sch.compute_inline(b.rv)
     blocks = [sch.get_sblock(n) for n in outs]
     shapes = [list(sch.get(b).writes[0].source.shape) for b in blocks]
     if len({len(sh) for sh in shapes}) != 1 or len(shapes[0]) < 2:
@@ -399,7 +397,8 @@ def vectorize_ranges(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: in
     """Vectorize a static loop cut at ``cuts`` (offsets of any value): each range as whole
     ``lanes`` vectors and a tail of power-of-two vectors, all the pieces made by one
     ``loop_partition`` of the loop (TVM 0.27 mis-sizes a partition of a loop that does not
-    start at 0, so no range is partitioned again)."""
+    start at 0, and splits none: so no piece is partitioned again, and only the one at 0 is
+    split into vectors; a later range's vectors are pieces of their own)."""
     ext = extent_of(sch, loop)
     assert ext is not None
     bounds = [0, *cuts, ext]
@@ -407,7 +406,8 @@ def vectorize_ranges(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV, lanes: in
     for a, b in itertools.pairwise(bounds):
         n = b - a
         main = n - n % lanes
-        pieces += ([main] if main else []) + _pow2_pieces(n - main)
+        whole = [main] if a == 0 or main == lanes else [lanes] * (main // lanes)
+        pieces += (whole if main else []) + _pow2_pieces(n - main)
     parts = sch.loop_partition(loop, pieces[:-1]) if len(pieces) > 1 else [loop]
     for part, n in zip(parts, pieces):
         if n > lanes:

@@ -170,15 +170,16 @@ def wdense_packed(
             wd = te.compute((dim(nb), dim(k), dim(lanes)),
                             lambda b, kk, l_: wp[b, kk, l_].astype(f32), name="wd")
         rk = te.reduce_axis((dim(0), dim(k)), name="k")
-        rows_m = m
-        xrow = x
+        rows_m, last = m, None
         if rows > 1 and not isinstance(m, tirx.IntImm):
-            rows_m = (m + dim(rows - 1)) // dim(rows) * dim(rows)
-            last = m - dim(1)
-            xrow = _Rows(x, last)
+            rows_m, last = (m + dim(rows - 1)) // dim(rows) * dim(rows), m - dim(1)
+
+        def xrow(i, kk):  # a padded row reads the last one again
+            return x[i if last is None else tirx.min(i, last), kk]
+
         acc = te.compute(
             (rows_m, dim(nb * lanes)),
-            lambda i, j: te.sum(xrow[i, rk] * wd[j // lanes, rk, j % lanes], axis=rk),
+            lambda i, j: te.sum(xrow(i, rk) * wd[j // lanes, rk, j % lanes], axis=rk),
             name="acc",
         )
     elif q4:
@@ -213,17 +214,6 @@ def wdense_packed(
         return activation_te(v, activation)
 
     return te.compute((m, dim(n)), body, name=op)
-
-
-class _Rows:
-    """``x`` indexed with its row clamped to ``last``: ``x[min(i, last), k]``."""
-
-    def __init__(self, x: te.Tensor, last: tirx.PrimExpr) -> None:
-        self.x, self.last = x, last
-
-    def __getitem__(self, idx: tuple[Any, Any]) -> tirx.PrimExpr:
-        i, kk = idx
-        return self.x[tirx.min(i, self.last), kk]
 
 
 def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,

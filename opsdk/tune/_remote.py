@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from ._search import draw
+
 __all__ = ["board_kernel", "kernel_harness", "kernel_inputs", "tune_handler"]
 
 
@@ -60,12 +62,17 @@ def _specs(func: Any) -> list[tuple[tuple[int, ...], str]]:
     return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(func)]
 
 
-def _draw(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    if dtype.startswith("float"):
-        return rng.uniform(-1, 1, shape).astype(dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, shape).astype(dtype)
-    return rng.integers(-4, 5, shape).astype(dtype)
+def _inputs(specs: list[tuple[tuple[int, ...], str]], free: set[int], n_in: int,
+            seed: int) -> list[np.ndarray]:
+    """Random values for a kernel's inputs that are not weights (its own generator, so
+    they are the same without drawing the weights)."""
+    rng = np.random.default_rng(seed)
+    return [draw(shape, dtype, rng) for i, (shape, dtype) in enumerate(specs[:n_in])
+            if i not in free]
+
+
+def _free(func: Any) -> set[int]:
+    return {int(i) for i in (func.attrs or {}).get("layout_free_buffers", [])}
 
 
 def kernel_harness(func: Any, name: str, n_in: int, seed: int = 0
@@ -97,18 +104,16 @@ def kernel_harness(func: Any, name: str, n_in: int, seed: int = 0
     from tvm import relax  # heavy: TVM
 
     specs = _specs(func)
-    free = {int(i) for i in (func.attrs or {}).get("layout_free_buffers", [])}
-    rng = np.random.default_rng(seed)
-    params, args, values = [], [], []
+    free = _free(func)
+    rng = np.random.default_rng(seed + 1)  # the weights'
+    params, args = [], []
     for i, (shape, dtype) in enumerate(specs[:n_in]):
-        v = _draw(shape, dtype, rng)
         if i in free:
-            args.append(relax.const(v))
+            args.append(relax.const(draw(shape, dtype, rng)))
         else:
             p = relax.Var(f"in{i}", relax.TensorType(list(shape), dtype))
             params.append(p)
             args.append(p)
-            values.append(v)
     outs = [relax.TensorType(list(s), d) for s, d in specs[n_in:]]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
@@ -116,7 +121,7 @@ def kernel_harness(func: Any, name: str, n_in: int, seed: int = 0
             gv = bb.add_func(func, name)
             y = bb.emit_output(relax.call_tir(gv, args, outs if len(outs) > 1 else outs[0]))
         bb.emit_func_output(y)
-    return bb.get(), values
+    return bb.get(), _inputs(specs, free, n_in, seed)
 
 
 def _export_harness(func: Any, name: str, n_in: int, target: Any, path: Path,
@@ -194,7 +199,7 @@ def tune_handler(cfg: dict[str, Any], payload: dict[str, Any], runner: Any,
     if isinstance(func, tvm.IRModule):
         func = next(iter(func.functions.values()))
     name, n_in, op = payload["name"], int(payload["n_in"]), payload["op"]
-    _, inputs = kernel_harness(func, name, n_in)
+    inputs = _inputs(_specs(func), _free(func), n_in, 0)  # as the harness draws them
     tmp = Path(tempfile.mkdtemp(prefix="opsdk-tune-board-"))
     try:
         return _cell(op, func, name, n_in, inputs, payload, tgt, cc, runner, tick, tmp,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Candidate", "args_for", "export_isolated", "in_child", "sample", "search",
+__all__ = ["Candidate", "args_for", "draw", "export_isolated", "in_child", "sample", "search",
            "trace_json"]
 
 
@@ -63,26 +63,26 @@ def trace_json(trace: Any) -> Any:
     return plain(s_tir.Trace(head, decisions).as_json(remove_postproc=False))
 
 
+def draw(shape: Any, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """A random array: uniform in [-1, 1] for floats, 0 / 1 for bool, small integers
+    otherwise."""
+    if dtype.startswith("float"):
+        return rng.uniform(-1, 1, shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.integers(-4, 5, shape).astype(dtype)
+
+
 def args_for(func: Any, seed: int = 0, dev: Any = None) -> list[Any]:
-    """Random arguments for ``func``'s buffers (uniform in [-1, 1] for floats, small
-    integers otherwise), as TVM tensors on ``dev`` (the CPU by default)."""
+    """Random arguments for ``func``'s buffers (:func:`draw`), as TVM tensors on ``dev``
+    (the CPU by default)."""
     import tvm  # heavy: TVM
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo  # heavy: TVM
 
     rng = np.random.default_rng(seed)
     dev = dev or tvm.cpu()
-    out = []
-    for info in ArgInfo.from_prim_func(func):
-        shape = [int(d) for d in info.shape]
-        dt = str(info.dtype)
-        if dt.startswith("float"):
-            a = rng.uniform(-1, 1, shape).astype(dt)
-        elif dt == "bool":
-            a = rng.integers(0, 2, shape).astype(dt)
-        else:
-            a = rng.integers(-4, 5, shape).astype(dt)
-        out.append(tvm.runtime.tensor(a, dev))
-    return out
+    return [tvm.runtime.tensor(draw([int(d) for d in info.shape], str(info.dtype), rng), dev)
+            for info in ArgInfo.from_prim_func(func)]
 
 
 def ms_target(target: Any, threads: int) -> Any:

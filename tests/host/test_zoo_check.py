@@ -144,10 +144,11 @@ def test_a_channel_split_reads_each_row_once_in_vectors():
 
 
 @pytest.mark.parametrize(("chans", "loops"), [((16, 32, 16), 3), ((3, 5), 2),
-                                              ((72, 8, 8, 8), 5)])
+                                              ((72, 8, 8, 8), 5), ((8, 40), 4)])
 def test_a_channel_concatenate_is_one_vector_loop_per_input(chans, loops):
     # Each input's range its own vector loops (72 = 64 + 8; 3 = 2 + 1, 5 = 4 + 1, the
-    # single elements scalar), not a select per lane (InceptionNeXt's concat + BN: 83 -> 16 us).
+    # single elements scalar; 40 from offset 8 as 16 + 16 + 8), not a select per lane
+    # (InceptionNeXt's concat + BN: 83 -> 16 us).
     ins = [te.placeholder((2, 5, 7, c), "float32", name=f"a{i}") for i, c in enumerate(chans)]
     ch = _choose(te.create_prim_func([*ins, topi.concatenate(ins, axis=3)]), "x86")
     assert ch.rule == "x86.elementwise", ch.reasons
