@@ -94,7 +94,6 @@ def _decode(sch: s_tir.Schedule, blocks: dict, target: Target, d: int) -> s_tir.
     # one task per (batch, query, head) row of the output; every stage moves under it
     row = sch.fuse(*row_loops)
     sch.parallel(row)
-    vectorize_loop(sch, sch.get_loops(out)[-1], lanes)
     for blk in (blocks["pv"], blocks["expsum"], blocks["exp"], blocks["rowmax"],
                 blocks["scores"], scores_rf):
         sch.compute_at(blk, row, preserve_unit_loops=False)
@@ -106,11 +105,17 @@ def _decode(sch: s_tir.Schedule, blocks: dict, target: Target, d: int) -> s_tir.
     sch.decompose_reduction(scores_rf, k_o)
     # exponentials: a vector loop over the keys (symbolic: LLVM vectorizes the serial loop)
     vectorize_loop(sch, sch.get_loops(blocks["exp"])[-1], lanes)
-    # values: keys outer, the head dim in vector registers
+    # values: keys outer, the head dim in vector registers, by a width that divides it (a
+    # partitioned tail would replace the block that decompose_reduction names: found by
+    # verify with a head dim of 1000)
     *_, e, r = sch.get_loops(blocks["pv"])
     sch.reorder(r, e)
-    vectorize_loop(sch, e, lanes)
+    vectorize_loop(sch, e, lanes if d % lanes == 0 else width)
     sch.decompose_reduction(blocks["pv"], r)
+    # the output row last: a head dim that is not a multiple of the lanes is partitioned
+    # into blocks that compute_at does not see as the consumer (it put the producers after
+    # them: found by verify with a head dim of 1000)
+    vectorize_loop(sch, sch.get_loops(out)[-1], lanes)
     return sch
 
 

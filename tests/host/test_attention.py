@@ -414,6 +414,24 @@ def test_one_static_key_is_declined_not_a_raise(d):
     assert res.rule != "x86.attention"  # a rule that raised would have failed the case
 
 
+@pytest.mark.parametrize(("shape", "m"), [
+    ((1, 1, 1, 1000), 2),   # decode: 1000 = 62 vectors of 16 + 8 (found by the suite's draw)
+    ((2, 3, 2, 40), 19),    # decode, a head of 2.5 AVX-512 vectors
+    ((1, 24, 2, 40), 30),   # many queries, the same head dim
+], ids=["decode_d1000", "decode_d40", "many_d40"])
+def test_head_dims_off_the_vector_width_keep_the_rule(shape, m):
+    # A head dim that is not a multiple of the lanes: the decode schedule partitioned P V's
+    # head loop and raised ("the block no longer exists"); with that fixed, the output row's
+    # partition hid the consumer from compute_at, which put every stage after it (all-zero
+    # rows, 264x the bound). Now the rule keeps the kernel, within the bound.
+    case = Case("attention", "x86", "float32", "causal", shape,
+                {"causal": True, "scale": 0.0, "layout": "BSHD"}, ("mask",), {}, 0,
+                static=True, free={"M": m, "Hkv": 1})
+    res = run_case(case)
+    assert res.ok, res.format(tir=False)
+    assert res.rule == "x86.attention"
+
+
 @pytest.mark.parametrize("batch", ["static", "symbolic"])
 def test_many_query_schedule_with_a_symbolic_query_count(batch):
     # n (= m, a prefill) symbolic: int64 loops beside static int32 ones; one kernel for every
