@@ -360,28 +360,17 @@ class _Builder:
     def embed(self, tokens: relax.Expr, name: str = "wte") -> relax.Var:
         """Token embedding rows of matrix ``name``. Quantized modes hold it quantized and
         dequantize the rows gathered (GPT-2: the LM head's matrix, tied; llama: its own,
-        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept. With
-        q8_0 activations, int4 gathers with ``opsdk.take_q4`` and int8 with
-        ``opsdk.take_w8`` from the packing the head's kernel reads (one copy of a tied
-        table)."""
+        quantized like llama.cpp's ``token_embd``), so the float matrix is not kept. int4
+        gathers with ``opsdk.take_q4`` and int8 with ``opsdk.take_w8``, told the head's
+        activations: their rules gather from the packing the head's kernel reads (one copy
+        of a tied table; an untied table is packed alone, at the same size)."""
         if self.mode == "float32":
             return self.emit(R.take(self.const(name, lambda: self.w[name]), tokens, axis=0))
         if self.mode == "int8":
             q, s = self._quantized(name, quantize_w8)
-            if self.activations == "q8_0":
-                # As take_q4 below: the q8_0 dense_w8 rules pack the head's table, take_w8's
-                # gather from that packing (one copy of a tied table).
-                return self.emit(self.ops.take_w8(q, s, tokens))
-            rows = R.astype(R.take(q, tokens, axis=0), "float32")
-            return self.emit(R.multiply(rows, R.expand_dims(R.take(s, tokens, axis=0), 1)))
+            return self.emit(self.ops.take_w8(q, s, tokens, activations=self.activations))
         qs, d = self._quantized(name, quantize_q4_0)
-        if self.activations == "q8_0":
-            # The q8_0 dense_q4 rules pack the LM head's table at compile time; take_q4's
-            # rules gather from that same packing, so the module holds the table once
-            # (GPT-2 ties them; an untied table is packed alone, at the same size).
-            return self.emit(self.ops.take_q4(qs, d, tokens))
-        return self.bb.emit_te(_q4_rows, self.emit(R.take(qs, tokens, axis=0)),
-                               self.emit(R.take(d, tokens, axis=0)))
+        return self.emit(self.ops.take_q4(qs, d, tokens, activations=self.activations))
 
     def attention(self, q: relax.Expr, k: relax.Expr, v: relax.Expr) -> relax.Var:
         """Causal attention of ``n`` new queries ``(n, H, D)`` over ``m`` cached keys and
@@ -417,20 +406,6 @@ def _attention_takes_grouped_heads() -> bool:
 
     shapes = get_op("attention").input_shapes
     return shapes is not None and shapes((1, 5, 4, 8), {"layout": "BSHD"})["k"][2] != 4
-
-
-def _q4_rows(qs: te.Tensor, d: te.Tensor) -> te.Tensor:
-    """Dequantized q4_0 rows ``(n, K)`` from their bytes ``(n, K / 2)`` and scales
-    ``(n, K / 32)`` (:func:`opsdk.ops.dense_q4.dequantize_q4_0`'s layout)."""
-    k = qs.shape[1] * 2
-
-    def row(i, c):
-        g, e = c // 32, c % 32
-        byte = qs[i, g * 16 + e % 16].astype("int32")
-        nib = tirx.bitwise_and(tirx.shift_right(byte, ((e // 16) * 4).astype("int32")), 15)
-        return d[i, g].astype("float32") * (nib - 8).astype("float32")
-
-    return te.compute((qs.shape[0], k), row, name="q4_rows")
 
 
 def _rope(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:

@@ -14,10 +14,13 @@ float32: the reference repeats it and verify compares bit for bit.
 
 Why an op: a model whose embedding table is also a ``dense_q4`` weight (GPT-2's tied LM
 head) would otherwise keep the table twice, the layer's packed copy and the plain bytes the
-gather reads. The integer rules of ``dense_q4`` (``activations="q8_0"``,
-:mod:`opsdk.schedules._qwgemm`) rebuild this op to gather from the very same packed tensors,
-so the compile-time folding keeps one copy. Elsewhere the rules gather from ``qs`` / ``d``
-as they are.
+gather reads. The rules rebuild this op to gather from the very same packed tensors the
+layer's kernel reads, so the compile-time folding keeps one copy: the attribute
+``activations`` names that layer's numerics, hence its kernel family. ``"q8_0"``: the
+integer rules' packing (:mod:`opsdk.schedules._qwgemm`); ``"float32"``: the one-row GEMV
+packing of the float32-activation rules (:mod:`opsdk.schedules._wgemm`; an LLM's head
+runs on the last token's row). Elsewhere (a symbolic table, no such rule) the rules gather
+from ``qs`` / ``d`` as they are.
 
 Examples
 --------
@@ -42,6 +45,7 @@ from .._errmodel import error_model
 from .._opdef import Tensor
 from ._quant import exact_model
 from .dense_q4 import GROUP, dequantize_q4_0
+from .dense_w8 import WeightActivations
 
 __all__ = ["ATTRS_KEY", "take_q4"]
 
@@ -77,7 +81,7 @@ def _check(shapes, dtypes, attrs):
     _half_k(shapes["qs"])
 
 
-def _reference(qs, d, indices):
+def _reference(qs, d, indices, *, activations="float32"):  # the values do not depend on it
     rows = np.clip(np.asarray(indices).astype(np.int64), 0, qs.shape[0] - 1)
     return dequantize_q4_0(np.asarray(qs)[rows], np.asarray(d)[rows]).astype(np.float64)
 
@@ -102,12 +106,17 @@ error_model(_reference)(exact_model)
     # constants in a model: the rules pack them at compile time (verify's packed cases)
     weights=("qs", "d"),
     output_dtype="float32",
+    # which dense kernels' packing a rule gathers from (the table a layer of those shares)
+    layouts={"float32": {"activations": "float32"}, "q8_0": {"activations": "q8_0"}},
     examples=[(40, 32)],
 )
-def take_q4(qs: Tensor, d: Tensor, indices: Tensor) -> te.Tensor:
+def take_q4(qs: Tensor, d: Tensor, indices: Tensor, *,
+            activations: WeightActivations = "float32") -> te.Tensor:
     """Rows ``indices`` (``(T,)`` int32 / int64, clipped to ``[0, N)``) of the q4_0 matrix
     ``qs`` ``(N, K / 2)`` uint8 / ``d`` ``(N, K / 32)``, dequantized: ``(T, K)`` float32
-    (see the module)."""
+    (see the module). ``activations``: those of the ``dense_q4`` layers whose weight the
+    table also is, so a rule gathers from the packing their kernels read (the values are
+    the same either way)."""
     n, half = qs.shape
     idx = str(n.ty.dtype)
 
@@ -120,4 +129,4 @@ def take_q4(qs: Tensor, d: Tensor, indices: Tensor) -> te.Tensor:
         return d[r, g].astype("float32") * (nib - 8).astype("float32")
 
     return te.compute((indices.shape[0], half * 2), body, name="take_q4",
-                      attrs={ATTRS_KEY: {"format": "q4_0"}})
+                      attrs={ATTRS_KEY: {"format": "q4_0", "activations": activations}})

@@ -10,10 +10,11 @@ when the call is typed); N and the number of indices may be symbolic.
 Why an op: a model whose embedding table is also a ``dense_w8`` weight (GPT-2's tied LM
 head, int8) would otherwise keep the table twice, the layer's packed copy and the plain
 bytes the gather reads (38.6 MB for GPT-2-small). The integer rules of ``dense_w8``
-(``activations="q8_0"``, :mod:`opsdk.schedules._qwgemm`) rebuild this op to gather from the
-very same packed bytes, so the compile-time folding keeps one copy. Elsewhere the rules
-gather from ``w`` as it is. The sibling of :mod:`~opsdk.ops.take_q4` (one op cannot be
-both: the table's dtype and the scales' shape differ by format).
+(``activations="q8_0"``, :mod:`opsdk.schedules._qwgemm`) and its float32-activation rules'
+one-row GEMV packing (``activations="float32"``, :mod:`opsdk.schedules._wgemm`) rebuild this
+op to gather from the very same packed bytes, so the compile-time folding keeps one copy.
+Elsewhere the rules gather from ``w`` as it is. The sibling of :mod:`~opsdk.ops.take_q4`
+(one op cannot be both: the table's dtype and the scales' shape differ by format).
 
 Examples
 --------
@@ -37,6 +38,7 @@ from .._domains import log_uniform
 from .._errmodel import error_model
 from .._opdef import Tensor
 from ._quant import exact_model
+from .dense_w8 import WeightActivations
 
 __all__ = ["ATTRS_KEY", "take_w8"]
 
@@ -54,7 +56,7 @@ def _check(shapes, dtypes, attrs):
             "table's width must be static (the kernels copy whole rows in full vectors)")
 
 
-def _reference(w, w_scale, indices):
+def _reference(w, w_scale, indices, *, activations="float32"):  # the values do not depend on it
     rows = np.clip(np.asarray(indices).astype(np.int64), 0, w.shape[0] - 1)
     # one IEEE float32 multiply, as the kernel does: bit for bit
     got = np.asarray(w)[rows].astype(np.float32) * np.asarray(w_scale, np.float32)[rows, None]
@@ -80,12 +82,16 @@ error_model(_reference)(exact_model)
     # constants in a model: the rules pack them at compile time (verify's packed cases)
     weights=("w", "w_scale"),
     output_dtype="float32",
+    # which dense kernels' packing a rule gathers from (the table a layer of those shares)
+    layouts={"float32": {"activations": "float32"}, "q8_0": {"activations": "q8_0"}},
     examples=[(40, 32)],
 )
-def take_w8(w: Tensor, w_scale: Tensor, indices: Tensor) -> te.Tensor:
+def take_w8(w: Tensor, w_scale: Tensor, indices: Tensor, *,
+            activations: WeightActivations = "float32") -> te.Tensor:
     """Rows ``indices`` (``(T,)`` int32 / int64, clipped to ``[0, N)``) of the int8 matrix
     ``w`` ``(N, K)`` with per-row scales ``w_scale`` ``(N,)`` float32, dequantized:
-    ``(T, K)`` float32 (see the module)."""
+    ``(T, K)`` float32 (see the module). ``activations``: those of the ``dense_w8`` layers
+    whose weight the table also is (which kernels' packing a rule gathers from)."""
     n, k = w.shape
     idx = str(n.ty.dtype)
 
@@ -94,4 +100,4 @@ def take_w8(w: Tensor, w_scale: Tensor, indices: Tensor) -> te.Tensor:
         return w_scale[r] * w[r, c].astype("float32")
 
     return te.compute((indices.shape[0], k), body, name="take_w8",
-                      attrs={ATTRS_KEY: {"format": "w8"}})
+                      attrs={ATTRS_KEY: {"format": "w8", "activations": activations}})

@@ -57,7 +57,7 @@ from ..ops.take_w8 import ATTRS_KEY as TAKE_W8_KEY
 from ._core import replace_block_body, vector_lanes, vectorize_loop
 from ._gemm import is_layout_free
 from ._qgemm import block_attrs, recompute, region, schedule_tile_epilogue
-from ._wgemm import loops_after, wdense_match
+from ._wgemm import gemv_vectors, loops_after, take_wpacked, wdense_match
 
 __all__ = ["Q4_ZERO", "QKernel", "channel_vectors", "pack_weights", "qwdense_packed",
            "rebuild_qwdense", "schedule_qwdense", "schedule_take_q4", "schedule_take_w8",
@@ -490,23 +490,64 @@ def _rebuilt(func: tirx.PrimFunc, roles: list[int], compute: Callable) -> tirx.P
     return new
 
 
-def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
-                     ) -> s_tir.Schedule | None:
+def _take_activations(func: tirx.PrimFunc, name: str) -> str | None:
+    """The ``activations`` attribute of a legalized ``take_q4`` / ``take_w8`` (``name``): the
+    numerics of the dense layers whose packing its table shares; None when ``func`` is not
+    that op."""
+    key = TAKE_KEY if name == "take_q4" else TAKE_W8_KEY
+    attrs = block_attrs(func, name, key, (("activations", str),))
+    return None if attrs is None else attrs["activations"]
+
+
+def _float_packing(func: tirx.PrimFunc, name: str, roles: list[int], target: Target,
+                   acc_regs: int | None) -> tirx.PrimFunc | None:
+    """``func`` rebuilt to gather from the float32-activation rules' GEMV packing
+    (:func:`._wgemm.take_wpacked`), where the op says its table is such a layer's weight and
+    the table's shape is static; else None."""
+    table = func.params[roles[0]]
+    if acc_regs is None or _take_activations(func, name) != "float32" \
+            or not all(isinstance(v, tirx.IntImm) for v in table.shape):
+        return None
+    op = "dense_q4" if name == "take_q4" else "dense_w8"
+    lanes = vector_lanes(target, 32)
+    nv = gemv_vectors(op, int(table.shape[0]), target, acc_regs)
+    return _rebuilt(func, roles, lambda *t: take_wpacked(op, *t, lanes=lanes, nv=nv))
+
+
+def _pack_at_compile_time(sch: s_tir.Schedule, func: tirx.PrimFunc, blocks) -> None:
+    """Each packing block (``(name, source parameter)``) folded at compile time for a
+    constant source; a runtime one packs in the kernel, the weights in parallel."""
+    for name, src in blocks:
+        pre = sch.get_sblock(name)
+        if is_layout_free(func, func.params[src]):
+            sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
+        elif name == "wp":
+            sch.parallel(sch.get_loops(pre)[0])
+
+
+def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None, *,
+                     acc_regs: int | None = None) -> s_tir.Schedule | None:
     """A ``take_q4`` rule's body. With ``kernel``: the op rebuilt as :func:`take_q4_packed`
     (the table packed as the q8_0 ``dense_q4`` kernels on ``kernel`` pack it: folded at
     compile time for a constant table, which a tied LM head then shares; a runtime table is
-    packed in the kernel, in parallel, every call), None when the table's shape is symbolic.
-    Without: the definition, gathering from ``qs`` / ``d`` as they are. Either way each
-    output row is one task (on one core for a few rows), its groups unrolled halves of
-    vectors: 16 bytes of ``qs`` (packed: 4 per vector, a tile's channel stride apart)."""
+    packed in the kernel, in parallel, every call), None when the table's shape is symbolic
+    or the op's ``activations`` is not ``"q8_0"``. Without, for ``activations="float32"``
+    and a static table, given the float rules' ``acc_regs``: gathering from their GEMV
+    packing (:func:`._wgemm.take_wpacked`); otherwise the definition, gathering from ``qs``
+    / ``d`` as they are. Either way each output row is one task (on one core for a few
+    rows), its groups unrolled halves of vectors: 16 bytes of ``qs`` (q8_0 packing: 4 per
+    vector, a tile's channel stride apart; float packing: one byte per lane, gathered)."""
     roles = _take_q4_params(func)
     if roles is None:
         return None
     packed = kernel is not None
     if packed:
-        if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape):
+        if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape) \
+                or _take_activations(func, "take_q4") != "q8_0":
             return None
         func = _rebuilt(func, roles, lambda *t: take_q4_packed(*t, kernel=kernel))
+    else:
+        func = _float_packing(func, "take_q4", roles, target, acc_regs) or func
     qs, _, indices = (func.params[i] for i in roles)
     sch = s_tir.Schedule(func)
     blk = sch.get_sblock("take_q4")
@@ -521,13 +562,8 @@ def schedule_take_q4(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
     static = isinstance(rows, tirx.IntImm) and isinstance(half, tirx.IntImm)
     if not (static and int(rows) * int(half) * 2 < _TAKE_SERIAL):
         sch.parallel(i)
-    if packed:
-        for name, src in (("wp", roles[0]), ("dp", roles[1])):
-            pre = sch.get_sblock(name)
-            if is_layout_free(func, func.params[src]):
-                sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
-            elif name == "wp":
-                sch.parallel(sch.get_loops(pre)[0])
+    if _has_block(sch, "wp"):
+        _pack_at_compile_time(sch, func, (("wp", roles[0]), ("dp", roles[1])))
     return sch
 
 
@@ -579,8 +615,8 @@ def _take_w8_params(func: tirx.PrimFunc) -> list[int] | None:
     return [table[0], scale[0], index[0]]
 
 
-def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
-                     ) -> s_tir.Schedule | None:
+def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None, *,
+                     acc_regs: int | None = None) -> s_tir.Schedule | None:
     """A ``take_w8`` rule's body. With ``kernel``: the op rebuilt as :func:`take_w8_packed`
     (the table packed as the q8_0 ``dense_w8`` kernels on ``kernel`` pack it: folded at
     compile time for a constant table, which a tied LM head then shares; a runtime table is
@@ -593,9 +629,12 @@ def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
         return None
     if kernel is not None:
         if not all(isinstance(v, tirx.IntImm) for v in func.params[roles[0]].shape) \
-                or int(func.params[roles[0]].shape[1]) % 4:
+                or int(func.params[roles[0]].shape[1]) % 4 \
+                or _take_activations(func, "take_w8") != "q8_0":
             return None
         func = _rebuilt(func, roles, lambda *t: take_w8_packed(*t, kernel=kernel))
+    else:
+        func = _float_packing(func, "take_w8", roles, target, acc_regs) or func
     w, _, indices = (func.params[i] for i in roles)
     sch = s_tir.Schedule(func)
     blk = sch.get_sblock("take_w8")
@@ -609,10 +648,6 @@ def schedule_take_w8(func: tirx.PrimFunc, target: Target, kernel: QKernel | None
     static = isinstance(rows, tirx.IntImm) and isinstance(k, tirx.IntImm)
     if not (static and int(rows) * int(k) < _TAKE_SERIAL):
         sch.parallel(i)
-    if kernel is not None:
-        pre = sch.get_sblock("wp")
-        if is_layout_free(func, func.params[roles[0]]):
-            sch.annotate(pre, "meta_schedule.layout_rewrite_preproc", True)
-        else:
-            sch.parallel(sch.get_loops(pre)[0])
+    if _has_block(sch, "wp"):
+        _pack_at_compile_time(sch, func, (("wp", roles[0]),))
     return sch

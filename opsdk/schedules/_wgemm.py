@@ -52,9 +52,12 @@ from ._qgemm import block_attrs, op_buffers, recompute
 
 __all__ = [
     "GEMM_ROWS",
+    "gemv_vectors",
     "loops_after",
+    "pack_weights",
     "rebuild_wdense",
     "schedule_wdense",
+    "take_wpacked",
     "wdense_attrs",
     "wdense_match",
     "wdense_packed",
@@ -125,29 +128,12 @@ def wdense_packed(
     def dim(v: int) -> tirx.IntImm:
         return tirx.IntImm(idx, v)
 
-    nr = lanes * nv
-    nb = _cdiv(n, nr) * nv
+    nb = _cdiv(n, lanes * nv) * nv
     q4 = op == "dense_q4"
-
-    def inside(b, l_):
-        return b * lanes + l_ < n
-
-    kw = k // 2 if q4 else k
-    zero = tirx.const(0, w.dtype)
-    wp = te.compute(
-        (dim(nb), dim(kw), dim(lanes)),
-        lambda b, kk, l_: tirx.if_then_else(inside(b, l_), w[b * lanes + l_, kk], zero),
-        name="wp",
-    )
+    wp, dp = pack_weights(op, w, scale, lanes=lanes, nv=nv, idx=idx)
     f32 = "float32"
     if q4:
         groups = k // GROUP
-        dp = te.compute(
-            (dim(nb), dim(groups), dim(lanes)),
-            lambda b, g, l_: tirx.if_then_else(
-                inside(b, l_), scale[b * lanes + l_, g].astype(f32), tirx.const(0.0, f32)),
-            name="dp",
-        )
 
         def nibble_at(b, byte_k, high, l_):  # one int4 weight as float32(q - 8)
             # In the byte domain (a 16-byte vector per `lanes` channels): the shift, mask and
@@ -214,6 +200,80 @@ def wdense_packed(
         return activation_te(v, activation)
 
     return te.compute((m, dim(n)), body, name=op)
+
+
+def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, lanes: int, nv: int, idx: str
+                 ) -> tuple[te.Tensor, te.Tensor | None]:
+    """The packed weights ``wp`` ``(Np / lanes, K or K / 2, lanes)`` and, for ``dense_q4``,
+    the group scales ``dp`` ``(Np / lanes, K / 32, lanes)`` float32 (None for ``dense_w8``),
+    ``Np`` being N rounded up to ``lanes * nv`` (zero padded): what :func:`wdense_packed`
+    reads, and the ``take_*`` gathers of a table it shares (one compute, so equal folded
+    values)."""
+    n, kw = (int(v) for v in w.shape)
+
+    def dim(v: int) -> tirx.IntImm:
+        return tirx.IntImm(idx, v)
+
+    nb = _cdiv(n, lanes * nv) * nv
+
+    def inside(b, l_):
+        return b * lanes + l_ < n
+
+    zero = tirx.const(0, w.dtype)
+    wp = te.compute(
+        (dim(nb), dim(kw), dim(lanes)),
+        lambda b, kk, l_: tirx.if_then_else(inside(b, l_), w[b * lanes + l_, kk], zero),
+        name="wp",
+    )
+    if op != "dense_q4":
+        return wp, None
+    f32 = "float32"
+    dp = te.compute(
+        (dim(nb), dim(int(scale.shape[1])), dim(lanes)),
+        lambda b, g, l_: tirx.if_then_else(
+            inside(b, l_), scale[b * lanes + l_, g].astype(f32), tirx.const(0.0, f32)),
+        name="dp",
+    )
+    return wp, dp
+
+
+def gemv_vectors(op: str, n: int, target: Target, acc_regs: int) -> int:
+    """The channel vectors per tile (``nv``) of the one-row GEMV kernel of an ``op`` layer with
+    ``n`` output channels on ``target``: with :func:`pack_weights`, the packing of an LLM
+    head (it runs on the last token's row) that a tied embedding gathers from."""
+    return _tile(1, n, vector_lanes(target, 32), acc_regs, False, op == "dense_q4")[1]
+
+
+def take_wpacked(op: str, table: te.Tensor, scale: te.Tensor, indices: te.Tensor, *,
+                 lanes: int, nv: int) -> te.Tensor:
+    """``take_q4`` (``op="dense_q4"``: ``table`` the ``qs`` bytes, ``scale`` ``d``) or
+    ``take_w8`` (``"dense_w8"``: the int8 ``w``, per-row ``w_scale``) gathering from
+    :func:`pack_weights`'s packing of the table: row ``r`` is lane ``r % lanes`` of block
+    ``r // lanes``, one byte per lane at each k. The same nibbles / integers and scales
+    (float16 widened exactly), so the same exact values as the definitions."""
+    n_dim, kw_dim = table.shape
+    if not isinstance(n_dim, tirx.IntImm) or not isinstance(kw_dim, tirx.IntImm):
+        raise ValueError(f"take ({op}): the table's shape must be static for the packed gather")
+    n, kw = int(n_dim), int(kw_dim)
+    idx = str(n_dim.ty.dtype)
+    wp, dp = pack_weights(op, table, scale, lanes=lanes, nv=nv, idx=idx)
+    q4 = op == "dense_q4"
+
+    def body(i, c):
+        r = tirx.max(tirx.min(indices[i].astype(idx), tirx.IntImm(idx, n - 1)),
+                     tirx.IntImm(idx, 0))
+        b, l_ = r // lanes, r % lanes
+        if not q4:
+            return scale[r] * wp[b, c, l_].astype("float32")
+        g, j = c // GROUP, c % GROUP
+        byte = wp[b, g * 16 + j % 16, l_]
+        nib = tirx.bitwise_and(tirx.shift_right(byte, (j // 16 * 4).astype("uint8")),
+                               tirx.const(15, "uint8"))
+        return dp[b, g, l_] * (nib.astype("int32") - 8).astype("float32")
+
+    name = "take_q4" if q4 else "take_w8"
+    return te.compute((indices.shape[0], tirx.IntImm(idx, kw * 2 if q4 else kw)), body,
+                      name=name)
 
 
 def _tile(m: int | None, n: int, lanes: int, acc_regs: int, gemm: bool,

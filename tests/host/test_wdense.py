@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, te
 
 import opsdk
 from opsdk.ops.dense_q4 import dequantize_q4_0, q4_0_from_blocks, quantize_q4_0
@@ -499,18 +499,35 @@ def test_residual_add_after_a_bias_free_layer(rows):
 
 
 # ------------------------------------------------------------------ take_q4: the table's rows
-@pytest.mark.parametrize("kernel", ["vpdpbusd", "sdot", None])  # 16 x 4, 4 x 4, unpacked
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_take_q4_gathers_rows_bit_exactly_from_either_packing(kernel, dtype) -> None:
-    """Each rule's gather against the reference, bit for bit: rows from the VNNI and the sdot
-    packings (the gather itself uses no dot-product instruction, so both run on any x86
-    host; the table is packed in the kernel here, a runtime input) and from the plain bytes;
-    N not a multiple of any channel tile, indices clipped at both ends, a symbolic count."""
-    from tvm import te
+# 16 x 4 and 4 x 4 channels (q8_0), the float rules' GEMV packing (16 lanes), unpacked
+_TAKE_PACKINGS = ["vpdpbusd", "sdot", "float", None]
 
-    from opsdk.schedules._qwgemm import schedule_take_q4
+
+def _take_schedule(schedule, op, phs, kernel):
+    """``op``'s function on ``phs`` scheduled for ``kernel``'s packing (see above), with the
+    ``activations`` attribute that packing serves."""
+    from opsdk.schedules._core import accumulator_registers
     from opsdk.schedules.arm_cpu.dotprod import Q8_SDOT
     from opsdk.schedules.cpu.vnni import Q8_VNNI
+
+    tgt = opsdk.target("x86")
+    qk = {"vpdpbusd": Q8_VNNI, "sdot": Q8_SDOT}.get(kernel)
+    acts = "q8_0" if qk is not None else "float32"
+    func = te.create_prim_func([*phs, op.call_compute(phs, {"activations": acts})])
+    sch = schedule(func, tgt, qk, acc_regs=accumulator_registers(tgt) if kernel else None)
+    assert ('sblock("wp"' in sch.mod["main"].script()) == (kernel is not None)
+    return sch, tgt
+
+
+@pytest.mark.parametrize("kernel", _TAKE_PACKINGS)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_take_q4_gathers_rows_bit_exactly_from_every_packing(kernel, dtype) -> None:
+    """Each rule's gather against the reference, bit for bit: rows from the VNNI and the sdot
+    packings (the gather itself uses no dot-product instruction, so both run on any x86
+    host; the table is packed in the kernel here, a runtime input), from the float32
+    rules' GEMV packing and from the plain bytes; N not a multiple of any channel tile,
+    indices clipped at both ends, a symbolic count."""
+    from opsdk.schedules._qwgemm import schedule_take_q4
 
     rng = np.random.default_rng(3)
     n, k = 70, 96
@@ -520,10 +537,7 @@ def test_take_q4_gathers_rows_bit_exactly_from_either_packing(kernel, dtype) -> 
     op = opsdk.get_op("take_q4")
     phs = [te.placeholder(qs.shape, "uint8", name="qs"), te.placeholder(d.shape, dtype, name="d"),
            te.placeholder((te.var("t", "int64"),), "int32", name="indices")]
-    qk = {"vpdpbusd": Q8_VNNI, "sdot": Q8_SDOT, None: None}[kernel]
-    tgt = opsdk.target("x86")
-    sch = schedule_take_q4(te.create_prim_func([*phs, op.call_compute(phs, {})]), tgt, qk)
-    assert ('sblock("wp"' in sch.mod["main"].script()) == (qk is not None)
+    sch, tgt = _take_schedule(schedule_take_q4, op, phs, kernel)
     out = tvm.runtime.empty((len(ids), k), "float32")
     tvm.compile(sch.mod, target=tgt)["main"](*[tvm.runtime.tensor(a) for a in (qs, d, ids)],
                                              out)
@@ -531,17 +545,13 @@ def test_take_q4_gathers_rows_bit_exactly_from_either_packing(kernel, dtype) -> 
     np.testing.assert_array_equal(out.numpy(), want.astype("float32"))
 
 
-@pytest.mark.parametrize("kernel", ["vpdpbusd", "sdot", None])  # 16 x 4, 4 x 4, unpacked
-def test_take_w8_gathers_rows_bit_exactly_from_either_packing(kernel) -> None:
+@pytest.mark.parametrize("kernel", _TAKE_PACKINGS)
+def test_take_w8_gathers_rows_bit_exactly_from_every_packing(kernel) -> None:
     """take_w8 as take_q4 above: rows from the VNNI packing (weights stored + 128), the sdot
-    one and the plain bytes, bit for bit; N not a multiple of a channel tile, indices
-    clipped at both ends, a symbolic count."""
-    from tvm import te
-
+    one, the float rules' GEMV packing and the plain bytes, bit for bit; N not a multiple of
+    a channel tile, indices clipped at both ends, a symbolic count."""
     from opsdk.ops.dense_w8 import quantize_w8
     from opsdk.schedules._qwgemm import schedule_take_w8
-    from opsdk.schedules.arm_cpu.dotprod import Q8_SDOT
-    from opsdk.schedules.cpu.vnni import Q8_VNNI
 
     rng = np.random.default_rng(4)
     n, k = 70, 96
@@ -551,10 +561,7 @@ def test_take_w8_gathers_rows_bit_exactly_from_either_packing(kernel) -> None:
     phs = [te.placeholder(w.shape, "int8", name="w"), te.placeholder(s.shape, "float32",
                                                                      name="w_scale"),
            te.placeholder((te.var("t", "int64"),), "int64", name="indices")]
-    qk = {"vpdpbusd": Q8_VNNI, "sdot": Q8_SDOT, None: None}[kernel]
-    tgt = opsdk.target("x86")
-    sch = schedule_take_w8(te.create_prim_func([*phs, op.call_compute(phs, {})]), tgt, qk)
-    assert ('sblock("wp"' in sch.mod["main"].script()) == (qk is not None)
+    sch, tgt = _take_schedule(schedule_take_w8, op, phs, kernel)
     out = tvm.runtime.empty((len(ids), k), "float32")
     tvm.compile(sch.mod, target=tgt)["main"](*[tvm.runtime.tensor(a) for a in (w, s, ids)],
                                              out)
@@ -562,18 +569,21 @@ def test_take_w8_gathers_rows_bit_exactly_from_either_packing(kernel) -> None:
     np.testing.assert_array_equal(out.numpy(), want.astype("float32"))
 
 
-@_VNNI
+@pytest.mark.parametrize("activations", [pytest.param("q8_0", marks=_VNNI), "float32"])
 @pytest.mark.parametrize("mode", ["int4", "int8"])
-def test_decoder_embedding_reads_the_lm_heads_packed_table(mode) -> None:
-    """GPT-2 ties its embedding and LM head: with q8_0 activations the gather runs on the
-    head's packing (x86.take_q4_vnni / x86.take_w8_vnni), so after the folding both kernels
-    read the same packed bytes and the table's plain bytes are no constant of the module."""
+def test_decoder_embedding_reads_the_lm_heads_packed_table(mode, activations) -> None:
+    """GPT-2 ties its embedding and LM head: the gather runs on the head's packing (q8_0
+    activations: x86.take_q4_vnni / x86.take_w8_vnni; float32: x86.take_q4 / x86.take_w8 on
+    x86.wdense's one-row GEMV packing), so after the folding both kernels read the same
+    packed bytes and the table's plain bytes are no constant of the module (float32 held
+    them beside the head's packing: GPT-2-small int4 97.7 MiB for 69.6 of weights)."""
     from opsdk.llm import DecoderConfig, build_decoder, random_weights
 
     take_op, dense_op = {"int4": ("take_q4", "dense_q4"), "int8": ("take_w8", "dense_w8")}[mode]
     cfg = DecoderConfig(vocab=200, width=64, layers=1, heads=2, positions=16)
     mod = opsdk.transform.FuseIntoOps()(build_decoder(random_weights(cfg), weights_mode=mode,
-                                                      activations="q8_0"))
+                                                      activations=activations))
+    q8 = activations == "q8_0"
     t = opsdk.target("x86")
     with t:
         low = opsdk.pipeline(t)(mod)
@@ -585,7 +595,8 @@ def test_decoder_embedding_reads_the_lm_heads_packed_table(mode) -> None:
         f = low[e.op]
         op = str((f.attrs or {}).get("opsdk.op", ""))
         if op == take_op or (op == dense_op and int(f.params[-1].shape[-1]) == cfg.vocab):
-            rule = {take_op: f"x86.{take_op}_vnni", dense_op: "x86.qwdense_vnni"}[op]
+            rule = {take_op: f"x86.{take_op}" + ("_vnni" if q8 else ""),
+                    dense_op: "x86.qwdense_vnni" if q8 else "x86.wdense"}[op]
             assert f.attrs["opsdk.rule"] == rule
             reads.setdefault(op, []).extend(a.value for a in e.args
                                             if isinstance(a, tvm.ir.expr.GenericConst))
@@ -604,5 +615,6 @@ def test_decoder_embedding_reads_the_lm_heads_packed_table(mode) -> None:
         assert len(take) == 2 and take <= head  # wp, dp: the head's own
     else:
         assert (cfg.vocab, cfg.width) not in shapes, "the table's plain bytes are kept"
-        # wp is the head's own; the per-row scales (vocab floats) are read as they are
-        assert len(take) == 2 and len(take & head) == 1
+        # wp is the head's own; the per-row scales (vocab floats) are read as they are, and
+        # the float kernel reads them so too (the q8_0 one pads its own copy)
+        assert len(take) == 2 and len(take & head) == (1 if q8 else 2)

@@ -103,7 +103,7 @@ def _qwdense_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 def _take_q4_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Rows of a q4_0 table gathered from the packing neon.qwdense_dotprod gives a dense_q4
     weight (4 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM head)
-    is held once; static table shapes only."""
+    is held once; static table shapes, activations="q8_0" only."""
     return schedule_take_q4(func, target, Q8_SDOT)
 
 
@@ -118,7 +118,7 @@ def _take_q4_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | No
 def _take_w8_dotprod(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Rows of an int8 table gathered from the packing neon.qwdense_dotprod gives a
     dense_w8 weight (4 x 4 channels), so a table that is also a q8_0 layer's weight (a tied
-    LM head) is held once; static table shapes only."""
+    LM head) is held once; static table shapes, activations="q8_0" only."""
     return schedule_take_w8(func, target, Q8_SDOT)
 
 

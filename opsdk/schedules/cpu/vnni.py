@@ -91,7 +91,7 @@ def _qwdense_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 def _take_q4_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Rows of a q4_0 table gathered from the packing x86.qwdense_vnni gives a dense_q4
     weight (16 x 4 channels), so a table that is also a q8_0 layer's weight (a tied LM
-    head) is held once; static table shapes only."""
+    head) is held once; static table shapes, activations="q8_0" only."""
     return schedule_take_q4(func, target, Q8_VNNI)
 
 
@@ -106,7 +106,7 @@ def _take_q4_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
 def _take_w8_vnni(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Rows of an int8 table gathered from the packing x86.qwdense_vnni gives a dense_w8
     weight (16 x 4 channels, stored + 128), so a table that is also a q8_0 layer's weight (a
-    tied LM head) is held once; static table shapes only."""
+    tied LM head) is held once; static table shapes, activations="q8_0" only."""
     return schedule_take_w8(func, target, Q8_VNNI)
 
 

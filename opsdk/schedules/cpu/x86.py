@@ -198,9 +198,11 @@ def _wdense(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     claims=("vectorize",),
 )
 def _take_q4(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Rows of a q4_0 table gathered from its bytes and scales as they are: a row per task
-    (one core for a few rows), 16 bytes of a group per vector."""
-    return schedule_take_q4(func, target, None)
+    """Rows of a q4_0 table: for ``activations="float32"`` (a static table) gathered from
+    the packing x86.wdense's one-row GEMV gives a dense_q4 weight, so a tied LM head's table
+    is held once; otherwise from its bytes and scales as they are. A row per task (one core
+    for a few rows), 16 bytes of a group per vector."""
+    return schedule_take_q4(func, target, None, acc_regs=accumulator_registers(target))
 
 
 @rule(
@@ -212,9 +214,11 @@ def _take_q4(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     claims=("vectorize",),
 )
 def _take_w8(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-    """Rows of a per-channel int8 table gathered from its bytes as they are: a row per task
-    (one core for a few rows), the row in full vectors."""
-    return schedule_take_w8(func, target, None)
+    """Rows of a per-channel int8 table: for ``activations="float32"`` (a static table)
+    gathered from the packing x86.wdense's one-row GEMV gives a dense_w8 weight (a tied LM
+    head's table held once); otherwise from its bytes as they are. A row per task (one core
+    for a few rows), the row in full vectors."""
+    return schedule_take_w8(func, target, None, acc_regs=accumulator_registers(target))
 
 
 @rule(
