@@ -179,6 +179,9 @@ def test_model_report_profile_and_json(tmp_path):
     timed = [k for k in rep.kernels if k.time_ms is not None]
     assert timed and rep.kernel_ms and rep.kernel_ms > 0
     assert sum(k.share for k in timed) == pytest.approx(1.0, abs=1e-6)
+    # each kernel also timed in its place in a run, the sum the report's in-model figure
+    assert all(k.model_ms and k.model_ms > 0 for k in timed)
+    assert rep.model_kernel_ms == pytest.approx(sum(k.model_ms for k in timed))
     data = json.loads(rep.to_json())
     assert {k["name"] for k in data["kernels"]} == {k.name for k in rep.kernels}
     assert data["problems"] == []
@@ -196,7 +199,7 @@ def test_model_report_profile_and_json(tmp_path):
     conv = next(k for k in timed if k.kind == "conv2d")
     assert conv.flops and conv.gflops == pytest.approx(conv.flops / conv.bytes * conv.gbps)
     assert data["roof"]["gflops"] == pytest.approx(rep.roof.gflops)
-    assert "roof on" in text and "GF/s" in text
+    assert "roof on" in text and "GF/s" in text and "in the model" in text
 
 
 def test_model_bench_fields():
