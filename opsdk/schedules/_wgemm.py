@@ -7,9 +7,10 @@ A rule rebuilds the op from the attributes its definition records on the output 
 - **GEMV** (a few rows, a static M < 16: an LLM's decode step). Memory-bound on the
   weights, so every weight byte is read once per call and unpacked in registers. The
   weights are repacked ``(N / lanes, K / 2, lanes)`` bytes for q4 (``(N / lanes, K, lanes)``
-  for int8; the q4 group scales ``(N / lanes, K / 32, lanes)`` float32), so one vector load
-  reads ``lanes`` consecutive output channels at the same k; the nibble unpack (shift, and,
-  zero-extend, subtract 8, convert) and the multiply-add run on those vectors with ``x``
+  for int8; the q4 group scales ``(N / lanes, K / 32, lanes)`` in their dtype, float16 for
+  q4_0, widened in registers), so one vector load reads ``lanes`` consecutive output
+  channels at the same k; the nibble unpack (shift, and, zero-extend, subtract 8, convert)
+  and the multiply-add run on those vectors with ``x``
   broadcast. q4 sums each 32-weight group in a vector of partial sums (``part``) and
   multiplies it by the group's scales once (``acc += part * d``); int8 sums all of K and
   scales once in the write-back. Tiles of ``rows x nv`` vectors run in parallel over output
@@ -109,9 +110,10 @@ def wdense_packed(
 
     Blocks: ``wp`` the weights ``(Np / lanes, K or K / 2, lanes)`` (``Np``: N rounded up to
     ``lanes * nv``, zero padded), ``dp`` (q4) the group scales ``(Np / lanes, K / 32, lanes)``
-    as float32; GEMV: ``part`` (q4) the per-group sums and ``acc`` ``(M, Np)``; GEMM: ``wd`` the
-    dequantized float32 weights ``(Np / lanes, K, lanes)`` and ``acc``; then the output
-    ``dense_w8`` / ``dense_q4`` ``(M, N)`` with the scale (int8), bias and activation.
+    in ``scale``'s dtype (widened where used); GEMV: ``part`` (q4) the per-group sums and
+    ``acc`` ``(M, Np)``; GEMM: ``wd`` the dequantized float32 weights ``(Np / lanes, K,
+    lanes)`` and ``acc``; then the output ``dense_w8`` / ``dense_q4`` ``(M, N)`` with the
+    scale (int8), bias and activation.
 
     GEMM with a symbolic M: ``acc`` has whole tiles of ``rows`` rows, the padded rows reading
     ``x``'s last row again in place (their sums are never written), so the register tile has
@@ -150,7 +152,8 @@ def wdense_packed(
     if gemm:
         if q4:
             wd = te.compute((dim(nb), dim(k), dim(lanes)),
-                            lambda b, kk, l_: nibble(b, kk, l_) * dp[b, kk // GROUP, l_],
+                            lambda b, kk, l_: nibble(b, kk, l_)
+                            * dp[b, kk // GROUP, l_].astype(f32),
                             name="wd")
         else:
             wd = te.compute((dim(nb), dim(k), dim(lanes)),
@@ -182,7 +185,8 @@ def wdense_packed(
         rg = te.reduce_axis((dim(0), dim(groups)), name="g")
         acc = te.compute(
             (m, dim(nb * lanes)),
-            lambda i, j: te.sum(part[i, j, rg] * dp[j // lanes, rg, j % lanes], axis=rg),
+            lambda i, j: te.sum(part[i, j, rg] * dp[j // lanes, rg, j % lanes].astype(f32),
+                                axis=rg),
             name="acc",
         )
     else:
@@ -205,7 +209,8 @@ def wdense_packed(
 def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, lanes: int, nv: int, idx: str
                  ) -> tuple[te.Tensor, te.Tensor | None]:
     """The packed weights ``wp`` ``(Np / lanes, K or K / 2, lanes)`` and, for ``dense_q4``,
-    the group scales ``dp`` ``(Np / lanes, K / 32, lanes)`` float32 (None for ``dense_w8``),
+    the group scales ``dp`` ``(Np / lanes, K / 32, lanes)`` in their own dtype (None for
+    ``dense_w8``),
     ``Np`` being N rounded up to ``lanes * nv`` (zero padded): what :func:`wdense_packed`
     reads, and the ``take_*`` gathers of a table it shares (one compute, so equal folded
     values)."""
@@ -227,11 +232,12 @@ def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, lanes: int, nv: int
     )
     if op != "dense_q4":
         return wp, None
-    f32 = "float32"
+    # The scales keep their dtype (a q4_0 table's float16: half the bytes a decode step
+    # streams for them; the kernels widen each vector, exactly).
     dp = te.compute(
         (dim(nb), dim(int(scale.shape[1])), dim(lanes)),
         lambda b, g, l_: tirx.if_then_else(
-            inside(b, l_), scale[b * lanes + l_, g].astype(f32), tirx.const(0.0, f32)),
+            inside(b, l_), scale[b * lanes + l_, g], tirx.const(0.0, scale.dtype)),
         name="dp",
     )
     return wp, dp
@@ -269,7 +275,7 @@ def take_wpacked(op: str, table: te.Tensor, scale: te.Tensor, indices: te.Tensor
         byte = wp[b, g * 16 + j % 16, l_]
         nib = tirx.bitwise_and(tirx.shift_right(byte, (j // 16 * 4).astype("uint8")),
                                tirx.const(15, "uint8"))
-        return dp[b, g, l_] * (nib.astype("int32") - 8).astype("float32")
+        return dp[b, g, l_].astype("float32") * (nib.astype("int32") - 8).astype("float32")
 
     name = "take_q4" if q4 else "take_w8"
     return te.compute((indices.shape[0], tirx.IntImm(idx, kw * 2 if q4 else kw)), body,
