@@ -817,16 +817,15 @@ def _profile(ex: Any, inputs: list[np.ndarray], rep: ModelReport, target: Any = 
     # In their place: the calls one after another on the run's own buffers, each timed, the
     # median of rounds (the times above find a kernel's data in the caches; in a run its
     # weights come from memory and its input is what its neighbour just wrote).
-    seq = [(sym, func, a) for sym, func, a in calls]
-    per_call: list[list[float]] = [[] for _ in seq]
+    per_call: list[list[float]] = [[] for _ in calls]
     for r in range(2 + rounds):
-        for i, (_, func, a) in enumerate(seq):
+        for i, (_, func, a) in enumerate(calls):
             t0 = time.perf_counter()
             func(*a)
             if r >= 2:
                 per_call[i].append(time.perf_counter() - t0)
     in_model: dict[str, float] = {}
-    for (sym, _, _), ts in zip(seq, per_call):
+    for (sym, _, _), ts in zip(calls, per_call):
         in_model[sym] = in_model.get(sym, 0.0) + float(np.median(ts)) * 1e3
     rep.model_kernel_ms = sum(in_model.values())
     total = sum(times.values())

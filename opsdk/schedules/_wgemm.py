@@ -210,10 +210,9 @@ def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, lanes: int, nv: int
                  ) -> tuple[te.Tensor, te.Tensor | None]:
     """The packed weights ``wp`` ``(Np / lanes, K or K / 2, lanes)`` and, for ``dense_q4``,
     the group scales ``dp`` ``(Np / lanes, K / 32, lanes)`` in their own dtype (None for
-    ``dense_w8``),
-    ``Np`` being N rounded up to ``lanes * nv`` (zero padded): what :func:`wdense_packed`
-    reads, and the ``take_*`` gathers of a table it shares (one compute, so equal folded
-    values)."""
+    ``dense_w8``), ``Np`` being N rounded up to ``lanes * nv`` (zero padded): what
+    :func:`wdense_packed` reads, and the ``take_*`` gathers of a table it shares (one
+    compute, so equal folded values)."""
     n, kw = (int(v) for v in w.shape)
 
     def dim(v: int) -> tirx.IntImm:
