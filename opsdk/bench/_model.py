@@ -31,6 +31,7 @@ __all__ = [
     "EXAMPLES",
     "MODEL_CANDIDATES",
     "PEER_INSTALL",
+    "PEER_LABELS",
     "first_torch_output",
     "format_gemm_table",
     "format_model_table",
@@ -55,6 +56,13 @@ _SETTLE_S = 0.3
 _PEERS = ("torch", "onnxruntime", "openvino", "executorch", "torch_compile")
 _PEER_MODULE = {"torch": "torch", "torch_compile": "torch", "onnxruntime": "onnxruntime",
                 "openvino": "openvino", "executorch": "executorch", "tvm_default": "tvm"}
+#: Each peer's short column label (the model and zoo tables).
+PEER_LABELS = {"tvm_default": "tvm", "torch": "torch", "onnxruntime": "ort", "openvino": "ov",
+               "executorch": "xnnpack", "torch_compile": "t.comp"}
+_MEANING = {"tvm_default": "TVM's default pipeline (tvm.compile of TVM's own import)",
+            "onnxruntime": "onnxruntime CPU on torch.onnx's export",
+            "openvino": "OpenVINO CPU on the same ONNX export",
+            "executorch": "ExecuTorch with XNNPACK", "torch_compile": "torch.compile"}
 _CONSTRAINT = "-c <(echo torch==2.13.0)"
 #: How to install each peer (the ``peers`` extra keeps torch at the pinned CPU build).
 PEER_INSTALL = {
@@ -508,37 +516,42 @@ def examples_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
 
 
-def format_model_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The model bench as a text table.
+def format_model_table(rows: Sequence[dict[str, Any]],
+                       peers: Sequence[str] = MODEL_CANDIDATES[1:]) -> str:
+    """The model bench as a text table: opsdk's median time, each of ``peers``' median time
+    and its ratio to opsdk's, and the output checks.
 
     Examples
     --------
     >>> from opsdk.bench import format_model_table
-    >>> format_model_table([]).split()[0]
-    'model'
+    >>> format_model_table([]).split()[:3]
+    ['model', 'opsdk', 'tvm']
+    >>> format_model_table([], ["onnxruntime", "openvino"]).split()[:5]
+    ['model', 'opsdk', 'ort', 'ov', 'x']
     """
-    head = (f"{'model':<28} {'opsdk':>8} {'tvm':>9} {'torch':>8} {'ort':>8} "
-            f"{'x tvm':>7} {'x torch':>7} {'x ort':>6}  checks")
+    labels = [PEER_LABELS.get(p, p) for p in peers]
+    head = (f"{'model':<28} {'opsdk':>8}" + "".join(f" {lb:>9}" for lb in labels)
+            + "".join(f" {'x ' + lb:>9}" for lb in labels) + "  checks")
     lines = [head, "-" * len(head)]
     for r in rows:
         checks = ", ".join(
             f"{c}:{'ok' if r[f'check_{c}']['ok'] else 'FAIL'}"
-            for c in MODEL_CANDIDATES if f"check_{c}" in r
+            for c in ("opsdk", *peers) if f"check_{c}" in r
         )
         name = Path(str(r["model"])).stem[:28]
         lines.append(
-            f"{name:<28} {_f(r.get('opsdk_ms'), '8.3f')} {_f(r.get('tvm_default_ms'), '9.3f')} "
-            f"{_f(r.get('torch_ms'), '8.3f')} {_f(r.get('onnxruntime_ms'), '8.3f')} "
-            f"{_f(r.get('speedup_tvm_default'), '7.1f')} {_f(r.get('speedup_torch'), '7.2f')} "
-            f"{_f(r.get('speedup_onnxruntime'), '6.2f')}  {checks}"
+            f"{name:<28} {_f(r.get('opsdk_ms'), '8.3f')}"
+            + "".join(f" {_f(r.get(f'{p}_ms'), '9.3f')}" for p in peers)
+            + "".join(f" {_f(r.get(f'speedup_{p}'), '9.2f')}" for p in peers)
+            + f"  {checks}"
         )
         for c, e in r.get("errors", {}).items():
             lines.append(f"  {c}: {e}")
+    named = "; ".join(f"{PEER_LABELS[p]} = {_MEANING[p]}" for p in peers if p in _MEANING)
     lines.append(
         "times: median ms per call over interleaved rounds, same thread count for all; "
-        "x = the other's time / opsdk's (median of per-round ratios; > 1: opsdk faster); "
-        "tvm = TVM's default pipeline (tvm.compile of TVM's own import); ort = onnxruntime "
-        "CPU on torch.onnx's export; checks = outputs against torch eager"
+        "x = the other's time / opsdk's (median of per-round ratios; > 1: opsdk faster)"
+        + (f"; {named}" if named else "") + "; checks = outputs against torch eager"
     )
     return "\n".join(lines)
 

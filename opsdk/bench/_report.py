@@ -279,9 +279,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--peers", metavar="LIST",
-        help="with --zoo: runtimes to compare with, separated by commas (default: "
-        "onnxruntime,openvino,executorch,torch,torch_compile; also tvm_default); with "
-        "--decode: llamacpp,torch (default); a peer that is not installed is skipped",
+        help="runtimes to compare with, separated by commas, from tvm_default, torch, "
+        "onnxruntime, openvino, executorch, torch_compile; --model / --examples default to "
+        "tvm_default,torch,onnxruntime (TVM's default pipeline takes seconds to minutes per "
+        "call on a large model: leave it out with --peers torch,onnxruntime), --zoo to "
+        "onnxruntime,openvino,executorch,torch,torch_compile; with --decode: llamacpp,torch "
+        "(default); a peer that is not installed is skipped with one line",
     )
     parser.add_argument(
         "--use-cache", action="store_true",
@@ -485,10 +488,31 @@ def _bench_qdense(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peers(spec: str | None, default: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the peers of ``--peers`` that can run here, {peer: why not} for the others, each
+    said in one line); ``default`` when ``spec`` is None. ValueError names an unknown one."""
+    from ._model import ALL_CANDIDATES, peer_missing  # heavy: TVM
+
+    peers = tuple(default) if spec is None else tuple(
+        dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
+    bad = [p for p in peers if p not in ALL_CANDIDATES or p == "opsdk"]
+    if bad:
+        raise ValueError(f"--peers: unknown peer {bad[0]!r}; choose from "
+                         f"{', '.join(c for c in ALL_CANDIDATES if c != 'opsdk')}")
+    skipped = {}
+    for p in peers:  # one line per peer that cannot run here, not one per model
+        why = peer_missing(p)
+        if why:
+            skipped[p] = why
+            print(f"opsdk bench: skipped {p}: {why}", file=sys.stderr)
+    return tuple(p for p in peers if p not in skipped), skipped
+
+
 def _bench_models(args: argparse.Namespace) -> int:
     """``opsdk bench --model FILE`` / ``--examples`` / ``--gemm``."""
     from ._model import (
         EXAMPLES,
+        MODEL_CANDIDATES,
         examples_dir,
         format_gemm_table,
         format_model_table,
@@ -514,12 +538,14 @@ def _bench_models(args: argparse.Namespace) -> int:
         return 2
     try:
         if models:
+            peers, _ = _peers(args.peers, MODEL_CANDIDATES[1:])
             rows = run_model_bench(
                 models, target=args.target, threads=args.threads, repeats=args.repeats,
                 budget_ms=max(args.budget_ms, 50.0), entry=args.entry, entry_args=entry_args,
+                candidates=("opsdk", *peers),
                 progress=lambda s: print(f"  {s} ...", file=sys.stderr, flush=True),
             )
-            print(format_model_table(rows))
+            print(format_model_table(rows, peers))
             out["models"] = rows
         if args.gemm is not None:
             shapes = [tuple(s) for s in args.gemm] or [(1024, 1024, 1024), (128, 3072, 768)]
@@ -573,7 +599,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
 
 def _bench_zoo(args: argparse.Namespace) -> int:
     """``opsdk bench --zoo [MODELS] [--peers LIST]``."""
-    from ._model import ALL_CANDIDATES, peer_missing, run_model_bench  # heavy: TVM
+    from ._model import run_model_bench  # heavy: TVM
     from ._zooreport import (
         DEFAULT_PEERS,
         format_zoo_table,
@@ -598,19 +624,10 @@ def _bench_zoo(args: argparse.Namespace) -> int:
         zoo = select_zoo(args.zoo)
     except ValueError as e:
         return fail(str(e))
-    peers = DEFAULT_PEERS if args.peers is None else tuple(
-        dict.fromkeys(p.strip() for p in args.peers.split(",") if p.strip()))
-    bad = [p for p in peers if p not in ALL_CANDIDATES or p == "opsdk"]
-    if bad:
-        return fail(f"--peers: unknown peer {bad[0]!r}; choose from "
-                    f"{', '.join(c for c in ALL_CANDIDATES if c != 'opsdk')}")
-    skipped = {}
-    for p in peers:  # one line per peer that cannot run here, not one per model
-        why = peer_missing(p)
-        if why:
-            skipped[p] = why
-            print(f"opsdk bench: skipped {p}: {why}", file=sys.stderr)
-    peers = tuple(p for p in peers if p not in skipped)
+    try:
+        peers, skipped = _peers(args.peers, DEFAULT_PEERS)
+    except ValueError as e:
+        return fail(str(e))
     runnable = []
     for z in zoo:
         gone = z.missing()

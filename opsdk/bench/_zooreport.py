@@ -11,15 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._files import write_bytes_atomic
+from ._model import PEER_LABELS
 
-__all__ = ["DEFAULT_PEERS", "PEER_LABELS", "format_zoo_table", "plot_zoo", "zoo_geomeans"]
+__all__ = ["DEFAULT_PEERS", "format_zoo_table", "plot_zoo", "zoo_geomeans"]
 
 #: Peers of ``--zoo`` unless ``--peers`` says otherwise (``tvm_default`` is opt-in: TVM's
 #: default pipeline takes seconds per call on real models).
 DEFAULT_PEERS = ("onnxruntime", "openvino", "executorch", "torch", "torch_compile")
-#: Short column labels.
-PEER_LABELS = {"onnxruntime": "ort", "openvino": "ov", "executorch": "xnnpack",
-               "torch": "torch", "torch_compile": "t.comp", "tvm_default": "tvm"}
 _CHART_LABELS = {"onnxruntime": "onnxruntime", "openvino": "OpenVINO",
                  "executorch": "ExecuTorch XNNPACK", "torch": "torch eager",
                  "torch_compile": "torch.compile", "tvm_default": "TVM default"}

@@ -112,3 +112,32 @@ def test_zoo_usage_errors(capsys, argv, message, tmp_path, monkeypatch):
     assert message in err and "Traceback" not in err
     if "unknown zoo model" in message:
         assert all(n in err for n in ZOO)
+
+
+def test_model_bench_takes_its_peers_from_peers(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now fails
+    model = tmp_path / "tiny.py"
+    model.write_text("import torch\n\n\ndef build_model():\n    torch.manual_seed(0)\n"
+                     "    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU())\n"
+                     "    return m.eval(), (torch.randn(4, 16),)\n")
+    out_json = tmp_path / "bench.json"
+    rc = main(["bench", "--model", str(model), "--repeats", "2", "--budget-ms", "1",
+               "--peers", "onnxruntime,openvino", "--json", str(out_json)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    skip_lines = [ln for ln in cap.err.splitlines() if "openvino" in ln]
+    assert len(skip_lines) == 1 and "skipped openvino" in skip_lines[0], cap.err
+    (row,) = json.loads(out_json.read_text())["models"]
+    assert row["check_opsdk"]["ok"] and row["check_onnxruntime"]["ok"]
+    assert row["opsdk_ms"] > 0 and row["onnxruntime_ms"] > 0 and row["speedup_onnxruntime"] > 0
+    # TVM's default pipeline and torch were not asked for: neither was timed
+    assert row["tvm_default_ms"] is None and row["torch_ms"] is None
+    head = cap.out.splitlines()[0].split()
+    assert head == ["model", "opsdk", "ort", "x", "ort", "checks"]
+
+
+def test_model_bench_refuses_an_unknown_peer(tmp_path, capsys):
+    (tmp_path / "x.py").write_text("def build_model():\n    pass\n")
+    assert main(["bench", "--model", str(tmp_path / "x.py"), "--peers", "tflite"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown peer 'tflite'" in err and "Traceback" not in err
