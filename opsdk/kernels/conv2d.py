@@ -94,8 +94,8 @@ def _groups(layout: str, c: int, groups: int = 1) -> int:
 
 
 def _reference(x, w, bias=None, residual=None, *, layout="NCHW", channels=16, kernel=3,
-               stride=1, padding=1, pad_left=-1, pad_bottom=-1, pad_right=-1, dilation=1,
-               groups=1, multiplier=1, activation="none"):
+               kernel_h=-1, stride=1, padding=1, pad_left=-1, pad_bottom=-1, pad_right=-1,
+               dilation=1, groups=1, multiplier=1, activation="none"):
     lay = layout
     xc = _nchw(x, lay)
     y = _conv_np(xc, _oihw(w, lay), stride, pads4(padding, pad_left, pad_bottom, pad_right),
@@ -121,24 +121,30 @@ def _dims(s, a):
     return c, h, w, o
 
 
-def _span(a) -> int:
-    """The window's extent in input pixels: ``dilation * (kernel - 1) + 1``."""
-    return a.get("dilation", 1) * (a["kernel"] - 1) + 1
+def _window(a) -> tuple[int, int]:
+    """The window's rows and columns: ``kernel_h`` (-1: ``kernel``, a square) x ``kernel``."""
+    kh = a.get("kernel_h", -1)
+    return (a["kernel"] if kh < 0 else kh), a["kernel"]
+
+
+def _span(a) -> tuple[int, int]:
+    """The window's extent in input pixels, rows and columns: ``dilation * (k - 1) + 1``."""
+    return tuple(a.get("dilation", 1) * (k - 1) + 1 for k in _window(a))
 
 
 def _out_hw(h, w, a):
     top, left, bottom, right = _pads(a)
-    k, st = _span(a), a["stride"]
-    return (h + top + bottom - k) // st + 1, (w + left + right - k) // st + 1
+    (kh, kw), st = _span(a), a["stride"]
+    return (h + top + bottom - kh) // st + 1, (w + left + right - kw) // st + 1
 
 
 def _input_shapes(s, a):
     c, h, w, o = _dims(s, a)
-    k = a["kernel"]
+    kh, k = _window(a)
     g = a.get("groups", 1)
     cg = 1 if a["layout"].endswith("dw") else (c // g if g > 1 else c)
     nchw = a["layout"].startswith("NCHW")
-    wshape = (o, cg, k, k) if nchw else (k, k, cg, o)
+    wshape = (o, cg, kh, k) if nchw else (kh, k, cg, o)
     hs, ws = static_int(h), static_int(w)
     oh, ow = _out_hw(hs, ws, a) if hs is not None and ws is not None else (h, w)
     res = (s[0], o, oh, ow) if nchw else (s[0], oh, ow, o)
@@ -156,6 +162,9 @@ def _check(shapes, dtypes, attrs):
     if min(k, st, dil, g, m, attrs["channels"]) < 1 or p < 0:
         raise ValueError("arguments 'kernel', 'stride', 'dilation', 'groups', 'multiplier', "
                          "'channels' must be >= 1 and 'padding' >= 0")
+    if attrs["kernel_h"] == 0 or attrs["kernel_h"] < -1:
+        raise ValueError("argument 'kernel_h' must be >= 1, or -1 for a square window of "
+                         "'kernel'")
     if min(attrs["pad_left"], attrs["pad_bottom"], attrs["pad_right"]) < -1:
         raise ValueError("arguments 'pad_left', 'pad_bottom', 'pad_right' must be >= 0, or "
                          "-1 for 'padding'")
@@ -163,9 +172,9 @@ def _check(shapes, dtypes, attrs):
         raise ValueError(f"argument 'groups' is {g}, which does not divide the {c} input and "
                          f"{attrs['channels']} output channels; pick a common divisor")
     top, left, bottom, right = _pads(attrs)
-    span = _span(attrs)
-    if h + top + bottom < span or w + left + right < span:
-        raise ValueError(f"argument 'x' is {h}x{w}, smaller than the {k}x{k} window "
+    (span_h, span_w), (kh, kw) = _span(attrs), _window(attrs)
+    if h + top + bottom < span_h or w + left + right < span_w:
+        raise ValueError(f"argument 'x' is {h}x{w}, smaller than the {kh}x{kw} window "
                          f"(dilation {dil}) with padding {(top, left, bottom, right)}; pass a "
                          "larger input or more padding")
 
@@ -200,11 +209,14 @@ def _error(m) -> np.ndarray:
     attr_domain={
         "channels": [16, 24, 7, 33, 64, 1, 96],
         "kernel": [3, 1, 7, 5],
+        # a one-row window: a conv1d runs as a conv2d over a one-row image (ChannelsLast)
+        "kernel_h": [-1, 1],
         "stride": [1, 2],
         "padding": [1, 0, 3, 2],
-        "pad_left": [-1, 0, 2],
+        # with padding 0, a conv1d's even left and right pads (1 or 2 a side)
+        "pad_left": [-1, 0, 2, 1],
         "pad_bottom": [-1, 0, 2],
-        "pad_right": [-1, 0, 1],
+        "pad_right": [-1, 0, 1, 2],
         "dilation": [1, 2],
         "groups": [1, 2, 4],
         "multiplier": [1, 2, 3],
@@ -227,6 +239,7 @@ def tvm_conv2d(
     layout: Literal["NCHW", "NHWC", "NCHW_dw", "NHWC_dw"] = "NCHW",
     channels: int = 16,
     kernel: int = 3,
+    kernel_h: int = -1,
     stride: int = 1,
     padding: int = 1,
     pad_left: int = -1,
@@ -238,7 +251,8 @@ def tvm_conv2d(
     activation: Activation = "relu",
 ) -> te.Tensor:
     """``act(conv2d(x, w) + bias + residual)``: ``topi.nn.conv`` plus a fused epilogue, with
-    relax's conv2d attributes as its legalization passes them (4-value padding)."""
+    relax's conv2d attributes as its legalization passes them (4-value padding); the window
+    is ``kernel_h`` x ``kernel`` (``kernel_h`` -1: square)."""
     nchw = layout.startswith("NCHW")
     c = x.shape[1] if nchw else x.shape[3]
     g = int(c) if layout.endswith("dw") else groups

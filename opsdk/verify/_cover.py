@@ -425,8 +425,14 @@ def _conv(f: _Func) -> _Found:
         raise ValueError("symbolic channels")
     groups = c // cg
     depthwise = groups == c and c > 1
-    if kh != kw:
-        why.append(f"a {kh}x{kw} window (the family's are square)")
+    (top, bottom), (left, right) = pads
+    rows = (xs[axes[0]] or 0) + top + bottom
+    if kh == 1:  # a one-row window (a conv1d): its row dilation reads nothing
+        dh = dw
+        if rows == 1:  # over a one-row image: one output row whatever the row stride
+            sh = sw
+    if kh != kw and kh != 1:
+        why.append(f"a {kh}x{kw} window (the family's are square or one row)")
     if sh != sw:
         why.append(f"stride {sh}x{sw} (the family's is one value)")
     if dh != dw:
@@ -435,9 +441,8 @@ def _conv(f: _Func) -> _Found:
     act, present, ew = _match_epilogue(tokens)
     if ew:
         why.append(ew)
-    (top, bottom), (left, right) = pads
-    attrs: dict[str, Any] = {"kernel": kh, "stride": sh,
-                             **_pad_attrs(top, left, bottom, right), "dilation": dh}
+    attrs: dict[str, Any] = {"kernel": kw, "kernel_h": -1 if kh == kw else kh, "stride": sw,
+                             **_pad_attrs(top, left, bottom, right), "dilation": dw}
     d = _FAMILIES["tvm_conv2d"]
     if depthwise and o != c and groups in d.attr_domain.get("groups", ()):
         # groups = channels with several outputs each is a grouped conv as much as a

@@ -241,11 +241,12 @@ def _conv_rows(d: OpDef, target: str, lanes: int) -> list[Case]:
     heights = (7, 1, 9, 4, 33, 5)
     edge_pads = {"padding": [0, 1, 2, 3], "pad_left": [-1, 0, 2], "pad_bottom": [-1, 0, 2],
                  "pad_right": [-1, 0, 1]}
-    dense = pairwise({"layout": ["NCHW", "NHWC"], "kernel": [1, 3, 5, 7], "stride": [1, 2, 3],
-                      **edge_pads, "dilation": [1, 2], "groups": [1, 2, 4]},
+    # kernel_h 1: a one-row window (a conv1d, as ChannelsLast runs it)
+    dense = pairwise({"layout": ["NCHW", "NHWC"], "kernel": [1, 3, 5, 7], "kernel_h": [-1, 1],
+                      "stride": [1, 2, 3], **edge_pads, "dilation": [1, 2], "groups": [1, 2, 4]},
                      balance="layout")
     dw = pairwise({"layout": ["NCHW_dw", "NHWC_dw"], "kernel": [3, 1, 5, 7],
-                   "stride": [1, 2, 3], **edge_pads, "dilation": [1, 2],
+                   "kernel_h": [-1, 1], "stride": [1, 2, 3], **edge_pads, "dilation": [1, 2],
                    "multiplier": [1, 2, 3]}, balance="layout")
     rows = _common_columns(dense + dw)
 

@@ -394,6 +394,44 @@ def test_a_transposed_conv_among_channels_last_convs_is_lowered_and_right(
     assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
 
 
+class _Conv1dNet(torch.nn.Module):
+    def __init__(self, kernel, stride, pad, dilation, groups, bias):
+        super().__init__()
+        self.a = torch.nn.Conv1d(8, 32, kernel, stride, pad, dilation, groups, bias=bias)
+        self.b = torch.nn.Conv1d(32, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad", "dilation", "groups", "bias"), [
+    (10, 5, 0, 1, 1, False),  # wav2vec2's first feature conv
+    (3, 2, 0, 1, 1, True),    # its later ones, and Whisper's second
+    (3, 1, 1, 2, 1, True),    # dilated (a TCN)
+    (16, 1, 8, 1, 4, True),   # wav2vec2's positional conv: grouped, an even kernel
+    (5, 1, 2, 1, 8, True),    # depthwise
+], ids=["k10s5", "k3s2", "k3d2", "k16g4", "dw5"])
+def test_a_conv1d_runs_as_a_one_row_conv2d_on_the_conv_rules(
+        kernel, stride, pad, dilation, groups, bias):
+    # TVM's conv1d (NCW) had no opsdk rule: wav2vec2's feature encoder ran on the catch-all
+    # rule at 21 GFLOP/s (324 ms of kernels). It is now a conv2d over a 1-row image,
+    # channels-last on the conv rules like any other.
+    torch.manual_seed(0)
+    net = _Conv1dNet(kernel, stride, pad, dilation, groups, bias).eval()
+    x = torch.randn(1, 8, 53)
+    m = LoadedModel.from_torch("conv1d", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    rules = cm.rule_counts()
+    assert "x86.fallback" not in rules and "generic" not in rules, rules
+    assert rules.get("x86.conv2d", 0) >= 2, rules
+    assert not any("conv1d" in k["name"] for k in cm.kernels), [k["name"] for k in cm.kernels]
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = _run(cm.ex, x.numpy())
+    assert got.shape == ref.shape
+    assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
+
+
 def test_an_op_no_lowering_takes_is_named_not_an_internal_error():
     # TVM leaves a call its legalization does not take (a channels-last transposed conv) in
     # place; VM codegen then failed with "InternalError: CodeGenVM cannot emit this Relax

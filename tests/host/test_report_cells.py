@@ -130,12 +130,22 @@ def test_a_class_verify_never_draws_is_named():
     ok = kernel_cell("dense", _matmul_func(max(tvm_matmul.attr_domain["n"])), "x86",
                      lanes=lanes)
     assert ok.covered and not ok.gaps
-    # a non-square window no conv family expresses: named, and its case is the nearest
-    x, w = te.placeholder((1, 8, 8, 16), name="x"), te.placeholder((1, 3, 16, 16), name="w")
+    # a window no conv family expresses (neither square nor one row): named, and its case
+    # is the nearest
+    x, w = te.placeholder((1, 8, 8, 16), name="x"), te.placeholder((2, 3, 16, 16), name="w")
     conv = te.create_prim_func([x, w, topi.nn.conv(x, w, 1, (0, 1, 0, 1), 1, 1, "NHWC",
                                                    "HWIO")])
     c = kernel_cell("conv", conv, "x86", lanes=lanes)
-    assert c.family == "tvm_conv2d" and not c.exact and any("1x3" in g for g in c.gaps), c
+    assert c.family == "tvm_conv2d" and not c.exact and any("2x3" in g for g in c.gaps), c
+    # a conv1d as ChannelsLast runs it: a 1x3 window over a one-row image, stride (1, 2)
+    # and dilation (1, 2), is the family's kernel_h 1 exactly
+    x, w = te.placeholder((1, 1, 40, 16), name="x"), te.placeholder((1, 3, 16, 16), name="w")
+    conv = te.create_prim_func([x, w, topi.nn.conv(x, w, (1, 2), (0, 1, 0, 1), (1, 2), 1,
+                                                   "NHWC", "HWIO")])
+    c = kernel_cell("conv", conv, "x86", lanes=lanes)
+    assert c.family == "tvm_conv2d" and c.exact and not c.gaps, c
+    assert c.case["attrs"]["kernel_h"] == 1 and c.case["attrs"]["kernel"] == 3, c.case
+    assert c.case["attrs"]["stride"] == 2 and c.case["attrs"]["dilation"] == 2, c.case
 
 
 def test_a_kernel_of_no_family_says_so_and_cells_need_the_module():
