@@ -213,7 +213,7 @@ def _error(m) -> np.ndarray:
         "kernel_h": [-1, 1],
         "stride": [1, 2],
         "padding": [1, 0, 3, 2],
-        # with padding 0, a conv1d's even left and right pads (1 or 2 a side)
+        # with padding 0, a conv1d's equal left and right pads (1 or 2 a side)
         "pad_left": [-1, 0, 2, 1],
         "pad_bottom": [-1, 0, 2],
         "pad_right": [-1, 0, 1, 2],
