@@ -140,9 +140,7 @@ def wdense_packed(
         def nibble_at(b, byte_k, high, l_):  # one int4 weight as float32(q - 8)
             # In the byte domain (a 16-byte vector per `lanes` channels): the shift, mask and
             # -8 on bytes, then one widening and one convert per vector of weights.
-            byte = wp[b, byte_k, l_]
-            sh = (high * 4).astype("uint8")
-            q = tirx.bitwise_and(tirx.shift_right(byte, sh), tirx.const(15, "uint8"))
+            q = _nibble(wp[b, byte_k, l_], high)
             return (q.astype("int8") - tirx.const(8, "int8")).astype(f32)
 
         def nibble(b, kk, l_):  # weight kk of packed row (b, l_)
@@ -204,6 +202,12 @@ def wdense_packed(
         return activation_te(v, activation)
 
     return te.compute((m, dim(n)), body, name=op)
+
+
+def _nibble(byte: Any, high: Any) -> Any:
+    """Weight ``high`` (0: the low nibble, 1: the high) of a q4_0 byte, as uint8 0-15."""
+    return tirx.bitwise_and(tirx.shift_right(byte, (high * 4).astype("uint8")),
+                            tirx.const(15, "uint8"))
 
 
 def pack_weights(op: str, w: te.Tensor, scale: te.Tensor, *, lanes: int, nv: int, idx: str
@@ -271,9 +275,7 @@ def take_wpacked(op: str, table: te.Tensor, scale: te.Tensor, indices: te.Tensor
         if not q4:
             return scale[r] * wp[b, c, l_].astype("float32")
         g, j = c // GROUP, c % GROUP
-        byte = wp[b, g * 16 + j % 16, l_]
-        nib = tirx.bitwise_and(tirx.shift_right(byte, (j // 16 * 4).astype("uint8")),
-                               tirx.const(15, "uint8"))
+        nib = _nibble(wp[b, g * 16 + j % 16, l_], j // 16)
         return dp[b, g, l_].astype("float32") * (nib.astype("int32") - 8).astype("float32")
 
     name = "take_q4" if q4 else "take_w8"

@@ -52,6 +52,7 @@ values, and elementwise ops it carries the layout through.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -131,6 +132,15 @@ def _static_shape(e: relax.Expr) -> list[int] | None:
     return [int(d.value) for d in dims]
 
 
+def _static_conv(call: relax.Call, name: str) -> tuple[Any, list[int], list[int]] | None:
+    """(attrs, input shape, weight shape) of ``call`` when it calls op ``name`` with a static
+    input and weight (the conv kernels need static images); else None."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == name):
+        return None
+    x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
+    return None if x_shape is None or w_shape is None else (call.attrs, x_shape, w_shape)
+
+
 @relax.expr_functor.mutator
 class _TransposedConvAsConv(relax.PyExprMutator):
     """``conv2d_transpose`` (no dilation or groups) -> one ``conv2d`` to ``Co * s * s``
@@ -149,12 +159,10 @@ class _TransposedConvAsConv(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d_transpose"):
+        found = _static_conv(call, "relax.nn.conv2d_transpose")
+        if found is None or len(found[1]) != 4 or len(found[2]) != 4:
             return call
-        a = call.attrs
-        x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
-        if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
-            return call
+        a, x_shape, w_shape = found
         s = [int(v) for v in a.strides]
         pt, pl, pb, pr = [int(v) for v in a.padding]
         op = [int(v) for v in a.output_padding]
@@ -199,13 +207,11 @@ class _Conv1dAsConv2d(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d"):
+        found = _static_conv(call, "relax.nn.conv1d")
+        if found is None or len(found[1]) != 3:
             return call
-        a = call.attrs
-        x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
-        if (x_shape is None or w_shape is None or len(x_shape) != 3
-                or (str(a.data_layout), str(a.kernel_layout), str(a.out_layout))
-                != ("NCW", "OIW", "NCW")):
+        a = found[0]
+        if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCW", "OIW", "NCW"):
             return call
         norm = self.builder_.normalize
         pad = [int(v) for v in a.padding]
@@ -232,12 +238,12 @@ class _MultiplierAsRepeat(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        found = _static_conv(call, "relax.nn.conv2d")
+        if found is None:
             return call
-        a = call.attrs
-        x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
-        if (x_shape is None or w_shape is None or str(a.data_layout) != "NHWC"
-                or str(a.kernel_layout) != "HWIO" or len(x_shape) != 4):
+        a, x_shape, w_shape = found
+        if (str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "HWIO"
+                or len(x_shape) != 4):
             return call
         cin, groups, cout = x_shape[3], int(a.groups), w_shape[3]
         if groups != cin or cin < 2 or w_shape[2] != 1 or cout % cin or cout == cin:
