@@ -1,6 +1,9 @@
-"""Dtype helpers shared by op definitions, registration and verification."""
+"""Dtype helpers shared by op definitions, registration and verification, and a numpy view
+of a TVM tensor."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -8,6 +11,7 @@ import numpy as np
 __all__ = [
     "FLOAT_DTYPES",
     "accum_dtype",
+    "array_view",
     "eps",
     "is_float",
     "np_dtype",
@@ -51,3 +55,23 @@ def accum_dtype(dtype: str) -> str:
 def eps(dtype: str) -> float:
     """Machine epsilon (distance from 1.0 to the next value) of a float dtype."""
     return float(ml_dtypes.finfo(np_dtype(dtype)).eps)
+
+
+def array_view(tensor: Any) -> np.ndarray:
+    """A read-only numpy view of a CPU TVM tensor's memory (no copy: a model's weights are
+    looked at without being copied), or a copy where numpy's DLPack lacks its dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, tvm
+    >>> from opsdk._dtypes import array_view
+    >>> v = array_view(tvm.runtime.tensor(np.arange(3, dtype="float32")))
+    >>> v.tolist(), v.flags.writeable
+    ([0.0, 1.0, 2.0], False)
+    """
+    try:
+        v = np.from_dlpack(tensor)
+    except (BufferError, RuntimeError, TypeError, ValueError):  # bfloat16, ...
+        return tensor.numpy()
+    v.flags.writeable = False
+    return v

@@ -422,7 +422,7 @@ def _dist_of(path: str, top: Mapping[str, list[str]],
     ``versions`` memoizes them by top-level name (reading a distribution's metadata parses
     its METADATA file: thousands of torch modules took seconds)."""
 
-    parts = Path(path).parts
+    parts = path.split(os.sep)
     for marker in ("site-packages", "dist-packages"):
         if marker in parts:
             i = len(parts) - 1 - parts[::-1].index(marker)
@@ -457,11 +457,17 @@ def module_dependencies(names: Any) -> list[list[str]]:
     top = metadata.packages_distributions()
     deps: dict[tuple[str, str], str] = {}
     versions: dict[str, tuple[str, str] | None] = {}
+    dirs: dict[str, str] = {}  # realpath of each folder once (thousands of torch modules)
     for name in sorted(set(names)):
         f = getattr(sys.modules.get(name), "__file__", None)
         if not f:
             continue
-        real = os.path.realpath(f)
+        head, tail = os.path.split(os.path.abspath(f))
+        if head not in dirs:
+            dirs[head] = os.path.realpath(head)
+        real = os.path.join(dirs[head], tail)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
         if real.startswith(stdlib) and "-packages" not in real:
             continue
         dist = _dist_of(real, top, versions)

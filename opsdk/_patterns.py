@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from tvm.sym import Analyzer
 
-from ._dtypes import FLOAT_DTYPES
+from ._dtypes import FLOAT_DTYPES, array_view
 
 __all__ = [
     "ONES",
@@ -105,11 +105,13 @@ def shape_of(e: relax.Expr) -> tuple[Any, ...] | None:
 
 
 def const_value(e: relax.Expr) -> np.ndarray | None:
-    """The value of a constant, or of reshape/expand_dims/squeeze/astype of a constant."""
+    """The value of a constant, or of reshape/expand_dims/squeeze/astype of a constant: a
+    read-only view of the constant's memory where numpy can share it (no copy of a
+    model's weights per look), else a copy."""
     if isinstance(e, relax.Var):
         return None
     if isinstance(e, tvm.ir.expr.Constant):
-        return e.value.numpy()
+        return array_view(e.value)
     if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
         name = str(e.op.name)
         if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):

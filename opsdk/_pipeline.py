@@ -10,7 +10,8 @@ named here once, and the passes of each step live in :mod:`opsdk.transform`:
    bias + GELU, conv + BatchNorm) become fused ops, by each op's fusion patterns;
 3. **layout** (:func:`~opsdk.transform.ChannelsLast`): convolutions run NHWC inside, one
    transpose where a conv chain starts and one where it ends;
-4. **legalize** (:func:`~opsdk.transform.LegalizeOpsDeferred`, TVM's ``LegalizeOps`` with
+4. **legalize** (:func:`~opsdk.transform.LegalizeOpsDeferred`, TVM's ``LegalizeOps``
+   (through :func:`~opsdk.transform.LegalizeOpsOnce`) with
    eligible 3x3 convs as Winograd F(2x2, 3x3), :mod:`opsdk.kernels.winograd`): opsdk ops with
    their own compute, TVM's ops with TVM's, every kernel annotated with its fusion pattern and
    constants folded (weight transposes happen once, here);
@@ -79,6 +80,7 @@ from .transform import (
     InjectiveWhenShapesChange,
     KernelFormWeights,
     LegalizeOpsDeferred,
+    LegalizeOpsOnce,
     LowerOps,
     ScheduleKernels,
     constants_as_params,
@@ -108,7 +110,8 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("import", "opsdk.model.load_model / opsdk.frontend.from_torch, from_onnx"),
     ("fuse", "opsdk.transform.FuseIntoOps"),
     ("layout", "opsdk.transform.ChannelsLast"),
-    ("legalize", "opsdk.transform.LegalizeOpsDeferred, LegalizeOps, FoldConstantsAtOnce"),
+    ("legalize", "opsdk.transform.LegalizeOpsDeferred, LegalizeOpsOnce, "
+                 "FoldConstantsAtOnce"),
     ("kernel fusion", "AnnotateTIROpPattern, FuseOps, FuseTIR, opsdk.transform.FoldViewsIntoOps"),
     ("schedule", "opsdk.transform.ScheduleKernels"),
     ("pack weights", "SplitLayoutRewritePreproc, FoldConstantsAtOnce (or lift_passes)"),
@@ -126,7 +129,7 @@ def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     if winograd:
         custom["relax.nn.conv2d"] = legalize_conv2d
     return [
-        relax.transform.LegalizeOps(customize_legalize_map=custom),
+        LegalizeOpsOnce(custom),
         relax.transform.AnnotateTIROpPattern(),
         InjectiveWhenShapesChange(),  # a pad is no conv epilogue
         FoldConstantsAtOnce(),
@@ -317,7 +320,8 @@ class CompiledModel:
 
 
 _PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
-             "LegalizeOps": "legalize", "FoldConstant": "fold constants",
+             "LegalizeOps": "legalize", "opsdk.LegalizeOpsOnce": "legalize",
+             "FoldConstant": "fold constants",
              "opsdk.FoldConstantsAtOnce": "fold constants",
              "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
              "DeadCodeElimination": "fuse", "opsdk.FoldViewsIntoOps": "fuse",

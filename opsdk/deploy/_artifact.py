@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import array_view
 from .._files import check_can_create, new_file_mode, sha256_file
 from .._timings import record_phases
 from .._version import __version__
@@ -705,7 +706,7 @@ def build_artifact(
         lifted, weights = weights_as_params(mod)
         if weights:  # else nothing to store apart: the module as it is
             mod = lifted
-    w_arrays = [t.numpy() for t in weights.values()] if weights else None
+    w_arrays = [array_view(t) for t in weights.values()] if weights else None
     cm = compile_model(mod, tgt, winograd=winograd, tuning=tuning)
     host_tgt = resolve_target("host")
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
@@ -770,7 +771,7 @@ def build_artifact(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if rec is not None:
-        rec.write(out)
+        rec.write(out, {WEIGHTS_FILE: w_info["sha256"]} if weights else None)
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest

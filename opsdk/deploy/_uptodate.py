@@ -63,15 +63,16 @@ class BuildRecord:
         self.state: str | None = None
         self.opened: list[list[str]] = []
 
-    def write(self, out: Path) -> None:
+    def write(self, out: Path, known: Mapping[str, str] | None = None) -> None:
         """Record the artifact just written to ``out`` (best effort: a cache that cannot
-        be written only means the next build runs in full)."""
+        be written only means the next build runs in full); ``known``: digests of files
+        this build just wrote and hashed (the weights), not read again."""
         if self.state is None:
             return
         write_record(self.root, self.key, {
             "kind": "build", "state": self.state, "opened": self.opened,
             "deps": module_dependencies(list(sys.modules)),
-            "artifact": {"folder": str(out), "files": artifact_files(out)}}, None)
+            "artifact": {"folder": str(out), "files": artifact_files(out, known)}}, None)
 
 
 def open_build_record(model: Any, out: Path, *, target: Any, entry: str,
@@ -257,13 +258,14 @@ def entry_state(rec: BuildRecord, entry: str, entry_args: Mapping[str, Any] | No
 
 
 # --------------------------------------------------------------------------- the artifact
-def artifact_files(folder: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` of every file under ``folder``."""
+def artifact_files(folder: Path, known: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``folder`` (``known``: those given)."""
     out = {}
+    known = known or {}
     for dirpath, _dirs, files in os.walk(folder):
         for f in files:
-            p = Path(dirpath) / f
-            out[p.relative_to(folder).as_posix()] = sha256_file(p)
+            rel = (Path(dirpath) / f).relative_to(folder).as_posix()
+            out[rel] = known.get(rel) or sha256_file(Path(dirpath) / f)
     return dict(sorted(out.items()))
 
 

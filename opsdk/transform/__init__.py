@@ -47,7 +47,13 @@ from ._lift import (
     lifts_weights,
     weights_as_params,
 )
-from ._lower import MISSING_LEGALIZATIONS, LegalizeOpsDeferred, LowerOps, ScheduleKernels
+from ._lower import (
+    MISSING_LEGALIZATIONS,
+    LegalizeOpsDeferred,
+    LegalizeOpsOnce,
+    LowerOps,
+    ScheduleKernels,
+)
 from ._oppattern import InjectiveWhenShapesChange
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
@@ -65,6 +71,7 @@ __all__ = [
     "InjectiveWhenShapesChange",
     "KernelFormWeights",
     "LegalizeOpsDeferred",
+    "LegalizeOpsOnce",
     "LowerOps",
     "MergeConvBranches",
     "ReplaceTVMOps",

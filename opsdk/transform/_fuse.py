@@ -69,9 +69,7 @@ def _conv_bn_rule() -> Rule:
             if bv is None or bv.size != channels:
                 return None
             bias = bv.reshape(channels).astype(np.float64)
-        wshape = [1] * wv.ndim
-        wshape[kernel_layout.index("O")] = channels
-        new_w = (wv.astype(np.float64) * inv.reshape(wshape)).astype(wv.dtype)
+        new_w = _scaled(wv, inv, kernel_layout.index("O"))
         bshape = [1] * 4
         bshape[caxis] = channels
         new_b = (bias * inv + shift).reshape(bshape).astype(str(ty.dtype))
@@ -92,6 +90,20 @@ def _conv_bn_rule() -> Rule:
         return relax.op.add(new_conv, relax.const(new_b))
 
     return Rule("fuse.conv_bn", root, fused)
+
+
+def _scaled(w: np.ndarray, scale: np.ndarray, axis: int) -> tvm.runtime.Tensor:
+    """``w * scale`` along ``axis``, rounded once from float64, into a new tensor: a block of
+    output channels at a time, so the float64 temporaries stay small (a model's weights in
+    float64 at once cost more in fresh pages than in arithmetic)."""
+    out = tvm.runtime.empty(w.shape, str(w.dtype))
+    dst = np.from_dlpack(out)
+    wm, dm = np.moveaxis(w, axis, 0), np.moveaxis(dst, axis, 0)
+    bshape = (-1,) + (1,) * (w.ndim - 1)
+    step = max(1, (1 << 17) // max(1, wm[0].size))
+    for i in range(0, wm.shape[0], step):
+        dm[i:i + step] = wm[i:i + step] * scale[i:i + step].reshape(bshape)
+    return out
 
 
 def _graph_rules() -> dict[str, list[Rule]]:

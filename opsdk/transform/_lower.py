@@ -1,6 +1,7 @@
 """Relax passes that lower opsdk ops and schedule a model's kernels with opsdk's rules:
 :func:`LowerOps` (legalize the opsdk ops, scheduled by their rules), :func:`LegalizeOpsDeferred`
 (legalize them unscheduled, for the model pipeline to schedule after fusion),
+:func:`LegalizeOpsOnce` (TVM's LegalizeOps, each distinct call legalized once),
 :func:`ScheduleKernels` (every kernel of a module through the one driver) and
 :data:`MISSING_LEGALIZATIONS` (ops TVM 0.27's frontends emit without a legalization). The
 order the model pipeline runs them in is :mod:`opsdk._pipeline`'s."""
@@ -8,8 +9,10 @@ order the model pipeline runs them in is :mod:`opsdk._pipeline`'s."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.target import Target
 
@@ -17,7 +20,8 @@ from ..registry import get_op, is_registered
 from ..schedules import apply_schedule, deferred_scheduling, kernel_for
 from ..targets import target as _resolve
 
-__all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LowerOps", "ScheduleKernels"]
+__all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LegalizeOpsOnce", "LowerOps",
+           "ScheduleKernels"]
 
 
 def LowerOps(target: str | dict | Target) -> tvm.transform.Pass:
@@ -64,6 +68,88 @@ def _legalize_opsdk_ops(tgt: Target, name: str, *, deferred: bool) -> tvm.transf
             return relax.transform.LegalizeOps(skip_ops=others)(mod)
 
     return _pass
+
+
+#: Ops whose legalization reads only the shapes and dtypes of a constant argument, never its
+#: values: a call with a constant weight shares its kernel with every other call of the same
+#: shapes. Elsewhere a constant argument may be read (a scalar folded into the kernel).
+_VALUE_BLIND_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv2d_transpose",
+                              "relax.matmul", "relax.permute_dims"})
+
+
+def LegalizeOpsOnce(customize: dict[str, Any] | None = None) -> tvm.transform.Pass:
+    """TVM's ``LegalizeOps`` (``customize``: its ``customize_legalize_map``), with every
+    distinct call legalized once: a call with the same op, attributes, argument types and
+    result type as one legalized before reuses that kernel, without building its TE compute
+    again. The module is the one ``LegalizeOps`` gives (TVM keeps one copy of identical
+    kernels either way); only the time differs (ResNet-50's 13 Winograd convs are 4 kernels,
+    each about 90 ms to build).
+
+    A call is reused only where its legalization was a single ``call_tir`` of the call's own
+    arguments, in order; and a call with a constant argument only for ops whose legalization
+    reads a constant's type, never its values (conv, matmul, transpose).
+
+    Examples
+    --------
+    >>> import opsdk
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.exp(x))
+    ...         z = bb.emit_output(relax.op.exp(y))
+    ...     _ = bb.emit_func_output(z)
+    >>> mod = opsdk.transform.LegalizeOpsOnce()(bb.get())
+    >>> len([g for g in mod.functions if g.name_hint != "main"])
+    1
+    """
+    custom = dict(customize or {})
+
+    @tvm.transform.module_pass(opt_level=0, name="opsdk.LegalizeOpsOnce")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        names: set[str] = set()
+        for f in mod.functions.values():
+            if isinstance(f, relax.Function):
+                relax.analysis.post_order_visit(f, lambda e: (
+                    names.add(e.op.name) if isinstance(e, relax.Call)
+                    and isinstance(e.op, tvm.ir.Op) else None))
+        seen: dict[Any, list[tuple[Any, Any]]] = {}
+        memo = {}
+        for n in names:
+            fn = custom.get(n) or tvm.ir.Op.get(n).get_attr("FLegalize")
+            if fn is not None:
+                memo[n] = _once(fn, n, seen)
+        return relax.transform.LegalizeOps(customize_legalize_map={**custom, **memo})(mod)
+
+    return _pass
+
+
+def _once(fn: Any, op: str, seen: dict[Any, list[tuple[Any, Any]]]) -> Any:
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        args = list(call.args)
+        shape = (op, tuple(isinstance(a, tvm.ir.expr.Constant) for a in args))
+        if not all(isinstance(a, (relax.Var, tvm.ir.expr.Constant)) for a in args) or (
+                any(shape[1]) and op not in _VALUE_BLIND_OPS):
+            return fn(bb, call)
+        # The types and attributes, compared in full below: the hash only picks the bucket.
+        facts = (call.attrs, [a.ty for a in args], call.ty, list(call.ty_args))
+        key = (shape, tvm_ffi.structural_hash(facts))
+        for old, first in seen.get(key, ()):
+            if tvm_ffi.structural_equal(old, facts):
+                return relax.Call(first.op, [first.args[0], relax.Tuple(args)], first.attrs,
+                                  list(first.ty_args))
+        out = fn(bb, call)
+        if isinstance(out, relax.Call) and out.op.same_as(call_tir) and len(out.args) == 2 \
+                and isinstance(out.args[1], relax.Tuple) \
+                and len(out.args[1].fields) == len(args) \
+                and all(a.same_as(b) for a, b in zip(out.args[1].fields, args, strict=True)):
+            seen.setdefault(key, []).append((facts, out))
+        return out
+
+    return legalize
 
 
 def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
