@@ -510,26 +510,33 @@ def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, 
     return "", []
 
 
-def _prepare_folder(out: Path, force: bool) -> None:
-    """Refuse an output folder that holds anything but an earlier artifact (or anything at
-    all, without ``force``), and one whose parent takes no new files."""
+def _prepare_folder(out: Path, force: bool) -> bool:
+    """Refuse an output folder that holds anything but an earlier artifact, and one whose
+    parent takes no new files. True: ``out`` holds an earlier artifact and no ``force``
+    was given (kept as it is if it is up to date, else refused by :func:`_refuse_replace`)."""
 
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"{out} is a file; name a folder for the artifact")
+    held = False
     if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ArtifactError(f"{out} exists and is not empty; pass --force to replace an "
-                                "earlier artifact there, or name a new folder")
         if not (out / "manifest.json").is_file():
             raise ArtifactError(f"{out} holds files that are not an opsdk artifact (no "
                                 "manifest.json); --force only replaces an artifact, so name "
                                 "a new folder")
+        held = not force
     parent = out.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         check_can_create(parent)
     except OSError as e:
         raise ArtifactError(f"cannot create {out}: {e.strerror or e}") from None
+    return held
+
+
+def _refuse_replace(out: Path) -> ArtifactError:
+    return ArtifactError(f"{out} exists and is not empty: it holds an earlier artifact that "
+                         "this build would replace (another model, other options or an "
+                         "edit); pass --force to replace it, or name a new folder")
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -609,8 +616,10 @@ def build_artifact(
         ``(torch module, example args)`` or an ``ExportedProgram``, a ``.pt2`` file, an
         ``.onnx`` file), or a Relax ``IRModule`` (then ``inputs`` are required).
     out_dir
-        The folder to write; it must be new or empty, or an earlier artifact with ``force``.
-        The whole folder is written beside it and renamed into place when complete.
+        The folder to write; it must be new or empty, or an earlier artifact with ``force``
+        (without it, an artifact up to date with this model and these options is kept and
+        returned; any other is refused). The whole folder is written beside it and renamed
+        into place when complete.
     target
         ``arm``, ``arm-dotprod``, ``arm-sve``, ``x86`` or a TVM target.
     entry, entry_args, shapes
@@ -657,7 +666,7 @@ def build_artifact(
     """
     say = _log_to(log)
     out = Path(out_dir).expanduser().absolute()
-    _prepare_folder(out, force)
+    held = _prepare_folder(out, force)
     t0 = time.perf_counter()
     # Before anything imports TVM: an unchanged model's artifact is left as it is.
     rec = None
@@ -674,6 +683,8 @@ def build_artifact(
             say(f"{out} is up to date: the model, what it imports and reads, its weights "
                 "and the options are as when it was built")
             return read_manifest(out) | {"up_to_date": True}
+    if held:  # an earlier artifact that this build would change
+        raise _refuse_replace(out)
 
     from ..model import compile_model  # heavy: TVM
     from ..quant import agreement  # heavy: TVM

@@ -45,8 +45,9 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
                    "a name opsdk generate takes (gpt2, llama-1b, ...) or a Hugging Face "
                    "checkpoint folder (then --weights / --activations apply)")
     s.add_argument("-o", "--out", required=True, metavar="FOLDER",
-                   help="the artifact folder to write (new or empty; --force replaces an "
-                   "earlier artifact)")
+                   help="the artifact folder to write (new or empty; an up-to-date "
+                   "artifact of this model is kept as it is; --force replaces an earlier "
+                   "artifact)")
     s.add_argument("--target", default="arm",
                    help="arm, arm-dotprod, arm-sve, x86 (default: arm)")
     s.add_argument("--entry", default="build_model", help="the model file's entry function")

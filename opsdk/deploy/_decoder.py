@@ -34,6 +34,7 @@ from ._artifact import (
     _io_specs,
     _log_to,
     _prepare_folder,
+    _refuse_replace,
     _swap_into_place,
     _target_facts,
     _versions,
@@ -212,7 +213,7 @@ def build_decoder_artifact(
     act = activations or ("float32" if weights == "float32"
                           else default_activations(weights, target))
     arch = target_arch(tgt)
-    _prepare_folder(out, force)
+    held = _prepare_folder(out, force)
     t0 = time.perf_counter()
     rec = open_decoder_record(model, out, target=target, options={
         "weights": weights, "activations": act, "runtime": with_runtime, "seed": seed,
@@ -224,6 +225,8 @@ def build_decoder_artifact(
             say(f"{out} is up to date: the decoder, opsdk and the options are as when it "
                 "was built")
             return read_manifest(out) | {"up_to_date": True}
+    if held:  # an earlier artifact that this build would change
+        raise _refuse_replace(out)
     if isinstance(model, DecoderWeights):
         w, source = model, None
     else:

@@ -166,3 +166,20 @@ def test_a_decoder_is_up_to_date_until_its_checkpoint_or_an_option_changes(net):
     assert "up_to_date" not in build("gpt2-tiny")
     assert build("gpt2-tiny")["up_to_date"] is True
     assert "up_to_date" not in build("gpt2-tiny", seed=1)
+
+
+def test_an_up_to_date_artifact_needs_no_force_and_a_changed_one_does(net, monkeypatch):
+    from opsdk.deploy import ArtifactError
+
+    out = net.parent / "art"
+    built, _ = _build(net, out)
+    # Building the same model again (no --force) keeps the artifact: nothing is replaced.
+    again = build_artifact(str(net), out, target="x86", log=None)
+    assert again["up_to_date"] is True
+    assert again["library"]["sha256"] == built["library"]["sha256"]
+    # An edit would replace it: refused without --force, the artifact left whole.
+    monkeypatch.setenv("NET_SEED", "1")
+    with pytest.raises(ArtifactError, match="earlier artifact that this build would replace"):
+        build_artifact(str(net), out, target="x86", log=None)
+    assert read_manifest(out)["library"]["sha256"] == built["library"]["sha256"]
+    assert "up_to_date" not in build_artifact(str(net), out, target="x86", force=True, log=None)
