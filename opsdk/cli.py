@@ -31,9 +31,14 @@ if sys.argv and sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].removesuffix("
     sys.excepthook = _interrupted_at_start
 
 import argparse  # noqa: E402
+import atexit  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import pathlib  # noqa: E402
+import threading  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
+from typing import NoReturn  # noqa: E402
 
 from opsdk._cliargs import (  # noqa: E402
     NEGATIVE_NUMBER,
@@ -43,7 +48,7 @@ from opsdk._cliargs import (  # noqa: E402
     parse_name_values,
 )
 
-__all__ = ["main"]
+__all__ = ["console", "main"]
 
 
 def _load_ops(modules: Sequence[str] | None) -> None:
@@ -621,8 +626,30 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if a in COMMANDS), None)
 
 
+def console() -> NoReturn:
+    """The ``opsdk`` console script and ``python -m opsdk``: :func:`main`, then the exit."""
+    _exit(main())
+
+
+def _exit(rc: int) -> NoReturn:
+    # Python's teardown of a process that imported torch and TVM takes about a second
+    # (module globals, C++ static destructors) and does nothing a finished command needs.
+    # The exit handlers (temporary folders, logs) still run; a command that left a
+    # non-daemon thread running exits the usual way, which waits for it.
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(rc)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(rc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``opsdk`` console script and ``python -m opsdk``."""
+    """Run the ``opsdk`` command line ``argv`` (default: ``sys.argv[1:]``) and return its
+    exit code (what :func:`console`, the console script, exits with)."""
     if sys.excepthook is _interrupted_at_start:  # from here on, the handler below
         sys.excepthook = _PREVIOUS_HOOK
     argv = list(sys.argv[1:] if argv is None else argv)

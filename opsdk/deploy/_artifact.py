@@ -686,12 +686,14 @@ def build_artifact(
     if held:  # an earlier artifact that this build would change
         raise _refuse_replace(out)
 
+    t_import = time.perf_counter()
     from ..model import compile_model  # heavy: TVM
     from ..quant import agreement  # heavy: TVM
     from ..runners.local import host_arch  # heavy: TVM
     from ..targets import target as resolve_target  # heavy: TVM
     from ..targets import target_arch  # heavy: TVM
 
+    record_phases({"import TVM": time.perf_counter() - t_import})
     try:
         tgt = resolve_target(target)
     except ValueError as e:
@@ -723,12 +725,15 @@ def build_artifact(
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
     host_cm = cm if same_host else compile_model(mod, host_tgt, winograd=winograd)
 
+    t_check = time.perf_counter()
     with LocalRunner() as host:
         host_out = host.run(host_cm.ex, inputs, weights=w_arrays)
     if quant_info is not None:
         quant_info["vs_float"] = agreement(host_out[0], float_out[0])
     framework, fw_out = _framework_outputs(loaded, inputs)
     ins, outs = _io_specs(func, inputs, host_out)
+    t_write = time.perf_counter()
+    record_phases({"check run": t_write - t_check})
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.opsdk-build-", dir=out.parent))
     try:
@@ -783,6 +788,7 @@ def build_artifact(
         raise
     if rec is not None:
         rec.write(out, {WEIGHTS_FILE: w_info["sha256"]} if weights else None)
+    record_phases({"write artifact": time.perf_counter() - t_write})
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest

@@ -212,8 +212,8 @@ def run_build_command(args: argparse.Namespace) -> int:
 
 
 def _timings_dict(t: Any, total: float) -> dict[str, Any]:
-    """The phases' seconds, the rest of the build (the host check run, the export, the
-    manifest) as ``other``, and the kernel and fold caches' counts."""
+    """The phases' seconds, the rest of the build (starting Python, reading the options,
+    the target) as ``other``, and the kernel and fold caches' counts."""
     phases = {k: round(v, 3) for k, v in t.seconds.items()}
     phases["other"] = round(max(0.0, total - sum(t.seconds.values())), 3)
     return {"seconds": phases, "total_seconds": round(total, 3),

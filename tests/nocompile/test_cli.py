@@ -323,3 +323,31 @@ def test_a_json_switch_is_not_taken_for_an_output_path(capsys):
 
     assert main(["list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("thread", ["none", "daemon", "worker"])
+def test_the_console_exits_with_the_code_its_output_and_exit_handlers_whole(tmp_path, thread):
+    # console() skips Python's teardown (a second after torch and TVM), not what a command
+    # wrote, its exit handlers, or a thread it left running.
+    done = tmp_path / "done.txt"
+    r = _python(
+        "import atexit, threading, time, opsdk.cli as cli\n"
+        f"atexit.register(lambda: open({str(done)!r}, 'a').write('handler\\n'))\n"
+        "def work():\n"
+        "    time.sleep(0.5)\n"
+        f"    open({str(done)!r}, 'a').write('thread\\n')\n"
+        f"if {thread!r} != 'none':\n"
+        f"    threading.Thread(target=work, daemon={thread!r} == 'daemon').start()\n"
+        "def fake(argv=None):\n"
+        "    for i in range(200000):\n"
+        "        print(i)\n"
+        "    return 3\n"
+        "cli.main = fake\n"
+        "cli.console()\n"
+        "print('not reached')\n")
+    assert r.returncode == 3, r.stderr
+    lines = r.stdout.split()
+    assert len(lines) == 200000 and lines[-1] == "199999"
+    wrote = done.read_text().split()
+    assert "handler" in wrote
+    assert ("thread" in wrote) == (thread == "worker")  # a daemon thread is not waited for
