@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CompileTimings", "record_phases", "record_timings"]
+__all__ = ["CompileTimings", "phase", "record_phases", "record_timings"]
 
 
 @dataclass
@@ -76,3 +77,29 @@ def record_phases(seconds: Mapping[str, float], kernel_build: Any = None,
         if kernel_build is not None:
             rec.kernels_reused += len(kernel_build.hits)
             rec.kernels_compiled += len(kernel_build.misses)
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time the block as phase ``name`` of the enclosing :func:`record_timings`, less what
+    phases recorded inside it took (a compile the block starts counts as its own phases,
+    once).
+
+    Examples
+    --------
+    >>> from opsdk._timings import phase, record_phases, record_timings
+    >>> with record_timings() as t:
+    ...     with phase("outer"):
+    ...         record_phases({"inner": 0.0})
+    >>> sorted(t.seconds)
+    ['inner', 'outer']
+    """
+    rec = _RECORDER.get()
+    before = sum(rec.seconds.values()) if rec is not None else 0.0
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if rec is not None:
+            inner = sum(rec.seconds.values()) - before
+            rec.add({name: max(0.0, time.perf_counter() - t0 - inner)})

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._dtypes import array_view
 from .._files import check_can_create, new_file_mode, sha256_file
-from .._timings import record_phases
+from .._timings import phase, record_phases
 from .._version import __version__
 from ..runners import InputMismatch, LocalRunner, check_inputs, cross_compiler
 from ._uptodate import check_up_to_date, open_build_record
@@ -686,14 +686,13 @@ def build_artifact(
     if held:  # an earlier artifact that this build would change
         raise _refuse_replace(out)
 
-    t_import = time.perf_counter()
-    from ..model import compile_model  # heavy: TVM
-    from ..quant import agreement  # heavy: TVM
-    from ..runners.local import host_arch  # heavy: TVM
-    from ..targets import target as resolve_target  # heavy: TVM
-    from ..targets import target_arch  # heavy: TVM
+    with phase("import TVM"):
+        from ..model import compile_model  # heavy: TVM
+        from ..quant import agreement  # heavy: TVM
+        from ..runners.local import host_arch  # heavy: TVM
+        from ..targets import target as resolve_target  # heavy: TVM
+        from ..targets import target_arch  # heavy: TVM
 
-    record_phases({"import TVM": time.perf_counter() - t_import})
     try:
         tgt = resolve_target(target)
     except ValueError as e:
@@ -725,70 +724,67 @@ def build_artifact(
     same_host = arch == host_arch() and str(host_tgt) == str(tgt)
     host_cm = cm if same_host else compile_model(mod, host_tgt, winograd=winograd)
 
-    t_check = time.perf_counter()
-    with LocalRunner() as host:
-        host_out = host.run(host_cm.ex, inputs, weights=w_arrays)
-    if quant_info is not None:
-        quant_info["vs_float"] = agreement(host_out[0], float_out[0])
-    framework, fw_out = _framework_outputs(loaded, inputs)
+    with phase("check run"):
+        with LocalRunner() as host:
+            host_out = host.run(host_cm.ex, inputs, weights=w_arrays)
+        if quant_info is not None:
+            quant_info["vs_float"] = agreement(host_out[0], float_out[0])
+        framework, fw_out = _framework_outputs(loaded, inputs)
     ins, outs = _io_specs(func, inputs, host_out)
-    t_write = time.perf_counter()
-    record_phases({"check run": t_write - t_check})
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.opsdk-build-", dir=out.parent))
-    try:
-        lib = tmp / "model.so"
-        say(f"exporting {lib.name} ({arch})")
-        _export(cm, lib, arch)
-        check = tmp / "check"
-        (check / "inputs").mkdir(parents=True)
-        if same_host:
-            host_lib = "model.so"
-        else:
-            host_lib = "check/host.so"
-            _export(host_cm, tmp / host_lib, host_arch())
-        runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
-        _write_checks(check, ins, inputs, host_out, framework, fw_out)
-        _write_io(tmp / "io.txt", ins, weights, outs)
-        facts = _module_facts(cm, inputs)
-        used = _ship_tuning(tmp, tuning, facts["kernels"])
-        w_info = _weights_info(tmp, weights, facts)
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "model": {"source": source, "entry": entry if loaded is not None else None,
-                      "entry_args": dict(entry_args or {}), "framework": framework or None},
-            "target": _target_facts(target, tgt, arch),
-            "library": {"file": "model.so", "bytes": lib.stat().st_size,
-                        "sha256": sha256_file(lib),
-                        "weights": (f"{WEIGHTS_FILE}, transformed once at load by "
-                                    "main_transform_params" if weights else
-                                    "bundled in model.so (the VM constant pool)"),
-                        "weights_bytes": w_info["loaded_bytes"],
-                        "runtime": ["libtvm_runtime.so", "libtvm_ffi.so"],
-                        "runtime_included": runtime_files},
-            "weights": w_info,
-            "entry": "main",
-            "inputs": [{k: v for k, v in sp.items()} for sp in ins],
-            "outputs": outs,
-            "memory": facts["memory"],
-            "kernels": facts["kernels"],
-            "quantization": quant_info,
-            "tuning": used,
-            "check": {"host_library": host_lib, "host_target": str(host_tgt),
-                      "inputs": "check/inputs", "expected": "check/expected.npz",
-                      "framework": framework or None},
-            "versions": _versions(),
-            "build_seconds": round(time.perf_counter() - t0, 2),
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        _fix_modes(tmp)
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if rec is not None:
-        rec.write(out, {WEIGHTS_FILE: w_info["sha256"]} if weights else None)
-    record_phases({"write artifact": time.perf_counter() - t_write})
+    with phase("write artifact"):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.opsdk-build-", dir=out.parent))
+        try:
+            lib = tmp / "model.so"
+            say(f"exporting {lib.name} ({arch})")
+            _export(cm, lib, arch)
+            check = tmp / "check"
+            (check / "inputs").mkdir(parents=True)
+            if same_host:
+                host_lib = "model.so"
+            else:
+                host_lib = "check/host.so"
+                _export(host_cm, tmp / host_lib, host_arch())
+            runtime_files = _copy_runtime(tmp, arch) if with_runtime else []
+            _write_checks(check, ins, inputs, host_out, framework, fw_out)
+            _write_io(tmp / "io.txt", ins, weights, outs)
+            facts = _module_facts(cm, inputs)
+            used = _ship_tuning(tmp, tuning, facts["kernels"])
+            w_info = _weights_info(tmp, weights, facts)
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "model": {"source": source, "entry": entry if loaded is not None else None,
+                          "entry_args": dict(entry_args or {}), "framework": framework or None},
+                "target": _target_facts(target, tgt, arch),
+                "library": {"file": "model.so", "bytes": lib.stat().st_size,
+                            "sha256": sha256_file(lib),
+                            "weights": (f"{WEIGHTS_FILE}, transformed once at load by "
+                                        "main_transform_params" if weights else
+                                        "bundled in model.so (the VM constant pool)"),
+                            "weights_bytes": w_info["loaded_bytes"],
+                            "runtime": ["libtvm_runtime.so", "libtvm_ffi.so"],
+                            "runtime_included": runtime_files},
+                "weights": w_info,
+                "entry": "main",
+                "inputs": [{k: v for k, v in sp.items()} for sp in ins],
+                "outputs": outs,
+                "memory": facts["memory"],
+                "kernels": facts["kernels"],
+                "quantization": quant_info,
+                "tuning": used,
+                "check": {"host_library": host_lib, "host_target": str(host_tgt),
+                          "inputs": "check/inputs", "expected": "check/expected.npz",
+                          "framework": framework or None},
+                "versions": _versions(),
+                "build_seconds": round(time.perf_counter() - t0, 2),
+            }
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _fix_modes(tmp)
+            _swap_into_place(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if rec is not None:
+            rec.write(out, {WEIGHTS_FILE: w_info["sha256"]} if weights else None)
     say(f"wrote {out}: {manifest['library']['bytes'] / 1e6:.2f} MB library, "
         f"{len(manifest['kernels'])} kernels")
     return manifest

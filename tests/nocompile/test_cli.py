@@ -334,7 +334,7 @@ def test_the_console_exits_with_the_code_its_output_and_exit_handlers_whole(tmp_
         "import atexit, threading, time, opsdk.cli as cli\n"
         f"atexit.register(lambda: open({str(done)!r}, 'a').write('handler\\n'))\n"
         "def work():\n"
-        "    time.sleep(0.5)\n"
+        f"    time.sleep({0.5 if thread == 'worker' else 60})\n"
         f"    open({str(done)!r}, 'a').write('thread\\n')\n"
         f"if {thread!r} != 'none':\n"
         f"    threading.Thread(target=work, daemon={thread!r} == 'daemon').start()\n"
