@@ -1,22 +1,22 @@
 """Shared steps of the examples: import a torch model through opsdk, compile for x86 and
 aarch64, compare with torch eager, and time opsdk against TVM's default pipeline, torch eager
-and onnxruntime."""
+and onnxruntime.
+
+TVM is imported when a step needs it, not with this module: ``opsdk build`` of an unchanged
+example imports the file (and so this module) to see whether it changed, and TVM's import
+would be half of that check."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import tvm
-from tvm import relax
 
 import opsdk
-from opsdk._explain import asm_of, asm_vector_stats
 
-#: float32 tolerance against torch eager (opsdk.model.within_tolerance): |ours - torch| <=
-#: ATOL * max(1, max|torch|) + RTOL * |torch|.
-ATOL, RTOL = opsdk.model.ATOL, opsdk.model.RTOL
+if TYPE_CHECKING:
+    import tvm
 
 
 def import_model(
@@ -35,6 +35,9 @@ def compare(out: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
 
 
 def run_x86(mod: tvm.IRModule, args: tuple[torch.Tensor, ...]) -> tuple[Any, np.ndarray]:
+    import tvm
+    from tvm import relax
+
     ex = opsdk.compile(mod, "x86")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
@@ -42,6 +45,8 @@ def run_x86(mod: tvm.IRModule, args: tuple[torch.Tensor, ...]) -> tuple[Any, np.
 
 
 def _first(out: Any) -> np.ndarray:
+    import tvm
+
     while not isinstance(out, tvm.runtime.Tensor):
         out = out[0]
     return out.numpy()
@@ -50,6 +55,8 @@ def _first(out: Any) -> np.ndarray:
 def arm(mod: tvm.IRModule, args: tuple[torch.Tensor, ...], ref: np.ndarray) -> dict[str, Any]:
     """Cross-compile for aarch64 (NEON), count NEON vector instructions, and run under qemu
     when opsdk's emulated runner is set up."""
+    from opsdk._explain import asm_of, asm_vector_stats
+
     ex = opsdk.compile(mod, "arm")
     result: dict[str, Any] = {
         "compiled": True,
@@ -94,13 +101,16 @@ def _now() -> float:
 
 def report(name: str, res: dict[str, Any]) -> None:
     """Print an example's results."""
+    # float32 tolerance against torch eager (opsdk.model.within_tolerance): |ours - torch|
+    # <= ATOL * max(1, max|torch|) + RTOL * |torch|.
+    atol, rtol = opsdk.model.ATOL, opsdk.model.RTOL
     print(f"== {name}")
     print(f"opsdk ops after import + FuseIntoOps: {res['opsdk_op_count']} {res['opsdk_ops']}")
     print(f"rewrites: {res['rewrites']}")
     x = res["x86"]
     print(
         f"x86 vs torch eager: max abs {x['max_abs']:.2e}, max rel {x['max_rel']:.2e} "
-        f"(tolerance atol={ATOL:g}*max(1,|ref|max) + rtol={RTOL:g}*|ref|): "
+        f"(tolerance atol={atol:g}*max(1,|ref|max) + rtol={rtol:g}*|ref|): "
         + ("OK" if x["ok"] else "FAIL")
     )
     if "x86_other_batch" in res:
@@ -159,6 +169,8 @@ def run_example(
         "x86": compare(out, ref),
     }
     if dynamic_batch:
+        import tvm
+
         more = tuple(torch.cat([a] + [a[:1]] * 2) for a in args)
         with torch.no_grad():
             ref_more = _torch_first(model(*more))
