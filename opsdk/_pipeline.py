@@ -320,8 +320,7 @@ class CompiledModel:
 
 
 _PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
-             "LegalizeOps": "legalize", "opsdk.LegalizeOpsOnce": "legalize",
-             "FoldConstant": "fold constants",
+             "opsdk.LegalizeOpsOnce": "legalize", "FoldConstant": "fold constants",
              "opsdk.FoldConstantsAtOnce": "fold constants",
              "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",
              "DeadCodeElimination": "fuse", "opsdk.FoldViewsIntoOps": "fuse",

@@ -19,6 +19,7 @@ from tvm.target import Target
 from ..registry import get_op, is_registered
 from ..schedules import apply_schedule, deferred_scheduling, kernel_for
 from ..targets import target as _resolve
+from ._rewrite import op_counts
 
 __all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LegalizeOpsOnce", "LowerOps",
            "ScheduleKernels"]
@@ -108,15 +109,9 @@ def LegalizeOpsOnce(customize: dict[str, Any] | None = None) -> tvm.transform.Pa
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.LegalizeOpsOnce")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        names: set[str] = set()
-        for f in mod.functions.values():
-            if isinstance(f, relax.Function):
-                relax.analysis.post_order_visit(f, lambda e: (
-                    names.add(e.op.name) if isinstance(e, relax.Call)
-                    and isinstance(e.op, tvm.ir.Op) else None))
         seen: dict[Any, list[tuple[Any, Any]]] = {}
         memo = {}
-        for n in names:
+        for n in op_counts(mod):
             fn = custom.get(n) or tvm.ir.Op.get(n).get_attr("FLegalize")
             if fn is not None:
                 memo[n] = _once(fn, n, seen)
