@@ -75,6 +75,7 @@ from .targets import target as resolve_target
 from .transform import (
     MISSING_LEGALIZATIONS,
     ChannelsLast,
+    ConvLiveTaps,
     FoldConstantsAtOnce,
     FoldViewsIntoOps,
     InjectiveWhenShapesChange,
@@ -109,7 +110,7 @@ __all__ = [
 STEPS: tuple[tuple[str, str], ...] = (
     ("import", "opsdk.model.load_model / opsdk.frontend.from_torch, from_onnx"),
     ("fuse", "opsdk.transform.FuseIntoOps"),
-    ("layout", "opsdk.transform.ChannelsLast"),
+    ("layout", "opsdk.transform.ChannelsLast, ConvLiveTaps"),
     ("legalize", "opsdk.transform.LegalizeOpsDeferred, LegalizeOpsOnce, "
                  "FoldConstantsAtOnce"),
     ("kernel fusion", "AnnotateTIROpPattern, FuseOps, FuseTIR, opsdk.transform.FoldViewsIntoOps"),
@@ -147,6 +148,7 @@ def schedule_passes(
     pack weights."""
     tgt = resolve_target(target)
     return [ChannelsLast()] * channels_last + [
+        ConvLiveTaps(),
         LegalizeOpsDeferred(tgt),
         *fusion_passes(winograd=winograd),
         FoldViewsIntoOps(tgt),
@@ -319,7 +321,8 @@ class CompiledModel:
         return out
 
 
-_PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.LegalizeOpsDeferred": "legalize",
+_PHASE_OF = {"opsdk.ChannelsLast": "layout", "opsdk.ConvLiveTaps": "layout",
+             "opsdk.LegalizeOpsDeferred": "legalize",
              "opsdk.LegalizeOpsOnce": "legalize", "FoldConstant": "fold constants",
              "opsdk.FoldConstantsAtOnce": "fold constants",
              "AnnotateTIROpPattern": "fuse", "FuseOps": "fuse", "FuseTIR": "fuse",

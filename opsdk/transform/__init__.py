@@ -7,6 +7,8 @@
   ``gelu_tanh``, ``softmax``  ->  opsdk ops;
 - :func:`FoldViewsIntoOps`: reshape / transpose / slice copies read through inside the opsdk
   op kernels they feed;
+- :func:`ConvLiveTaps`: a conv that reads mostly its zero padding (an atrous conv on a
+  small map) -> one conv per region of the output, with only the taps that read the image;
 - :func:`FuseIntoOps`: decomposed LayerNorm / RMSNorm chains, bias + GELU and
   conv2d + batch_norm  ->  fused ops; summed conv branches of one input (RepVGG, MobileOne)
   ->  one conv (:func:`MergeConvBranches`);
@@ -58,6 +60,7 @@ from ._oppattern import InjectiveWhenShapesChange
 from ._replace import REPLACEABLE_OPS, ReplaceTVMOps
 from ._rewrite import RewriteSite, op_counts, rewrite_sites
 from ._script import script
+from ._taps import ConvLiveTaps
 from ._views import FoldViewsIntoOps
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "MISSING_LEGALIZATIONS",
     "REPLACEABLE_OPS",
     "ChannelsLast",
+    "ConvLiveTaps",
     "FoldConstantsAtOnce",
     "FoldViewsIntoOps",
     "FuseIntoOps",
