@@ -67,6 +67,7 @@ from ._timings import record_phases
 from ._tir import tir_pipeline
 from .errors import UnloweredOpError
 from .frontend import bind_params
+from .kernels.resize import legalize_resize2d
 from .kernels.winograd import legalize_conv2d
 from .registry import load_builtin_ops
 from .schedules import GENERIC, classify, rule_failures, tuned_rules
@@ -125,8 +126,10 @@ def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
     """TVM's legalization, constant folding and fusion (what its CPU pipelines run before
     codegen, and steps 4-5 of :data:`STEPS` after the opsdk ops). ``winograd``: eligible
     3x3 convs legalize to the Winograd kernel (:mod:`opsdk.kernels.winograd`) instead of
-    TVM's direct convolution."""
+    TVM's direct convolution. A bilinear upsampling legalizes to two passes
+    (:mod:`opsdk.kernels.resize`)."""
     custom = dict(MISSING_LEGALIZATIONS)
+    custom["relax.image.resize2d"] = legalize_resize2d  # bilinear upsampling in two passes
     if winograd:
         custom["relax.nn.conv2d"] = legalize_conv2d
     return [

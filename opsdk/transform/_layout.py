@@ -29,6 +29,10 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   ``concat`` of inputs permuted alike are carried with their axes renumbered (FastViT's BN
   after a GELU, HGNetV2's padded stem and concatenated branches); the identity permutes
   ConvertLayout leaves of a model's own ``permute`` (ConvNeXt's) are dropped;
+- a transpose of an upsampled value (``resize2d``, whose output is larger than its input)
+  moves before the resize, which then runs in the layout its consumer reads: the transpose
+  moves the small tensor (DeepLab's 21 class maps, upsampled 16x16 -> 256x256 to the NCHW
+  output);
 - ConvertLayout transposes a value once per use: the copies are merged (one
   ``EliminateCommonSubexpr``), so two convs reading one NCHW value share its transpose.
 
@@ -391,6 +395,8 @@ class _PermutesSink(relax.PyExprMutator):
             outer = _axes(call)
             if outer == list(range(len(outer or []))):
                 return call.args[0]  # ConvertLayout's rewrite of a model's own permute
+            if first is None and outer is not None:
+                return self._before_upsampling(call, outer)
             if first is None or outer is None:
                 return call
             axes = _compose(first[1], outer)
@@ -417,6 +423,31 @@ class _PermutesSink(relax.PyExprMutator):
                 return call
             return relax.op.permute_dims(self._emit(call, [f[0] for f in found]), perm)
         return call
+
+    def _before_upsampling(self, call: relax.Call, perm: list[int]) -> relax.Expr:
+        """``permute(resize2d(x, layout=L), P)`` with a larger output than ``x`` ->
+        ``resize2d(permute(x, P), layout=P(L))``: the permute moves the smaller tensor, and
+        the resize writes the layout its consumer reads (DeepLab's final upsampling of 21
+        class maps, NHWC inside, to the model's NCHW output: its column pass then blends
+        contiguous rows instead of gathering every lane)."""
+        src = call.args[0]
+        b = self.lookup_binding(src) if isinstance(src, relax.Var) else None
+        if not (isinstance(b, relax.Call) and isinstance(b.op, tvm.ir.Op)
+                and b.op.name == "relax.image.resize2d" and len(perm) == 4):
+            return call
+        a = b.attrs
+        layout = "".join(str(a.layout)[p] for p in perm)
+        ins, outs = _static_shape(b.args[0]), _static_shape(b)
+        if layout not in ("NCHW", "NHWC") or ins is None or outs is None or \
+                outs[0] * outs[1] * outs[2] * outs[3] <= ins[0] * ins[1] * ins[2] * ins[3]:
+            return call
+        x = self.builder_.emit(relax.op.permute_dims(b.args[0], perm))
+        return relax.op.image.resize2d(
+            x, b.args[1], roi=[float(v) for v in a.roi], layout=layout, method=str(a.method),
+            coordinate_transformation_mode=str(a.coordinate_transformation_mode),
+            rounding_method=str(a.rounding_method), cubic_alpha=float(a.cubic_alpha),
+            cubic_exclude=int(a.cubic_exclude),
+            extrapolation_value=float(a.extrapolation_value), out_dtype=a.out_dtype)
 
     def _binary(self, call: relax.Call) -> relax.Expr:
         """A broadcasting binary op with a permuted operand: the op on the unpermuted
