@@ -16,10 +16,12 @@ so the result is the same to the bit; the 16x16 -> 256x256 example takes 0.14 ms
 
 The row pass is annotated opaque (``op_pattern`` 8): FuseOps would otherwise fuse it into
 the column pass and the elementwise rule inline it back into one kernel. It applies to
-``linear`` resizes of a static 4-D NCHW or NHWC float image that grow the height (else
-the buffer is not smaller than the output), for the coordinate modes ``half_pixel``,
+``linear`` resizes of a static 4-D NCHW float image that grow the height (else the buffer
+is not smaller than the output), for the coordinate modes ``half_pixel``,
 ``pytorch_half_pixel``, ``align_corners`` and ``asymmetric``; everything else keeps TVM's
-legalization.
+legalization. An NHWC resize keeps it too: its vectors run over the channels, so its index
+arithmetic is per pixel, not per element, and its reads are contiguous (SegFormer's decode
+head, 256 channels: the two passes were 0.58 ms against TVM's 0.48).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def separable(call: Any) -> bool:
     x, y = _static(call.args[0]), _static(call)
     layout = str(a.layout)
     dtype = str(call.args[0].ty.dtype)
-    return (str(a.method) == "linear" and layout in ("NCHW", "NHWC")
+    return (str(a.method) == "linear" and layout == "NCHW"
             and str(a.coordinate_transformation_mode) in _MODES
             and x is not None and y is not None and len(x) == 4
             and dtype in ("float32", "float16") and str(call.ty.dtype) == dtype

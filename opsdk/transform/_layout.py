@@ -425,23 +425,53 @@ class _PermutesSink(relax.PyExprMutator):
         return call
 
     def _before_upsampling(self, call: relax.Call, perm: list[int]) -> relax.Expr:
-        """``permute(resize2d(x, layout=L), P)`` with a larger output than ``x`` ->
-        ``resize2d(permute(x, P), layout=P(L))``: the permute moves the smaller tensor, and
-        the resize writes the layout its consumer reads (DeepLab's final upsampling of 21
-        class maps, NHWC inside, to the model's NCHW output: its column pass then blends
-        contiguous rows instead of gathering every lane)."""
-        src = call.args[0]
-        b = self.lookup_binding(src) if isinstance(src, relax.Var) else None
-        if not (isinstance(b, relax.Call) and isinstance(b.op, tvm.ir.Op)
-                and b.op.name == "relax.image.resize2d" and len(perm) == 4):
-            return call
+        """A permute of an upsampled value moves before the upsampling, where it moves the
+        smaller tensor, and the resize then writes the layout its consumer reads
+        (:meth:`_hoisted`); other permutes stay."""
+        hoisted = self._hoisted(call.args[0], perm)
+        return call if hoisted is None else hoisted
+
+    def _hoisted(self, e: relax.Expr, perm: list[int], depth: int = 4) -> relax.Expr | None:
+        """``permute(e, P)`` computed with the permute moved onto smaller tensors, or None:
+
+        - ``e = resize2d(x, layout=L)`` with an output not smaller than ``x`` ->
+          ``resize2d(permute(x, P), layout=P(L))`` (DeepLab's final upsampling of 21 class
+          maps to the model's NCHW output: the resize runs NCHW, its column pass blending
+          contiguous rows);
+        - ``e = concat([y1, y2, ..], axis)`` with every ``yi`` hoistable -> ``concat`` of the
+          hoisted inputs along the permuted axis (SegFormer's decode head: four upsampled
+          maps concatenated, then an NHWC conv: the resizes run NHWC instead);
+        - a permute of a permuted ``x`` composes (and cancels to ``x``)."""
+        b = self.lookup_binding(e) if isinstance(e, relax.Var) and depth else None
+        if not isinstance(b, relax.Call) or not isinstance(b.op, tvm.ir.Op):
+            return None
+        emit = self.builder_.emit
+        if b.op.name == "relax.concat":
+            tup = b.args[0]
+            if isinstance(tup, relax.Var):
+                tup = self.lookup_binding(tup)
+            if not isinstance(tup, relax.Tuple) or not tup.fields:
+                return None
+            parts = [self._hoisted(f, perm, depth - 1) for f in tup.fields]
+            if any(p is None for p in parts):
+                return None
+            axis = int(b.attrs.axis) % len(perm)
+            return relax.op.concat([emit(p) for p in parts], axis=perm.index(axis))
+        if b.op.name != "relax.image.resize2d" or len(perm) != 4:
+            return None
         a = b.attrs
         layout = "".join(str(a.layout)[p] for p in perm)
         ins, outs = _static_shape(b.args[0]), _static_shape(b)
         if layout not in ("NCHW", "NHWC") or ins is None or outs is None or \
-                outs[0] * outs[1] * outs[2] * outs[3] <= ins[0] * ins[1] * ins[2] * ins[3]:
-            return call
-        x = self.builder_.emit(relax.op.permute_dims(b.args[0], perm))
+                outs[0] * outs[1] * outs[2] * outs[3] < ins[0] * ins[1] * ins[2] * ins[3]:
+            return None  # (one of the same size moves as much either way: SegFormer's first)
+        src = self._permuted(b.args[0])
+        if src is not None and _compose(src[1], perm) == list(range(4)):
+            x = src[0]
+        elif src is not None:
+            x = emit(relax.op.permute_dims(src[0], _compose(src[1], perm)))
+        else:
+            x = emit(relax.op.permute_dims(b.args[0], perm))
         return relax.op.image.resize2d(
             x, b.args[1], roi=[float(v) for v in a.roi], layout=layout, method=str(a.method),
             coordinate_transformation_mode=str(a.coordinate_transformation_mode),
