@@ -29,10 +29,11 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
   ``concat`` of inputs permuted alike are carried with their axes renumbered (FastViT's BN
   after a GELU, HGNetV2's padded stem and concatenated branches); the identity permutes
   ConvertLayout leaves of a model's own ``permute`` (ConvNeXt's) are dropped;
-- a transpose of an upsampled value (``resize2d``, whose output is larger than its input)
-  moves before the resize, which then runs in the layout its consumer reads: the transpose
-  moves the small tensor (DeepLab's 21 class maps, upsampled 16x16 -> 256x256 to the NCHW
-  output);
+- a transpose of an upsampled value (``resize2d``, whose output is larger than its input),
+  or of a concat of upsampled values, moves before the resizes, which then run in the
+  layout their consumer reads: the transpose moves the small tensors (DeepLab's 21 class
+  maps, upsampled 16x16 -> 256x256 to the NCHW output; SegFormer's four upsampled maps
+  concatenated for an NHWC conv);
 - ConvertLayout transposes a value once per use: the copies are merged (one
   ``EliminateCommonSubexpr``), so two convs reading one NCHW value share its transpose.
 
