@@ -482,11 +482,13 @@ def _export(cm: Any, path: Path, arch: str) -> None:
 
 
 def _flatten(value: Any) -> list[np.ndarray]:
-    if isinstance(value, (tuple, list)):
-        return [a for v in value for a in _flatten(v)]
-    if hasattr(value, "detach"):
-        return [value.detach().cpu().numpy()]
-    return [np.asarray(value)]
+    """A torch model's outputs as arrays, in the order torch.export flattens them (pytree
+    leaves: tuples, lists, dicts such as torchvision's segmentation ``{"out": ...}``,
+    transformers' ``ModelOutput``); leaves that are not tensors export to no output."""
+    from torch.utils import _pytree  # torch.export's own flattening
+
+    return [v.detach().cpu().numpy() for v in _pytree.tree_leaves(value)
+            if hasattr(v, "detach")]
 
 
 def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, list]:

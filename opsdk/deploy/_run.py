@@ -287,11 +287,17 @@ def run_artifact(
     expected: dict[str, list[np.ndarray]] = {}
     framework = m["check"].get("framework")
     if stored:
-        with np.load(root / m["check"]["expected"]) as z:
-            for prefix in ("host", framework):
-                if prefix:
-                    n = sum(1 for k in z.files if k.startswith(f"{prefix}_"))
-                    expected[prefix] = [z[f"{prefix}_{i}"] for i in range(n)]
+        path = root / m["check"]["expected"]
+        try:
+            with np.load(path) as z:
+                for prefix in ("host", framework):
+                    if prefix:
+                        n = sum(1 for k in z.files if k.startswith(f"{prefix}_"))
+                        expected[prefix] = [z[f"{prefix}_{i}"] for i in range(n)]
+        except (OSError, ValueError, KeyError) as e:
+            # (an artifact built before 2026-12-07 stored a dict output as an object array)
+            raise ArtifactError(f"{path}: cannot read the expected outputs ({e}); rebuild the "
+                                "artifact with opsdk build --force") from None
     else:
         with LocalRunner() as host:
             expected["host"] = host.run(root / m["check"]["host_library"], arrays,

@@ -349,3 +349,42 @@ def test_a_rebuild_from_the_cache_does_not_reschedule(tmp_path, monkeypatch):
     assert second == first
     run = run_artifact(tmp_path / "b", repeats=1, log=None)
     assert run["ok"], run
+
+
+_DICT_MODEL = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return {"out": self.b(y), "aux": (y.mean((2, 3)),)}
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Net().eval(), (torch.randn(1, 3, 8, 8),)
+'''
+
+
+def test_a_model_returning_a_dict_is_checked_output_by_output(tmp_path):
+    # torchvision's segmentation models return {"out": ...}: torch's outputs are stored
+    # in torch.export's order, one array each (not one object array run cannot read)
+    f = tmp_path / "seg.py"
+    f.write_text(_DICT_MODEL)
+    build_artifact(str(f), tmp_path / "art", target="x86", log=None)
+    with np.load(tmp_path / "art" / "check" / "expected.npz") as z:
+        assert sorted(z.files) == ["host_0", "host_1", "torch_0", "torch_1"]
+        assert z["torch_0"].shape == (1, 2, 8, 8) and z["torch_1"].shape == (1, 4)
+    res = run_artifact(tmp_path / "art", repeats=1, log=None)
+    assert res["ok"] and len(res["outputs"]) == 2
+    assert all(o["vs_torch"]["ok"] for o in res["outputs"])
+    # an artifact whose expected outputs cannot be read says so, without a traceback
+    np.savez(tmp_path / "art" / "check" / "expected.npz",
+             torch_0=np.array([{"out": 1}], dtype=object), host_0=np.zeros(1))
+    with pytest.raises(ArtifactError, match=r"cannot read the expected outputs.*--force"):
+        run_artifact(tmp_path / "art", repeats=1, log=None)
