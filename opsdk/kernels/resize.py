@@ -32,24 +32,18 @@ import tvm
 from tvm import te, tirx
 from tvm.topi.image.resize import get_inx
 
+from .._patterns import static_shape
+
 __all__ = ["legalize_resize2d", "separable"]
 
 _MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 _OPAQUE = 8  # TVM's kOpaque: FuseOps fuses nothing into or out of it
 
 
-def _static(e: Any) -> list[int] | None:
-    dims = getattr(getattr(e, "ty", None), "shape", None)
-    values = getattr(dims, "values", None)
-    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return [int(v.value) for v in values]
-
-
 def separable(call: Any) -> bool:
     """Whether :func:`legalize_resize2d` takes the two-pass path for this call."""
     a = call.attrs
-    x, y = _static(call.args[0]), _static(call)
+    x, y = static_shape(call.args[0]), static_shape(call)
     layout = str(a.layout)
     dtype = str(call.args[0].ty.dtype)
     return (str(a.method) == "linear" and layout == "NCHW"
@@ -70,34 +64,23 @@ def _lerp_index(o: Any, size: int, target: int, mode: str) -> tuple[Any, Any, An
     return first, second, t
 
 
-def _row_pass(x: te.Tensor, width: int, layout: str, mode: str) -> te.Tensor:
-    ax = layout.index("W")
+def _lerp_pass(x: te.Tensor, axis: str, target: int, layout: str, mode: str,
+               dtype: str, name: str) -> te.Tensor:
+    """``x`` resized along ``axis`` ("W": the row pass, "H": the column pass) to
+    ``target``, each output the lerp of its two neighbours in float32, cast to ``dtype``."""
+    ax = layout.index(axis)
     size = int(x.shape[ax])
     shape = list(x.shape)
-    shape[ax] = width
+    shape[ax] = target
 
     def f(*i: Any) -> Any:
-        a, b, t = _lerp_index(i[ax], size, width, mode)
+        a, b, t = _lerp_index(i[ax], size, target, mode)
         ia, ib = list(i), list(i)
         ia[ax], ib[ax] = a, b
-        return x(*ia).astype("float32") * (1.0 - t) + x(*ib).astype("float32") * t
+        v = x(*ia).astype("float32") * (1.0 - t) + x(*ib).astype("float32") * t
+        return v.astype(dtype)
 
-    return te.compute(shape, f, name="resize2d_w")
-
-
-def _column_pass(r: te.Tensor, height: int, layout: str, mode: str, dtype: str) -> te.Tensor:
-    ax = layout.index("H")
-    size = int(r.shape[ax])
-    shape = list(r.shape)
-    shape[ax] = height
-
-    def f(*i: Any) -> Any:
-        a, b, t = _lerp_index(i[ax], size, height, mode)
-        ia, ib = list(i), list(i)
-        ia[ax], ib[ax] = a, b
-        return (r(*ia) * (1.0 - t) + r(*ib) * t).astype(dtype)
-
-    return te.compute(shape, f, name="resize2d_h")
+    return te.compute(shape, f, name=name)
 
 
 def legalize_resize2d(bb: Any, call: Any) -> Any:
@@ -124,9 +107,9 @@ def legalize_resize2d(bb: Any, call: Any) -> Any:
         return tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")(bb, call)
     a = call.attrs
     layout, mode = str(a.layout), str(a.coordinate_transformation_mode)
-    out = _static(call)
-    rows = bb.emit(bb.call_te(_row_pass, call.args[0], out[layout.index("W")], layout, mode,
-                              primfunc_name_hint="resize2d_w",
+    out = static_shape(call)
+    rows = bb.emit(bb.call_te(_lerp_pass, call.args[0], "W", out[layout.index("W")], layout,
+                              mode, "float32", "resize2d_w", primfunc_name_hint="resize2d_w",
                               primfunc_attrs={"op_pattern": _OPAQUE}))
-    return bb.call_te(_column_pass, rows, out[layout.index("H")], layout, mode,
-                      str(call.ty.dtype), primfunc_name_hint="resize2d_h")
+    return bb.call_te(_lerp_pass, rows, "H", out[layout.index("H")], layout, mode,
+                      str(call.ty.dtype), "resize2d_h", primfunc_name_hint="resize2d_h")

@@ -396,8 +396,9 @@ class _PermutesSink(relax.PyExprMutator):
             outer = _axes(call)
             if outer == list(range(len(outer or []))):
                 return call.args[0]  # ConvertLayout's rewrite of a model's own permute
-            if first is None and outer is not None:
-                return self._before_upsampling(call, outer)
+            if first is None and outer is not None:  # onto smaller tensors, or stays
+                hoisted = self._hoisted(call.args[0], outer)
+                return call if hoisted is None else hoisted
             if first is None or outer is None:
                 return call
             axes = _compose(first[1], outer)
@@ -424,13 +425,6 @@ class _PermutesSink(relax.PyExprMutator):
                 return call
             return relax.op.permute_dims(self._emit(call, [f[0] for f in found]), perm)
         return call
-
-    def _before_upsampling(self, call: relax.Call, perm: list[int]) -> relax.Expr:
-        """A permute of an upsampled value moves before the upsampling, where it moves the
-        smaller tensor, and the resize then writes the layout its consumer reads
-        (:meth:`_hoisted`); other permutes stay."""
-        hoisted = self._hoisted(call.args[0], perm)
-        return call if hoisted is None else hoisted
 
     def _hoisted(self, e: relax.Expr, perm: list[int], depth: int = 4) -> relax.Expr | None:
         """``permute(e, P)`` computed with the permute moved onto smaller tensors, or None:

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from .._patterns import static_shape
+from ._rewrite import op_counts
+
 __all__ = ["MAX_REGIONS", "MIN_SAVED_PER_REGION", "SPLIT_BELOW", "ConvLiveTaps", "live_regions"]
 
 #: Split into regions only where at most this fraction of the multiplies is left.
@@ -87,20 +90,10 @@ def _multiplies(regions: list[Region]) -> int:
     return sum((r.stop - r.start) * r.taps for r in regions)
 
 
-def _static(e: relax.Expr) -> list[int] | None:
-    ty = e.ty
-    dims = getattr(getattr(ty, "shape", None), "values", None)
-    if not isinstance(ty, relax.TensorType) or dims is None:
-        return None
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d.value) for d in dims]
-
-
 def _plan(call: relax.Call) -> tuple[list[Region], list[Region]] | None:
     """The row and column regions of a static 2-D conv worth splitting, else None."""
     a = call.attrs
-    x_shape, w_shape, y_shape = _static(call.args[0]), _static(call.args[1]), _static(call)
+    x_shape, w_shape, y_shape = (static_shape(e) for e in (call.args[0], call.args[1], call))
     if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4:
         return None
     dl, kl = str(a.data_layout), str(a.kernel_layout)
@@ -154,7 +147,7 @@ class _LiveTaps(relax.PyExprMutator):
         stride = [int(v) for v in a.strides]
         dil = [int(v) for v in a.dilation]
         pad = [int(v) for v in a.padding]
-        taps = _static(call.args[1])
+        taps = static_shape(call.args[1])
         emit = self.builder_.emit
         bands = []
         for r in rows:
@@ -204,6 +197,8 @@ def ConvLiveTaps() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ConvLiveTaps")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if not op_counts(mod, "relax.nn.conv2d"):  # (a transformer: no walk in Python)
+            return mod
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
