@@ -440,6 +440,24 @@ def _dist_of(path: str, top: Mapping[str, list[str]],
     return None
 
 
+_DISTS: dict[str, Any] = {}
+
+
+def _packages_distributions() -> Mapping[str, list[str]]:
+    """``importlib.metadata.packages_distributions()`` (top-level module -> distributions),
+    read again only when a folder on ``sys.path`` changed (an install adds or removes its
+    ``.dist-info``): it reads every distribution's file list, 0.25 s here, once per build
+    record, and a watch writes one per rebuild."""
+    stamp = []
+    for d in sys.path:
+        with contextlib.suppress(OSError):
+            stamp.append(f"{d}:{os.stat(d or '.').st_mtime_ns}")
+    key = "\n".join(stamp)
+    if _DISTS.get("key") != key:
+        _DISTS.update(key=key, top=metadata.packages_distributions())
+    return _DISTS["top"]
+
+
 def module_dependencies(names: Any) -> list[list[str]]:
     """The dependencies of the modules ``names`` (imported in this process): ``["dist",
     name, version]`` for installed packages, ``["file", path, sha256]`` for other source
@@ -454,7 +472,7 @@ def module_dependencies(names: Any) -> list[list[str]]:
     """
 
     stdlib = _stdlib_dirs()
-    top = metadata.packages_distributions()
+    top = _packages_distributions()
     deps: dict[tuple[str, str], str] = {}
     versions: dict[str, tuple[str, str] | None] = {}
     dirs: dict[str, str] = {}  # realpath of each folder once (thousands of torch modules)

@@ -26,7 +26,7 @@ from ._cliargs import model_path_problem
 
 __all__ = ["UserCodeError", "call_entry", "call_user", "example_args", "import_model_module",
            "import_user_file", "import_user_module", "load_onnx_file", "read_user_file",
-           "user_code"]
+           "user_code", "user_modules"]
 
 T = TypeVar("T")
 
@@ -197,6 +197,33 @@ def import_user_file(path: str | os.PathLike, name: str | None = None) -> Module
 
 #: Folders of the model files imported so far (each on ``sys.path``).
 _MODEL_FOLDERS: set[str] = set()
+
+
+def user_modules() -> dict[str, pathlib.Path]:
+    """The imported modules whose source is the user's (not opsdk's, the standard library's
+    or an installed package's), by name: the model files and the modules they import.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from opsdk._userfile import import_user_file, user_modules
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "tiny_model.py").write_text("K = 1\\n")
+    >>> m = import_user_file(d / "tiny_model.py")
+    >>> user_modules()[m.__name__].name
+    'tiny_model.py'
+    >>> "json" in user_modules()
+    False
+    """
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.endswith(".py"):
+            continue
+        p = pathlib.Path(f).resolve()
+        if not _is_under(p, _LIBRARY_DIRS):
+            out[name] = p
+    return out
 
 
 def _forget_other_siblings(folder: pathlib.Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -86,6 +88,10 @@ def add_build_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--tuning", metavar="DB",
                    help="schedule with the verified records of this tuning database (opsdk "
                    "tune) where one matches a kernel; the artifact ships and lists them")
+    s.add_argument("--watch", action="store_true",
+                   help="stay running: rebuild FOLDER whenever the model file, a module of "
+                   "yours it imports or a file it reads changes (one process: imports and "
+                   "unchanged kernels are not paid again); Ctrl-C stops")
     s.add_argument("--timings", action="store_true",
                    help="also print the seconds of each phase (import, legalize, fold "
                    "constants, schedule, kernel codegen, link, ...) and the kernels the "
@@ -172,21 +178,41 @@ def run_build_command(args: argparse.Namespace) -> int:
         entry_args = parse_entry_args(args.model_arg)
     except ValueError as e:
         raise _usage(str(e)) from None
+    if args.watch:
+        if decoder:
+            raise _usage(f"--watch rebuilds a model file when it changes; {spec} is a decoder")
+        if args.json:
+            raise _usage("--watch prints a line per rebuild; drop --json (a build without "
+                         "--watch prints the manifest as JSON)")
+        return _watch(args, entry_args)
     t0 = time.perf_counter()
+    with record_timings() as timings:
+        m = _build_decoder(args) if decoder else _build_file(args, entry_args, args.force)
+    total = time.perf_counter() - t0  # the build, or an up-to-date artifact's check
+    if args.json:
+        print(json.dumps(m | ({"timings": _timings_dict(timings, total)} if args.timings
+                              else {}), indent=2))
+        return 0
+    print(_format_manifest(m, args.out))
+    if args.timings:
+        print(_format_timings(timings, total))
+    return 0
+
+
+def _build_file(args: argparse.Namespace, entry_args: dict[str, Any],
+                force: bool) -> dict[str, Any]:
+    """One build of a model file, its errors as usage errors naming the model."""
+    spec = args.model
     try:
-        with record_timings() as timings:
-            if decoder:
-                m = _build_decoder(args)
-            else:
-                m = build_artifact(spec, args.out, target=args.target, entry=args.entry,
-                                   entry_args=entry_args, shapes=_shapes(args.shape) or None,
-                                   max_dims=_max_dims(args.max_dim) or None,
-                                   int8=args.int8, calibration=args.calibration,
-                                   force=args.force, with_runtime=args.with_runtime,
-                                   winograd=not args.no_winograd,
-                                   lift_weights=not args.bundle_weights,
-                                   tuning=_tuning(args),
-                                   log=None if args.json else _progress)
+        return build_artifact(spec, args.out, target=args.target, entry=args.entry,
+                              entry_args=entry_args, shapes=_shapes(args.shape) or None,
+                              max_dims=_max_dims(args.max_dim) or None,
+                              int8=args.int8, calibration=args.calibration,
+                              force=force, with_runtime=args.with_runtime,
+                              winograd=not args.no_winograd,
+                              lift_weights=not args.bundle_weights,
+                              tuning=_tuning(args),
+                              log=None if args.json else _progress)
     except ArtifactError as e:
         raise _usage(str(e)) from None
     except ModuleNotFoundError as e:
@@ -200,15 +226,33 @@ def run_build_command(args: argparse.Namespace) -> int:
         raise _usage(f"cannot load model {spec!r}: {e}") from None
     except OSError as e:  # a full disk while writing: nothing was left behind
         raise _usage(f"cannot write the artifact {args.out}: {e.strerror or e}") from None
-    total = time.perf_counter() - t0  # the build, or an up-to-date artifact's check
-    if args.json:
-        print(json.dumps(m | ({"timings": _timings_dict(timings, total)} if args.timings
-                              else {}), indent=2))
-        return 0
-    print(_format_manifest(m, args.out))
-    if args.timings:
-        print(_format_timings(timings, total))
-    return 0
+
+
+def _watch(args: argparse.Namespace, entry_args: dict[str, Any]) -> int:
+    """``opsdk build --watch``: the first build's report as usual, then a line per
+    rebuild."""
+    from ._watch import watch_build
+
+    def report(m: Any, timings: Any, seconds: float, round_: int) -> None:
+        if round_ == 0:
+            print(_format_manifest(m, args.out))
+        elif m.get("up_to_date"):
+            print(f"{time.strftime('%H:%M:%S')} {args.out} is up to date ({seconds:.2f} s)")
+        else:
+            print(f"{time.strftime('%H:%M:%S')} rebuilt {args.out} in {seconds:.2f} s: "
+                  f"{timings.kernels_reused} kernels reused, {timings.kernels_compiled} "
+                  "compiled")
+        if args.timings:
+            print(_format_timings(timings, seconds))
+        sys.stdout.flush()
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # a build under way cleans up its folder, as for Ctrl-C
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)  # `kill`, a supervisor: a clean stop too
+    return watch_build(lambda force: _build_file(args, entry_args, force), args.model,
+                       args.out, report=report, force=args.force, say=_progress)
 
 
 def _timings_dict(t: Any, total: float) -> dict[str, Any]:

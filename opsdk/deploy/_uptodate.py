@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ from .._modelcache import (
     write_record,
 )
 
-__all__ = ["BuildRecord", "artifact_files", "check_recorded", "check_up_to_date", "entry_state",
-           "open_build_record", "open_decoder_record", "opened_files"]
+__all__ = ["BuildRecord", "artifact_files", "check_recorded", "check_up_to_date", "data_files",
+           "entry_state", "open_build_record", "open_decoder_record", "opened_files", "reads"]
 
 
 class BuildRecord:
@@ -124,28 +124,47 @@ _SKIP_DIRS = tuple({os.path.realpath(p) + os.sep for p in (
 
 
 @contextlib.contextmanager
-def opened_files() -> Iterator[list[list[str]]]:
-    """The regular files opened for reading in the block (``[path, sha256]``, sorted): a
-    model's data files. Installed packages, the standard library and Python sources (the
-    module dependencies cover them) are left out."""
+def reads() -> Iterator[list[str]]:
+    """The paths opened for reading through Python in the block, as given, in order (a
+    block inside another one reports to both)."""
     global _AUDIT, _HOOKED
     if not _HOOKED:  # an audit hook cannot be removed: one, switched by _AUDIT
         sys.addaudithook(_on_audit)
         _HOOKED = True
     seen: list[str] = []
     outer, _AUDIT = _AUDIT, seen
-    out: list[list[str]] = []
     try:
-        yield out
+        yield seen
     finally:
         _AUDIT = outer
-    paths = set()
-    for p in seen:
+        if outer is not None:
+            outer.extend(seen)
+
+
+def data_files(paths: Iterable[str]) -> list[str]:
+    """The regular files among ``paths`` (real paths, sorted, once each) that are data, not
+    code: installed packages, the standard library, Python sources (the module
+    dependencies cover them), a package's metadata (an editable install's ``.egg-info``,
+    read for versions) and ``/proc``, ``/sys``, ``/dev`` are left out."""
+    out = set()
+    for p in paths:
         real = os.path.realpath(p)
         if real.startswith(_SKIP_DIRS) or real.startswith(("/proc/", "/sys/", "/dev/")) or \
-                real.endswith((".py", ".pyc")) or not os.path.isfile(real):
+                real.endswith((".py", ".pyc")) or not os.path.isfile(real) or \
+                os.path.dirname(real).endswith((".egg-info", ".dist-info")):
             continue
-        paths.add(real)
+        out.add(real)
+    return sorted(out)
+
+
+@contextlib.contextmanager
+def opened_files() -> Iterator[list[list[str]]]:
+    """The regular files opened for reading in the block (``[path, sha256]``, sorted): a
+    model's data files (:func:`data_files`)."""
+    out: list[list[str]] = []
+    with reads() as seen:
+        yield out
+    paths = data_files(seen)
     for p in sorted(paths):
         with contextlib.suppress(OSError):
             out.append([p, sha256_file(Path(p))])
