@@ -13,7 +13,6 @@ from tvm import relax, tirx
 from . import model as M
 from ._asm import asm_of, asm_vector_stats
 from ._tir import tir_pipeline
-from .bench import first_torch_output
 from .registry import builder, get_op
 from .runners.local import host_arch
 from .schedules import Choice, Kernel, last_choices, load_builtin_rules, rules_for
@@ -240,11 +239,9 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
         try:
             vm = relax.VirtualMachine(cm.ex, tvm.cpu())
             got = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in m.inputs])
-            while not isinstance(got, tvm.runtime.Tensor):
-                got = got[0]
             with torch.no_grad():
-                ref = first_torch_output(module(*args))
-            out.torch = M.within_tolerance(got.numpy(), ref)
+                ref = M.torch_outputs(module(*args))
+            out.torch = M.within_tolerance_all(M.vm_outputs(got), ref)
         except Exception as e:
             out.torch = {"ok": False, "error": f"run: {_one_line(e)}"}
     return out

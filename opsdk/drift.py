@@ -48,7 +48,7 @@ from .frontend import (
     prepare_model_imports,
     random_inputs,
 )
-from .model import compile_model
+from .model import compile_model, vm_outputs
 from .runners import check_inputs, runner_for
 from .targets import target as resolve_target
 from .targets import target_arch
@@ -277,14 +277,6 @@ def site_modules(
 # Running
 
 
-def _flatten(value: Any) -> list[np.ndarray]:
-    if isinstance(value, tvm.runtime.Tensor):
-        return [value.numpy()]
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [a for v in value for a in _flatten(v)]
-    return [np.asarray(value)]
-
-
 def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any) -> list[Any]:
     """Compile for ``target`` and run; the outputs flattened into a list of arrays."""
 
@@ -295,7 +287,7 @@ def _run(mod: tvm.IRModule, func: str, inputs: Sequence[np.ndarray], target: Any
         dev = tvm.cpu()
         vm = relax.VirtualMachine(ex, dev)
         out = vm[func](*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs])
-        return _flatten(out)
+        return vm_outputs(out)
 
     with runner_for(target if isinstance(target, str) else "arm") as r:
         return list(r.run(ex, list(inputs), entry=func))

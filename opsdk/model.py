@@ -94,8 +94,11 @@ __all__ = [
     "record_timings",
     "report",
     "scheduled_kernels",
+    "torch_outputs",
     "tvm_import",
+    "vm_outputs",
     "within_tolerance",
+    "within_tolerance_all",
 ]
 
 #: A kernel writing more output elements than this must not be serial scalar code.
@@ -127,6 +130,80 @@ def within_tolerance(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     ok = bool(np.all(np.isnan(g) == np.isnan(r)) and np.all((err <= bound) | np.isnan(r)))
     worst = float(np.nanmax(err, initial=0.0))
     return {"ok": ok, "max_abs": worst, "max_rel": worst / scale if scale else 0.0}
+
+
+def within_tolerance_all(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]
+                         ) -> dict[str, Any]:
+    """:func:`within_tolerance` over every output of a model: ``ok`` when there are as many
+    outputs as the reference's and each agrees; the figures are the worst output's (its
+    index ``output``), ``outputs`` their count; a count or shape that differs says so in
+    ``error`` (the figures then infinite).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from opsdk.model import within_tolerance_all
+    >>> a, b = np.float32([1.0, 2.0]), np.float32([3.0])
+    >>> within_tolerance_all([a, b], [a, b])["ok"]
+    True
+    >>> r = within_tolerance_all([a, b + 1], [a, b])
+    >>> r["ok"], r["output"]
+    (False, 1)
+    >>> within_tolerance_all([a], [a, b])["error"]
+    '1 output where the reference has 2'
+    """
+    bad = {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"), "outputs": len(got)}
+    if len(got) != len(ref):
+        return bad | {"error": f"{len(got)} output{'s' * (len(got) != 1)} where the "
+                               f"reference has {len(ref)}"}
+    worst: dict[str, Any] = {"ok": True, "max_abs": 0.0, "max_rel": 0.0, "output": 0}
+    for i, (g, r) in enumerate(zip(got, ref)):
+        g, r = np.asarray(g), np.asarray(r)
+        if g.shape != r.shape:
+            return bad | {"output": i, "error": f"output {i} has shape {list(g.shape)}, the "
+                                                f"reference {list(r.shape)}"}
+        one = within_tolerance(g, r)
+        # the first failing output, else the largest relative error
+        if (worst["ok"] and not one["ok"]) or (one["ok"] == worst["ok"]
+                                               and one["max_rel"] > worst["max_rel"]):
+            worst = one | {"output": i}
+    return worst | {"outputs": len(got)}
+
+
+def torch_outputs(value: Any) -> list[np.ndarray]:
+    """A torch model's outputs as arrays, in the order torch.export flattens them (pytree
+    leaves: tuples, lists, dicts such as torchvision's segmentation ``{"out": ...}``,
+    transformers' ``ModelOutput``); leaves that are not tensors export to no output.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from opsdk.model import torch_outputs
+    >>> [a.shape for a in torch_outputs({"out": torch.zeros(2), "aux": (torch.ones(3),)})]
+    [(2,), (3,)]
+    """
+    from torch.utils import _pytree  # torch.export's own flattening
+
+    return [v.detach().cpu().numpy() for v in _pytree.tree_leaves(value)
+            if hasattr(v, "detach")]
+
+
+def vm_outputs(value: Any) -> list[np.ndarray]:
+    """What a Relax VM function returned, as arrays: nested tuples flattened in order.
+
+    Examples
+    --------
+    >>> import numpy as np, tvm
+    >>> from opsdk.model import vm_outputs
+    >>> t = tvm.runtime.tensor(np.zeros(2, "float32"))
+    >>> [a.shape for a in vm_outputs(t)]
+    [(2,)]
+    """
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value.numpy()]
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [a for v in value for a in vm_outputs(v)]
+    return [np.asarray(value)]
 
 
 # ---------------------------------------------------------------------------------- loading

@@ -94,28 +94,22 @@ def peer_missing(candidate: str) -> str | None:
 
 
 def _vm_timed(ex: Any, inputs: Sequence[np.ndarray],
-              per_call: bool = False) -> tuple[Timer, np.ndarray]:
+              per_call: bool = False) -> tuple[Timer, list[np.ndarray]]:
     """A timer of ``ex``'s ``main`` on ``inputs`` (TVM's C++ timer loop; ``per_call``: each
-    call timed from Python, as the peers are) and its first output."""
+    call timed from Python, as the peers are) and its outputs."""
     import tvm  # heavy: TVM
     from tvm import relax  # heavy: TVM
+
+    from ..model import vm_outputs  # heavy: TVM
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     main = vm["main"]
-    out = _first(main(*args))
+    out = vm_outputs(main(*args))
     if per_call:
         return Timer(calls_step(lambda: main(*args))), out
     return Timer(vm_step(vm, args, dev)), out
-
-
-def _first(out: Any) -> np.ndarray:
-    import tvm  # heavy: TVM
-
-    while not isinstance(out, tvm.runtime.Tensor):
-        out = out[0]
-    return out.numpy()
 
 
 def _interleave(timers: Mapping[str, Timer], repeats: int, budget_s: float) -> None:
@@ -138,11 +132,12 @@ def _ratio(timers: Mapping[str, Timer], c: str, base: str = "opsdk") -> float | 
     return float(np.median([x / y for x, y in zip(t.samples, b.samples) if y > 0]))
 
 
-def _agree(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
-    """The examples' float32 tolerance (:func:`opsdk.model.within_tolerance`)."""
-    from ..model import within_tolerance  # heavy: TVM
+def _agree(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> dict[str, Any]:
+    """Every output within the examples' float32 tolerance
+    (:func:`opsdk.model.within_tolerance_all`)."""
+    from ..model import within_tolerance_all  # heavy: TVM
 
-    return within_tolerance(got, ref)
+    return within_tolerance_all(got, ref)
 
 
 def run_model_bench(
@@ -231,13 +226,15 @@ def run_model_bench(
         if progress and details and cm is not None:
             progress(f"{Path(name).name}: opsdk compiled in {cm.seconds:.1f} s")
         timers: dict[str, Timer] = {}
-        outs: dict[str, np.ndarray] = {}
+        outs: dict[str, list[np.ndarray]] = {}
         ref = None
         if m.torch_module is not None:
             import torch
 
+            from ..model import torch_outputs  # heavy: TVM
+
             with torch.no_grad():
-                ref = first_torch_output(m.torch_module(*m.torch_args))
+                ref = torch_outputs(m.torch_module(*m.torch_args))
         if cm is not None:
             try:
                 timers["opsdk"], outs["opsdk"] = _vm_timed(cm.ex, m.inputs, details)
@@ -413,16 +410,19 @@ def _torch_runner(tm: Any, targs: tuple) -> Callable[[], Any]:
     return run
 
 
-def _ort_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+_Setup = tuple[Callable[[], Any], list[np.ndarray]]
+
+
+def _ort_setup(m: Any, n: int) -> _Setup:
     if m.onnx is None:
         raise RuntimeError(m.onnx_error or "no ONNX model")
     sess = ort_session(m.onnx, n)
     feed = {i.name: np.ascontiguousarray(a) for i, a in zip(sess.get_inputs(), m.inputs)}
-    out = sess.run(None, feed)[0]
+    out = [np.asarray(a) for a in sess.run(None, feed)]
     return (lambda: sess.run(None, feed)), out
 
 
-def _openvino_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+def _openvino_setup(m: Any, n: int) -> _Setup:
     """OpenVINO's CPU plugin on the ONNX bytes onnxruntime gets (the same graph, no second
     trace; ``openvino.convert_model`` of the torch module when the ONNX export failed), in
     float32 (its default on CPUs with bfloat16 units is bfloat16) with ``n`` threads."""
@@ -441,10 +441,11 @@ def _openvino_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     req = compiled.create_infer_request()
     feed = [np.ascontiguousarray(a) for a in m.inputs]
     req.infer(feed)
-    return (lambda: req.infer(feed)), np.array(req.get_output_tensor(0).data)
+    outs = [np.array(req.get_output_tensor(i).data) for i in range(len(compiled.outputs))]
+    return (lambda: req.infer(feed)), outs
 
 
-def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+def _executorch_setup(m: Any, n: int) -> _Setup:
     """ExecuTorch with every op XNNPACK takes delegated to it (``XnnpackPartitioner``), from
     torch.export of the module; its thread pool set to ``n`` threads."""
     # heavy: executorch
@@ -453,7 +454,7 @@ def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     from executorch.extension.pybindings import portable_lib  # heavy: executorch
     from executorch.runtime import Runtime  # heavy: executorch
 
-    from ..model import export_torch  # heavy: TVM
+    from ..model import export_torch, torch_outputs  # heavy: TVM
 
     ep = export_torch(m.torch_module, m.torch_args)
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
@@ -466,15 +467,17 @@ def _executorch_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
     def run(keep: Any = (buffer, program)) -> Any:  # a method outliving its program crashes
         return method.execute(args)
 
-    return run, first_torch_output(run())
+    return run, torch_outputs(list(run()))
 
 
-def _torch_compile_setup(m: Any, n: int) -> tuple[Callable[[], Any], np.ndarray]:
+def _torch_compile_setup(m: Any, n: int) -> _Setup:
     """``torch.compile`` (inductor); its compile runs in the first call, timed as ready."""
     import torch  # heavy: torch
 
+    from ..model import torch_outputs  # heavy: TVM
+
     run = _torch_runner(torch.compile(m.torch_module), m.torch_args)
-    return run, first_torch_output(run())
+    return run, torch_outputs(run())
 
 
 def _import_executorch() -> None:
@@ -489,7 +492,7 @@ _PEER_IMPORT: dict[str, Callable[[], Any]] = {
     "executorch": _import_executorch,
     "torch_compile": lambda: __import__("torch"),
 }
-_PEER_SETUP: dict[str, Callable[[Any, int], tuple[Callable[[], Any], np.ndarray]]] = {
+_PEER_SETUP: dict[str, Callable[[Any, int], _Setup]] = {
     "onnxruntime": _ort_setup,
     "openvino": _openvino_setup,
     "executorch": _executorch_setup,
@@ -545,6 +548,13 @@ def format_model_table(rows: Sequence[dict[str, Any]],
             + "".join(f" {_f(r.get(f'speedup_{p}'), '9.2f')}" for p in peers)
             + f"  {checks}"
         )
+        for c in ("opsdk", *peers):
+            chk = r.get(f"check_{c}")
+            if chk is not None and not chk["ok"]:
+                lines.append(f"  {c} differs from torch: " + (
+                    chk["error"] if "error" in chk else
+                    f"output {chk.get('output', 0)} of {chk.get('outputs', 1)}, max abs "
+                    f"{chk['max_abs']:.2e}, max rel {chk['max_rel']:.2e}"))
         for c, e in r.get("errors", {}).items():
             lines.append(f"  {c}: {e}")
     named = "; ".join(f"{PEER_LABELS[p]} = {_MEANING[p]}" for p in peers if p in _MEANING)

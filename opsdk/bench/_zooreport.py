@@ -91,11 +91,13 @@ def format_zoo_table(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> st
             f"{_f(r.get('artifact_mb'), '6.2f')} {_f(r.get('peak_rss_mb'), '8.0f')} "
             f"{_f(_delta(r), '6.0f')} "
             f"{_f(r.get('opsdk_ms'), '8.3f')} {_f(r.get('opsdk_p99_ms'), '8.3f')}" + ratios)
-        for p in peers:
+        for p in ("opsdk", *peers):
             c = r.get(f"check_{p}")
             if c is not None and not c["ok"]:
-                notes.append(f"  {r['model']}: {p} differs from torch (max abs "
-                             f"{c['max_abs']:.2e}, max rel {c['max_rel']:.2e})")
+                notes.append(f"  {r['model']}: {p} differs from torch ("
+                             + (c["error"] if "error" in c else
+                                f"output {c.get('output', 0)}: max abs {c['max_abs']:.2e}, "
+                                f"max rel {c['max_rel']:.2e}") + ")")
         for p, e in r.get("errors", {}).items():
             lines.append(f"  {p}: {e}")
     geo = zoo_geomeans(rows, peers)

@@ -481,16 +481,6 @@ def _export(cm: Any, path: Path, arch: str) -> None:
         ex.export_library(str(path), cc=cc, options=list(LINK_OPTIONS))
 
 
-def _flatten(value: Any) -> list[np.ndarray]:
-    """A torch model's outputs as arrays, in the order torch.export flattens them (pytree
-    leaves: tuples, lists, dicts such as torchvision's segmentation ``{"out": ...}``,
-    transformers' ``ModelOutput``); leaves that are not tensors export to no output."""
-    from torch.utils import _pytree  # torch.export's own flattening
-
-    return [v.detach().cpu().numpy() for v in _pytree.tree_leaves(value)
-            if hasattr(v, "detach")]
-
-
 def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, list]:
     """The model's own outputs on the example inputs: torch eager, or onnxruntime for an
     ONNX file when it is installed; ("", []) when there is no framework to ask."""
@@ -499,8 +489,10 @@ def _framework_outputs(loaded: Any, inputs: Sequence[np.ndarray]) -> tuple[str, 
     if loaded.torch_module is not None:
         import torch
 
+        from ..model import torch_outputs  # heavy: TVM
+
         with torch.no_grad():
-            return "torch", _flatten(loaded.torch_module(*loaded.torch_args))
+            return "torch", torch_outputs(loaded.torch_module(*loaded.torch_args))
     if loaded.onnx is not None:
         try:
             import onnxruntime as ort

@@ -141,3 +141,38 @@ def test_model_bench_refuses_an_unknown_peer(tmp_path, capsys):
     assert main(["bench", "--model", str(tmp_path / "x.py"), "--peers", "tflite"]) == 2
     err = capsys.readouterr().err
     assert "unknown peer 'tflite'" in err and "Traceback" not in err
+
+
+def test_model_bench_checks_every_output_of_every_runtime(tmp_path, monkeypatch):
+    """A second output (a segmentation net's ``aux``, a detector's second head) is compared
+    too, for opsdk and each peer; one that differs fails its check and names the output."""
+    import numpy as np
+
+    from opsdk.bench import _model
+
+    model = tmp_path / "two_heads.py"
+    model.write_text(
+        "import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.a = torch.nn.Linear(16, 8)\n"
+        "        self.b = torch.nn.Linear(16, 4)\n\n    def forward(self, x):\n"
+        "        return {'out': self.a(x), 'aux': torch.tanh(self.b(x))}\n\n\n"
+        "def build_model():\n    torch.manual_seed(0)\n"
+        "    return Net().eval(), (torch.randn(2, 16),)\n")
+    kw = {"candidates": ["opsdk", "onnxruntime", "torch"], "repeats": 1, "budget_ms": 1}
+    (row,) = _model.run_model_bench([str(model)], **kw)
+    for c in ("opsdk", "onnxruntime", "torch"):
+        assert row[f"check_{c}"]["ok"] and row[f"check_{c}"]["outputs"] == 2, row
+
+    timed = _model._vm_timed
+
+    def second_off(*a, **k):  # opsdk's second output planted wrong
+        t, outs = timed(*a, **k)
+        return t, [outs[0], outs[1] + 0.01]
+
+    monkeypatch.setattr(_model, "_vm_timed", second_off)
+    (row,) = _model.run_model_bench([str(model)], **kw)
+    chk = row["check_opsdk"]
+    assert not chk["ok"] and chk["output"] == 1 and chk["max_abs"] > 5e-3, chk
+    assert row["check_onnxruntime"]["ok"]
+    table = _model.format_model_table([row], ["onnxruntime", "torch"])
+    assert "opsdk:FAIL" in table and "opsdk differs from torch: output 1 of 2" in table
