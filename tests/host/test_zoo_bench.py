@@ -146,8 +146,6 @@ def test_model_bench_refuses_an_unknown_peer(tmp_path, capsys):
 def test_model_bench_checks_every_output_of_every_runtime(tmp_path, monkeypatch):
     """A second output (a segmentation net's ``aux``, a detector's second head) is compared
     too, for opsdk and each peer; one that differs fails its check and names the output."""
-    import numpy as np
-
     from opsdk.bench import _model
 
     model = tmp_path / "two_heads.py"
