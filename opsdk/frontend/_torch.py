@@ -12,6 +12,7 @@ from tvm.relax.frontend.torch import from_exported_program
 
 from .. import ops as op_library  # the explicit op list, read when used
 from ..registry import builder, get_op, registered_ops
+from ._asis import as_is_converters, importable_as_is
 
 if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
     import torch
@@ -115,16 +116,26 @@ def decomposition_table(ops: Iterable[str] | None = None, keep_linear: bool = Tr
     import torch  # heavy: torch
 
     table = torch.export.default_decompositions()
+    for target in _kept_ops(ops, keep_linear, keep):
+        table.pop(target, None)
+    return table
+
+
+def _kept_ops(ops: Iterable[str] | None, keep_linear: bool, keep: Iterable[str]) -> list[Any]:
+    """The aten overloads :func:`decomposition_table` leaves whole."""
+    import torch  # heavy: torch
+
     names = [name for d in _select(ops) for name in d.torch_keep]
     if keep_linear:
         names.append("linear")
+    out = []
     for name in [*names, *keep]:
         base, _, overload = name.partition(".")
         packet = getattr(torch.ops.aten, base, None)
         target = getattr(packet, overload or "default", None) if packet is not None else None
         if target is not None:
-            table.pop(target, None)
-    return table
+            out.append(target)
+    return out
 
 
 def _op_converter(d: Any) -> Converter:
@@ -296,9 +307,14 @@ def from_torch(
     if op_mappings is None:
         op_mappings = ops is None
     mapped = _op_mappings(skip=custom) if op_mappings else {}
+    as_is = False
     if decompose:
-        table = decomposition_table(names, keep=[*custom, *_user_keep(mapped)])
-        exported_program = exported_program.run_decompositions(table)
+        keep = [*custom, *_user_keep(mapped)]
+        table = decomposition_table(names, keep=keep)
+        # torch's second trace only where it changes what the importer sees (_asis.py)
+        as_is = importable_as_is(exported_program, table, _kept_ops(names, True, keep))
+        if not as_is:
+            exported_program = exported_program.run_decompositions(table)
     cmap: dict[str, Converter] = torch_convert_map(names)
     # A mapped aten op TVM's importer cannot convert (rms_norm) still imports when its op's
     # mapping is not applied (decompose=False, or not selected).
@@ -307,6 +323,8 @@ def from_torch(
             cmap.setdefault(aten, fn)
     for aten, fn in _ATEN_FIXES.items():
         cmap.setdefault(aten, fn)
+    if as_is:  # below the mappings (their ops are kept whole in either path)
+        cmap.update(as_is_converters())
     hits = dict.fromkeys([*mapped, *custom], 0)
     cmap.update({k: _counted(k, fn, hits) for k, (_, fn) in mapped.items()})
     cmap.update({k: _counted(k, fn, hits) for k, fn in custom.items()})
