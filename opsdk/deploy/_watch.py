@@ -174,38 +174,50 @@ def watch_build(
     # once the build ends, and files gone are not watched).
     sources = Sources(exclude=[out_path, cache_dir(), default_dir(),
                                *filter(None, [os.environ.get("OPSDK_KERNEL_CACHE_DIR")])])
-    baseline = set(user_modules())  # the caller's own code (a test, a script): kept
-    ours: str | None = None  # the digest of the artifact this watch wrote last
-    round_ = 0
+    from ..schedules import reused_decisions  # heavy: TVM
+
     try:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                with reads() as seen, record_timings() as timings:
-                    manifest = build(force if ours is None else
-                                     _artifact_digest(out_path) == ours)
-            except Exception as e:  # a failed rebuild keeps the watch going
-                if round_ == 0 and not isinstance(e, UserCodeError):
-                    raise  # a wrong folder or option: nothing to wait for
-                say(f"opsdk build: error: {_one_line(e)}")
-                say(f"{out_path} is left as it was; fix the error and save")
-            else:
-                report(manifest, timings, time.perf_counter() - t0, round_)
-                ours = _artifact_digest(out_path)
-            mods = {n: p for n, p in user_modules().items() if n not in baseline}
-            sources.take([model_path, *mods.values(), *data_files(seen)])
-            say(f"watching {len(sources.files)} file{'s' * (len(sources.files) != 1)} for "
-                "changes (Ctrl-C stops)")
-            changed = _wait(sources, poll, stop)
-            if not changed:
-                return 0
-            say(f"changed: {', '.join(p.name for p in changed)}; rebuilding")
-            _forget(mods)
-            sources = Sources(exclude=sources.exclude)
-            round_ += 1
+        with reused_decisions():  # a rebuild's unchanged kernels: scheduled once
+            return _rounds(build, model_path, out_path, report, force, say, poll, stop,
+                           sources)
     except KeyboardInterrupt:
         say(f"stopped watching; {out_path} holds the last good build")
         return 0
+
+
+def _rounds(build: Callable[[bool], Mapping[str, Any]], model_path: Path, out_path: Path,
+            report: Callable[[Mapping[str, Any], CompileTimings, float, int], Any],
+            force: bool, say: Callable[[str], Any], poll: float, stop: threading.Event,
+            sources: Sources) -> int:
+    """Build, then wait and rebuild until stopped (:func:`watch_build`)."""
+    baseline = set(user_modules())  # the caller's own code (a test, a script): kept
+    ours: str | None = None  # the digest of the artifact this watch wrote last
+    round_ = 0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            with reads() as seen, record_timings() as timings:
+                manifest = build(force if ours is None else
+                                 _artifact_digest(out_path) == ours)
+        except Exception as e:  # a failed rebuild keeps the watch going
+            if round_ == 0 and not isinstance(e, UserCodeError):
+                raise  # a wrong folder or option: nothing to wait for
+            say(f"opsdk build: error: {_one_line(e)}")
+            say(f"{out_path} is left as it was; fix the error and save")
+        else:
+            report(manifest, timings, time.perf_counter() - t0, round_)
+            ours = _artifact_digest(out_path)
+        mods = {n: p for n, p in user_modules().items() if n not in baseline}
+        sources.take([model_path, *mods.values(), *data_files(seen)])
+        say(f"watching {len(sources.files)} file{'s' * (len(sources.files) != 1)} for "
+            "changes (Ctrl-C stops)")
+        changed = _wait(sources, poll, stop)
+        if not changed:
+            return 0
+        say(f"changed: {', '.join(p.name for p in changed)}; rebuilding")
+        _forget(mods)
+        sources = Sources(exclude=sources.exclude)
+        round_ += 1
 
 
 def _wait(sources: Sources, poll: float, stop: threading.Event) -> list[Path]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target, codegen
 
@@ -58,6 +59,7 @@ __all__ = [
     "kernel_for",
     "load_builtin_rules",
     "registered_rules",
+    "reused_decisions",
     "rule",
     "rule_failures",
     "rules_for",
@@ -342,16 +344,74 @@ def rules_for(op) -> list[Rule]:
     return sorted((r for r in _RULES if r.matches_op(op)), key=lambda r: -r.priority)
 
 
+#: Decisions already made inside :func:`reused_decisions`, by function, target and rules;
+#: the oldest go first past :data:`_MEMO_SIZE`.
+_MEMO: dict[tuple, tuple] = {}
+_MEMO_SIZE = 1024
+_REUSE = threading.local()
+
+
+@contextlib.contextmanager
+def reused_decisions() -> Iterator[None]:
+    """Within this block, :func:`choose` gives a function it already scheduled in the block
+    (structurally the same, with the same op name and kind, target and applicable rules:
+    the very rule functions, so a rule defined again is another) the earlier decision back,
+    its scheduled function included, instead of running the rules again.
+
+    ``opsdk build --watch`` rebuilds in it: a rebuild schedules most kernels again (10-15 ms
+    each) only to find them in the kernel cache. It holds for rules that are functions of
+    the kernel and the target, as opsdk's are; state a rule reads from elsewhere (a global
+    switched between two compiles) is not in the key, so the block is the caller's choice.
+
+    Examples
+    --------
+    >>> from opsdk.schedules import reused_decisions
+    >>> with reused_decisions():
+    ...     pass
+    """
+    prev = getattr(_REUSE, "on", False)
+    _REUSE.on = True
+    try:
+        yield
+    finally:
+        _REUSE.on = prev
+        if not prev:
+            _MEMO.clear()
+
+
 def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
-    """Pick and apply the highest-priority rule that fits ``target`` and accepts ``func``."""
+    """Pick and apply the highest-priority rule that fits ``target`` and accepts ``func``
+    (an earlier decision inside :func:`reused_decisions`)."""
     tname = "none" if target is None else str(target.kind.name) + str(list(target.keys))
-    ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func, kind=op.kind)
     if target is None:
+        ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func, kind=op.kind)
         ch.reasons.append("no target in scope: generic lowering")
         return ch
+    rules = rules_for(op)
+    if not getattr(_REUSE, "on", False):
+        return _choose(op, func, target, tname, rules)
+    key = (tvm_ffi.structural_hash(func), str(target), op.name, op.kind,
+           tuple((r.name, r.fn, r.priority, r.target_key, r.requires) for r in rules))
+    hit = _MEMO.get(key)
+    if hit is not None and tvm_ffi.structural_equal(hit[0], func):
+        _, rule_name, claims, out, sch, reasons, failures = hit
+        return Choice(op=op.name, target=tname, rule=rule_name, claims=claims, func=out,
+                      kind=op.kind, schedule=sch, reasons=list(reasons),
+                      failures=list(failures))
+    ch = _choose(op, func, target, tname, rules)
+    if len(_MEMO) >= _MEMO_SIZE:
+        del _MEMO[next(iter(_MEMO))]
+    _MEMO[key] = (func, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
+                  tuple(ch.failures))
+    return ch
+
+
+def _choose(op, func: tirx.PrimFunc, target: Target, tname: str,
+            rules: Sequence[Rule]) -> Choice:
+    ch = Choice(op=op.name, target=tname, rule=GENERIC, claims=(), func=func, kind=op.kind)
     keys = set(target.keys)
     feats = target_features(target)
-    for r in rules_for(op):
+    for r in rules:
         if r.target_key not in keys:
             ch.reasons.append(
                 f"{r.name}: skipped, target keys {sorted(keys)} lack {r.target_key!r}"

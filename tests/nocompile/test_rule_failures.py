@@ -32,3 +32,38 @@ def test_a_raising_rule_is_recorded_on_the_kernel_and_the_next_rule_takes_it():
     assert schedules.last_choices()[-1].failures == [failure]
     # the rule that took it is the one that takes it without the broken rule
     assert str(out.attrs["opsdk.rule"]) == str(clean.attrs["opsdk.rule"]) != "generic"
+
+
+def test_reused_decisions_give_back_the_same_schedule_until_a_rule_changes():
+    """Inside ``reused_decisions`` (``opsdk build --watch``) a function scheduled before is
+    not scheduled again; a rule defined anew (another function) is asked again, and outside
+    the block every call runs the rules."""
+    import tvm
+
+    d = opsdk.get_op("gelu")
+    x = te.placeholder((4, 64), "float32", name="x")
+    func = te.create_prim_func([x, d.call_compute([x], d.default_attrs())])
+    target = opsdk.target("x86")
+    calls = []
+
+    def define(tag):
+        @schedules.rule("gelu", "cpu", name="test.counted", priority=10_000)
+        def _counted(func, target):
+            calls.append(tag)
+            return None  # declines: the built-in rule takes it
+
+    define("a")
+    try:
+        with schedules.reused_decisions():
+            first = schedules.choose(d, func, target)
+            again = schedules.choose(d, func, target)
+            assert calls == ["a"] and again.rule == first.rule != "generic"
+            tvm.ir.assert_structural_equal(again.func, first.func)
+            define("b")  # the same name, another function: asked again
+            schedules.choose(d, func, target)
+            assert calls == ["a", "b"]
+        schedules.choose(d, func, target)
+        schedules.choose(d, func, target)
+        assert calls == ["a", "b", "b", "b"]
+    finally:
+        schedules._RULES[:] = [r for r in schedules._RULES if r.name != "test.counted"]
