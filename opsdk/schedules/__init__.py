@@ -390,10 +390,14 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
     rules = rules_for(op)
     if not getattr(_REUSE, "on", False):
         return _choose(op, func, target, tname, rules)
-    key = (tvm_ffi.structural_hash(func), str(target), op.name, op.kind,
+    # The symbol is the kernel's name in its module (numbered by position), not its code;
+    # apply_schedule puts the caller's back.
+    bare = func.without_attr("global_symbol") if "global_symbol" in (func.attrs or {}) \
+        else func
+    key = (tvm_ffi.structural_hash(bare), str(target), op.name, op.kind,
            tuple((r.name, r.fn, r.priority, r.target_key, r.requires) for r in rules))
     hit = _MEMO.get(key)
-    if hit is not None and tvm_ffi.structural_equal(hit[0], func):
+    if hit is not None and tvm_ffi.structural_equal(hit[0], bare):
         _, rule_name, claims, out, sch, reasons, failures = hit
         return Choice(op=op.name, target=tname, rule=rule_name, claims=claims, func=out,
                       kind=op.kind, schedule=sch, reasons=list(reasons),
@@ -401,7 +405,7 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
     ch = _choose(op, func, target, tname, rules)
     if len(_MEMO) >= _MEMO_SIZE:
         del _MEMO[next(iter(_MEMO))]
-    _MEMO[key] = (func, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
+    _MEMO[key] = (bare, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
                   tuple(ch.failures))
     return ch
 

@@ -59,6 +59,9 @@ def test_reused_decisions_give_back_the_same_schedule_until_a_rule_changes():
             again = schedules.choose(d, func, target)
             assert calls == ["a"] and again.rule == first.rule != "generic"
             tvm.ir.assert_structural_equal(again.func, first.func)
+            # another name for the same code (a kernel's number in the next build)
+            renamed = schedules.apply_schedule(d, func.with_attr("global_symbol", "k7"), target)
+            assert calls == ["a"] and str(renamed.attrs["global_symbol"]) == "k7"
             define("b")  # the same name, another function: asked again
             schedules.choose(d, func, target)
             assert calls == ["a", "b"]
