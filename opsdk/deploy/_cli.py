@@ -187,7 +187,7 @@ def run_build_command(args: argparse.Namespace) -> int:
         return _watch(args, entry_args)
     t0 = time.perf_counter()
     with record_timings() as timings:
-        m = _build_decoder(args) if decoder else _build_file(args, entry_args, args.force)
+        m = _build_once(args, entry_args, args.force, decoder)
     total = time.perf_counter() - t0  # the build, or an up-to-date artifact's check
     if args.json:
         print(json.dumps(m | ({"timings": _timings_dict(timings, total)} if args.timings
@@ -199,11 +199,13 @@ def run_build_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_file(args: argparse.Namespace, entry_args: dict[str, Any],
-                force: bool) -> dict[str, Any]:
-    """One build of a model file, its errors as usage errors naming the model."""
+def _build_once(args: argparse.Namespace, entry_args: dict[str, Any], force: bool,
+                decoder: bool = False) -> dict[str, Any]:
+    """One build of a model file or a decoder, its errors as usage errors naming it."""
     spec = args.model
     try:
+        if decoder:
+            return _build_decoder(args)
         return build_artifact(spec, args.out, target=args.target, entry=args.entry,
                               entry_args=entry_args, shapes=_shapes(args.shape) or None,
                               max_dims=_max_dims(args.max_dim) or None,
@@ -251,7 +253,7 @@ def _watch(args: argparse.Namespace, entry_args: dict[str, Any]) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop)  # `kill`, a supervisor: a clean stop too
-    return watch_build(lambda force: _build_file(args, entry_args, force), args.model,
+    return watch_build(lambda force: _build_once(args, entry_args, force), args.model,
                        args.out, report=report, force=args.force, say=_progress)
 
 
