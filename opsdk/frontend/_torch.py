@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -233,9 +235,42 @@ def _div_mode(node: fx.Node, imp: Any) -> relax.Expr:
     raise ValueError(f"aten.div: rounding_mode={mode!r} is not one of None, 'floor', 'trunc'")
 
 
+def _with_alpha(scaled: int, base: Callable[[Any], Callable[[Any], relax.Expr]]) -> Converter:
+    """``add`` / ``sub`` / ``rsub`` with torch's ``alpha`` (``x + alpha * y``; ``rsub``:
+    ``y - alpha * x``): TVM 0.27's converters drop it, so ``torch.add(x, y, alpha=2)``
+    imported as ``x + y``. Argument ``scaled`` is multiplied by ``alpha`` first, then TVM's
+    own converter (``base(importer)``) runs, so ``alpha=1`` imports exactly as before."""
+
+    def convert(node: fx.Node, imp: Any) -> relax.Expr:
+        import torch  # heavy: torch
+
+        alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+        if alpha == 1:
+            return base(imp)(node)
+        args = list(node.args[:2])
+        v = args[scaled]
+        if isinstance(v, torch.fx.Node):
+            e = imp.env[v]
+            args[scaled] = imp.block_builder.emit(
+                relax.op.multiply(e, relax.const(alpha, e.ty.dtype)))
+        else:
+            args[scaled] = v * alpha
+        return base(imp)(types.SimpleNamespace(args=tuple(args), kwargs={},
+                                               target=node.target, name=node.name))
+
+    return convert
+
+
 #: Converters for aten overloads TVM 0.27's importer gets wrong; below opsdk's op mappings
 #: and the caller's ``custom_convert_map`` in precedence.
-_ATEN_FIXES: dict[str, Converter] = {"div.Tensor_mode": _div_mode}
+_ATEN_FIXES: dict[str, Converter] = {
+    "div.Tensor_mode": _div_mode,
+    "add.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.add, operator.add)),
+    "add_.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.add, operator.add)),
+    "sub.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.subtract, operator.sub)),
+    "rsub.Tensor": _with_alpha(0, lambda imp: imp._rsub),
+    "rsub.Scalar": _with_alpha(0, lambda imp: imp._rsub),
+}
 
 
 def _aten_names(ep: Any) -> set[str]:

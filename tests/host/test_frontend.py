@@ -168,6 +168,27 @@ def test_rounding_divisions_promote_like_torch():
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
+def test_add_sub_and_rsub_keep_their_alpha():
+    # TVM 0.27's converters dropped alpha: torch.add(x, y, alpha=2) imported as x + y.
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x, y, i):
+            return (torch.add(x, y, alpha=2), torch.sub(x, y, alpha=0.5), x + y,
+                    torch.rsub(x, y, alpha=3), torch.add(x, 1.5, alpha=-2),
+                    torch.add(i, i, alpha=3), x.clone().add_(y, alpha=4))
+
+    x, y = torch.linspace(-3, 3, 8), torch.linspace(1, 2, 8)
+    i = torch.arange(-4, 4)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x, y, i)))
+    ex = tvm.compile(mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(t.numpy()) for t in (x, y, i)])
+    for g, w in zip(got, M()(x, y, i)):
+        assert str(g.dtype) == str(w.dtype).removeprefix("torch."), (g.dtype, w.dtype)
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_compile_imported_model_dynamic_batch_and_params_as_inputs():
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     batch = torch.export.Dim("batch", min=1, max=64)
