@@ -241,9 +241,10 @@ def _watch(args: argparse.Namespace, entry_args: dict[str, Any]) -> int:
         elif m.get("up_to_date"):
             print(f"{time.strftime('%H:%M:%S')} {args.out} is up to date ({seconds:.2f} s)")
         else:
-            print(f"{time.strftime('%H:%M:%S')} rebuilt {args.out} in {seconds:.2f} s: "
-                  f"{timings.kernels_reused} kernels reused, {timings.kernels_compiled} "
-                  "compiled")
+            how = (f"{timings.kernels_reused} kernels reused, {timings.kernels_compiled} "
+                   "compiled" if timings.kernels_reused or timings.kernels_compiled else
+                   "the compiled model came from the compile cache")
+            print(f"{time.strftime('%H:%M:%S')} rebuilt {args.out} in {seconds:.2f} s: {how}")
         if args.timings:
             print(_format_timings(timings, seconds))
         sys.stdout.flush()
