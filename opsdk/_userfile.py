@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from ._cliargs import model_path_problem
 
 __all__ = ["UserCodeError", "call_entry", "call_user", "example_args", "import_model_module",
-           "import_user_file", "import_user_module", "load_onnx_file", "read_user_file",
-           "user_code", "user_modules"]
+           "import_user_file", "import_user_module", "load_onnx_file", "one_line",
+           "read_user_file", "user_code", "user_modules"]
 
 T = TypeVar("T")
 
@@ -69,9 +69,16 @@ def _is_under(p: pathlib.Path, folders: list[pathlib.Path]) -> bool:
     return any(p == f or f in p.parents for f in folders)
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """``ErrorType: first line of the message`` (TVM's messages carry their own traceback:
-    their last line is the message)."""
+    their last line is the message).
+
+    Examples
+    --------
+    >>> from opsdk._userfile import one_line
+    >>> one_line(ValueError("Traceback (most recent call last):\\n  ...\\nbad shape"))
+    'ValueError: bad shape'
+    """
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     if lines and lines[0].startswith("Traceback"):
         lines = lines[-1:]
@@ -101,8 +108,8 @@ def _convert(e: BaseException, where: str, anchor: pathlib.Path | None) -> UserC
         return UserCodeError(_short(e.filename), e.lineno, detail)
     frame = _user_frame(e.__traceback__, anchor)
     if frame is None:
-        return UserCodeError(where, None, _one_line(e))
-    return UserCodeError(_short(frame[0]), frame[1], _one_line(e))
+        return UserCodeError(where, None, one_line(e))
+    return UserCodeError(_short(frame[0]), frame[1], one_line(e))
 
 
 def _short(path: str) -> str:
@@ -362,7 +369,7 @@ def read_user_file(path: str | os.PathLike, load: Callable[[str | os.PathLike], 
     except OSError as e:  # missing / unreadable: as any file the command names
         raise UserCodeError(str(path), None, f"cannot read it ({e.strerror or e})") from e
     except Exception as e:  # protobuf's DecodeError, a zip error, whatever a corrupt file
-        raise UserCodeError(str(path), None, f"not a valid {what} ({_one_line(e)})") from e
+        raise UserCodeError(str(path), None, f"not a valid {what} ({one_line(e)})") from e
 
 
 def import_model_module(spec: str) -> Any:

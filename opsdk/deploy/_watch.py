@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .._cliargs import UsageError
 from .._files import cache_dir
 from .._modelcache import default_dir
 from .._timings import CompileTimings, record_timings
-from .._userfile import UserCodeError, user_modules
+from .._userfile import UserCodeError, one_line, user_modules
 from ._uptodate import data_files, reads
 
 __all__ = ["Sources", "watch_build"]
@@ -110,10 +111,10 @@ def _forget(modules: Mapping[str, Path]) -> None:
         sys.modules.pop(name, None)
 
 
-def _one_line(e: BaseException) -> str:
-    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
-    return text if isinstance(e, UserCodeError) or type(e).__name__ == "UsageError" else \
-        f"{type(e).__name__}: {text}" if text else type(e).__name__
+def _error_line(e: BaseException) -> str:
+    """A user's error and a usage error say what and where already; anything else gets
+    its type (a TVM error its message, not its traceback)."""
+    return str(e) if isinstance(e, (UserCodeError, UsageError)) else one_line(e)
 
 
 def watch_build(
@@ -202,7 +203,7 @@ def _rounds(build: Callable[[bool], Mapping[str, Any]], model_path: Path, out_pa
         except Exception as e:  # a failed rebuild keeps the watch going
             if round_ == 0 and not isinstance(e, UserCodeError):
                 raise  # a wrong folder or option: nothing to wait for
-            say(f"opsdk build: error: {_one_line(e)}")
+            say(f"opsdk build: error: {_error_line(e)}")
             say(f"{out_path} is left as it was; fix the error and save")
         else:
             report(manifest, timings, time.perf_counter() - t0, round_)

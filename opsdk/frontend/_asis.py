@@ -41,10 +41,6 @@ __all__ = ["AS_IS", "as_is_converters", "importable_as_is"]
 Converter = Callable[[Any, Any], relax.Expr]
 
 
-def _tensor(imp: Any, v: Any) -> relax.Expr:
-    return imp.env[v]
-
-
 def _batch_norm(node: Any, imp: Any) -> relax.Expr:
     """``batch_norm(x, w, b, mean, var, training=False, momentum, eps, cudnn)`` as the
     decomposed ``_native_batch_norm_legit_no_training(x, w, b, mean, var, momentum, eps)``
@@ -61,14 +57,14 @@ def _batch_norm(node: Any, imp: Any) -> relax.Expr:
 
 def _silu(node: Any, imp: Any) -> relax.Expr:
     """``x * sigmoid(x)``, torch's decomposition."""
-    bb, x = imp.block_builder, _tensor(imp, node.args[0])
+    bb, x = imp.block_builder, imp.env[node.args[0]]
     return bb.emit(relax.op.multiply(x, bb.emit(relax.op.sigmoid(x))))
 
 
 def _hard(node: Any, imp: Any, times_x: bool) -> relax.Expr:
     """``clamp(x + 3, 0, 6) / 6`` (hardsigmoid), ``x * clamp(x + 3, 0, 6) / 6``
     (hardswish): torch's decompositions, the clamp as ``clamp_min`` then ``clamp_max``."""
-    bb, x = imp.block_builder, _tensor(imp, node.args[0])
+    bb, x = imp.block_builder, imp.env[node.args[0]]
     dt = x.ty.dtype
     y = bb.emit(relax.op.add(x, relax.const(3, dt)))
     y = bb.emit(relax.op.clip(y, 0, math.inf))
@@ -85,7 +81,7 @@ def _adaptive_avg_pool2d(node: Any, imp: Any) -> relax.Expr:
     import torch  # heavy: torch
     from torch._prims_common import suggest_memory_format  # heavy: torch
 
-    x = _tensor(imp, node.args[0])
+    x = imp.env[node.args[0]]
     size = list(node.args[1]) if isinstance(node.args[1], (list, tuple)) else [node.args[1]] * 2
     if size != [1, 1]:
         return imp._adaptive_avg_pool2d(node)

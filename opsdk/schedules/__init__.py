@@ -369,13 +369,12 @@ def reused_decisions() -> Iterator[None]:
     >>> with reused_decisions():
     ...     pass
     """
-    prev = getattr(_REUSE, "on", False)
-    _REUSE.on = True
+    outermost = not getattr(_REUSE, "on", False)
     try:
-        yield
+        with _switched_on(_REUSE):
+            yield
     finally:
-        _REUSE.on = prev
-        if not prev:
+        if outermost:
             _MEMO.clear()
 
 
