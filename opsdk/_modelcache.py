@@ -151,6 +151,8 @@ def module_digest(mod: Any) -> str:
     import tvm_ffi  # heavy: TVM
     from tvm import relax  # heavy: TVM
 
+    from ._walk import relax_exprs  # heavy: TVM
+
     h = hashlib.sha256()
     # map_free_vars: a free variable (the DataflowVars in the module attribute
     # opsdk.rewrite_sites) is otherwise hashed by its address, a new key in every process.
@@ -172,7 +174,8 @@ def module_digest(mod: Any) -> str:
     for gv in sorted(mod.get_global_vars(), key=lambda g: g.name_hint):
         f = mod[gv]
         if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f, visit)
+            for e in relax_exprs(f):
+                visit(e)
     return h.hexdigest()
 
 

@@ -65,6 +65,7 @@ from ._kernelcache import open_kernel_cache
 from ._modelcache import open_cache
 from ._timings import record_phases
 from ._tir import tir_pipeline
+from ._walk import calls_of
 from .errors import UnloweredOpError
 from .frontend import bind_params
 from .kernels.resize import legalize_resize2d
@@ -479,16 +480,13 @@ def _refuse_unlowered(lowered: tvm.IRModule, tgt: Any) -> None:
     legalization registered) left in ``lowered``: TVM leaves a call whose form its
     legalization does not take (an NHWC transposed conv, say) in place."""
     left: dict[str, str] = {}
-
-    def visit(e: Any) -> None:
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
-                and e.op.get_attr("FLegalize") is not None and e.op.name not in left:
-            attrs = " ".join(str(e.attrs).split()) if e.attrs is not None else ""
-            left[e.op.name] = attrs if len(attrs) <= 160 else attrs[:157] + "..."
-
     for _, f in lowered.functions.items():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f.body, visit)
+        if not isinstance(f, relax.Function):
+            continue
+        for e in calls_of(f):
+            if e.op.name not in left and e.op.get_attr("FLegalize") is not None:
+                attrs = " ".join(str(e.attrs).split()) if e.attrs is not None else ""
+                left[e.op.name] = attrs if len(attrs) <= 160 else attrs[:157] + "..."
     if left:
         what = "; ".join(f"{op}({a})" if a else op for op, a in left.items())
         raise UnloweredOpError(

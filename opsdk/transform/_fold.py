@@ -32,6 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .._kernelcache import _alpha_text
 from .._modelcache import _versions
+from .._walk import calls_of
 
 __all__ = ["FoldConstantsAtOnce", "FoldStats", "fold_cache", "fold_constants"]
 
@@ -165,8 +166,7 @@ def _calls(mod: tvm.IRModule) -> list[relax.Call]:
     found: list[relax.Call] = []
     for _, f in mod.functions.items():
         if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(
-                f.body, lambda e: found.append(e) if _foldable(e, mod) else None)
+            found += [c for c in calls_of(f.body, "relax.call_tir") if _foldable(c, mod)]
     return found
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._walk import relax_exprs
+
 __all__ = ["script"]
 
 _REF = re.compile(r'metadata\["(ir\.GenericConst|relax\.expr\.Constant)"\]\[(\d+)\]')
@@ -37,7 +39,8 @@ def _constants(mod: tvm.IRModule) -> list:
     for gv in sorted(mod.get_global_vars(), key=lambda g: g.name_hint):
         func = mod[gv]
         if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
+            for e in relax_exprs(func):
+                visit(e)
     return seen
 
 

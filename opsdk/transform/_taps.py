@@ -32,6 +32,7 @@ import tvm
 from tvm import relax
 
 from .._patterns import static_shape
+from .._walk import calls_of
 from ._rewrite import op_counts
 
 __all__ = ["MAX_REGIONS", "MIN_SAVED_PER_REGION", "SPLIT_BELOW", "ConvLiveTaps", "live_regions"]
@@ -218,14 +219,5 @@ def ConvLiveTaps() -> tvm.transform.Pass:
 
 def conv_calls(mod: tvm.IRModule) -> list[relax.Call]:
     """The ``conv2d`` calls of ``mod``'s Relax functions (for tests and examples)."""
-    out: list[relax.Call] = []
-
-    def visit(e: relax.Expr) -> None:
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and \
-                e.op.name == "relax.nn.conv2d":
-            out.append(e)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return out
+    return [c for func in mod.functions.values() if isinstance(func, relax.Function)
+            for c in calls_of(func, "relax.nn.conv2d")]

@@ -43,16 +43,13 @@ def kernel_inputs(fused: Any) -> dict[str, int]:
     the ``call_tir`` calls of ``fused``'s Relax functions."""
     from tvm import relax  # heavy: TVM
 
+    from .._walk import calls_of  # heavy: TVM
+
     out: dict[str, int] = {}
     for _, f in fused.functions.items():
-        if not isinstance(f, relax.Function):
-            continue
-
-        def visit(e: Any) -> None:
-            if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir":
+        if isinstance(f, relax.Function):
+            for e in calls_of(f.body, "relax.call_tir"):
                 out[e.args[0].name_hint] = len(e.args[1].fields)
-
-        relax.analysis.post_order_visit(f.body, visit)
     return out
 
 
