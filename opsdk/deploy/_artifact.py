@@ -203,8 +203,10 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
     the planned storage blocks of the intermediates (symbolic when sizes depend on the
     input) and the tensors allocated outside the plan (the outputs), at the example sizes."""
     import tvm  # heavy: TVM
-    from tvm import relax, tirx  # heavy: TVM
+    from tvm import tirx  # heavy: TVM
     from tvm.sym import Analyzer  # tvm.arith in TVM before 0.27
+
+    from .._walk import calls_of  # heavy: TVM
 
     func = planned["main"]
     env = _bindings(func, inputs)
@@ -215,19 +217,15 @@ def _planned_memory(planned: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any
     storage: list[Any] = []
     unplanned: list[Any] = []
 
-    def visit(e: Any) -> None:
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            name = e.op.name
-            if name == "relax.memory.alloc_storage":
-                storage.append(e.args[0].values[0])
-            elif name == "relax.builtin.alloc_tensor":
-                dt = tvm.DataType(str(e.args[1].value))
-                n: Any = tirx.IntImm("int64", max(1, dt.bits * dt.lanes // 8))
-                for d in e.args[0].values:
-                    n = n * d
-                unplanned.append(n)
-
-    relax.analysis.post_order_visit(func.body, visit)
+    for e in calls_of(func.body, "relax.memory.alloc_storage", "relax.builtin.alloc_tensor"):
+        if e.op.name == "relax.memory.alloc_storage":
+            storage.append(e.args[0].values[0])
+        else:
+            dt = tvm.DataType(str(e.args[1].value))
+            n: Any = tirx.IntImm("int64", max(1, dt.bits * dt.lanes // 8))
+            for d in e.args[0].values:
+                n = n * d
+            unplanned.append(n)
 
     def total(sizes: list[Any]) -> tuple[str, int | None]:
         if not sizes:
@@ -318,14 +316,14 @@ def _constants_bytes(mod: Any) -> int:
     import tvm  # heavy: TVM
     from tvm import relax  # heavy: TVM
 
+    from .._walk import relax_exprs  # heavy: TVM
+
     seen: set[int] = set()
     total = 0
     for _, f in mod.functions.items():
         if not isinstance(f, relax.Function):
             continue
-
-        def visit(e: Any) -> None:
-            nonlocal total
+        for e in relax_exprs(f.body):
             # GenericConst also wraps dtypes and strings: count the tensors only. Key by the
             # object's address: Python wrappers come and go, and their id()s are reused.
             if isinstance(e, tvm.ir.expr.GenericConst) and e.__chandle__() not in seen and \
@@ -333,8 +331,6 @@ def _constants_bytes(mod: Any) -> int:
                 seen.add(e.__chandle__())
                 dt = tvm.DataType(str(e.value.dtype))
                 total += int(np.prod(e.value.shape)) * max(1, dt.bits * dt.lanes // 8)
-
-        relax.analysis.post_order_visit(f.body, visit)
     return total
 
 
@@ -344,18 +340,15 @@ def _mark_load_kernels(kernels: list[dict[str, Any]], mod: Any) -> list[dict[str
     import tvm  # heavy: TVM
     from tvm import relax  # heavy: TVM
 
+    from .._walk import calls_of  # heavy: TVM
+
     called: dict[bool, set[str]] = {True: set(), False: set()}  # by main / by the rest
     for gv, f in mod.functions.items():
         if not isinstance(f, relax.Function):
             continue
-        into = called[gv.name_hint == "main"]
-
-        def visit(e: Any, into: set[str] = into) -> None:
-            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) \
-                    and e.op.name == "relax.call_tir" and isinstance(e.args[0], tvm.ir.GlobalVar):
-                into.add(e.args[0].name_hint)
-
-        relax.analysis.post_order_visit(f.body, visit)
+        called[gv.name_hint == "main"].update(
+            e.args[0].name_hint for e in calls_of(f.body, "relax.call_tir")
+            if isinstance(e.args[0], tvm.ir.GlobalVar))
     at_load = called[False] - called[True]
     return [{**k, "at_load": True} if k["name"] in at_load else k for k in kernels]
 
@@ -396,10 +389,40 @@ def _module_facts(cm: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
     return cm.memo("artifact-" + hashlib.sha256(shapes.encode()).hexdigest()[:16], compute)
 
 
-def _weights_info(folder: Path, weights: Mapping[str, Any], facts: Mapping[str, Any]
-                  ) -> dict[str, Any]:
+def _weights_digest(weights: Mapping[str, Any]) -> str:
+    """SHA-256 of the weights themselves: each one's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for name, t in weights.items():
+        a = np.ascontiguousarray(array_view(t))
+        h.update(f"\0{name}\0{a.dtype}\0{a.shape}\0".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
+
+
+def _earlier_weights(earlier: Path | None, content: str) -> tuple[Path, str] | None:
+    """The weights file of the artifact ``earlier`` (the one this build replaces) and its
+    SHA-256, when it holds these weights (``content``: :func:`_weights_digest`) and its
+    bytes are still those its manifest states."""
+    if earlier is None:
+        return None
+    try:
+        info = json.loads((earlier / "manifest.json").read_text())["weights"]
+        path = earlier / str(info["file"])
+        if info.get("content_sha256") != content or info.get("format") != "tvm-params" \
+                or path.stat().st_size != int(info["bytes"]):
+            return None
+        digest = sha256_file(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (path, digest) if digest == info.get("sha256") else None
+
+
+def _weights_info(folder: Path, weights: Mapping[str, Any], facts: Mapping[str, Any],
+                  earlier: Path | None = None) -> dict[str, Any]:
     """Write ``weights`` (none: bundled) to ``folder/WEIGHTS_FILE``; the manifest's
-    ``weights``: how they are stored, their bytes on disk and once loaded."""
+    ``weights``: how they are stored, their bytes on disk and once loaded. The file of the
+    artifact ``earlier`` is taken over (linked, else copied) where it holds the same
+    weights: a rebuild after an edit to a layer's code writes 100 MB less."""
     import tvm  # heavy: TVM
 
     bundled = facts["bundled_bytes"]
@@ -407,11 +430,21 @@ def _weights_info(folder: Path, weights: Mapping[str, Any], facts: Mapping[str, 
         return {"storage": "bundled", "file": None, "bundled_bytes": bundled,
                 "loaded_bytes": bundled}
     path = folder / WEIGHTS_FILE
-    tvm.runtime.save_param_dict_to_file(dict(weights), str(path))
+    content = _weights_digest(weights)
+    same = _earlier_weights(earlier, content)
+    if same is None:
+        tvm.runtime.save_param_dict_to_file(dict(weights), str(path))
+        digest = sha256_file(path)
+    else:
+        try:
+            os.link(same[0], path)
+        except OSError:  # another file system, or no hard links there
+            shutil.copyfile(same[0], path)
+        digest = same[1]
     loaded = facts["transformed_bytes"]
     return {
         "storage": "file", "file": WEIGHTS_FILE, "format": "tvm-params",
-        "bytes": path.stat().st_size, "sha256": sha256_file(path),
+        "bytes": path.stat().st_size, "sha256": digest, "content_sha256": content,
         "names": list(weights), "tensor_bytes": sum(_tensor_bytes(t) for t in weights.values()),
         "bundled_bytes": bundled, "transform": "main_transform_params",
         "transformed_bytes": loaded, "loaded_bytes": loaded + bundled,
@@ -743,7 +776,7 @@ def build_artifact(
             _write_io(tmp / "io.txt", ins, weights, outs)
             facts = _module_facts(cm, inputs)
             used = _ship_tuning(tmp, tuning, facts["kernels"])
-            w_info = _weights_info(tmp, weights, facts)
+            w_info = _weights_info(tmp, weights, facts, out if out.is_dir() else None)
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "model": {"source": source, "entry": entry if loaded is not None else None,

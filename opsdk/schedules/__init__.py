@@ -31,6 +31,7 @@ from ..ops import BUILTIN_OPS
 from ..targets import target_features
 from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
+from ._memo import rebuild_memo, remember, reused_decisions, switched_on, without_symbol
 from ._tuned import (
     TUNED_PRIORITY,
     TunedRecord,
@@ -58,7 +59,9 @@ __all__ = [
     "generic_only",
     "kernel_for",
     "load_builtin_rules",
+    "rebuild_memo",
     "registered_rules",
+    "remember",
     "reused_decisions",
     "rule",
     "rule_failures",
@@ -344,40 +347,6 @@ def rules_for(op) -> list[Rule]:
     return sorted((r for r in _RULES if r.matches_op(op)), key=lambda r: -r.priority)
 
 
-#: Decisions already made inside :func:`reused_decisions`, by function, target and rules;
-#: the oldest go first past :data:`_MEMO_SIZE`.
-_MEMO: dict[tuple, tuple] = {}
-_MEMO_SIZE = 1024
-_REUSE = threading.local()
-
-
-@contextlib.contextmanager
-def reused_decisions() -> Iterator[None]:
-    """Within this block, :func:`choose` gives a function it already scheduled in the block
-    (structurally the same, with the same op name and kind, target and applicable rules:
-    the very rule functions, so a rule defined again is another) the earlier decision back,
-    its scheduled function included, instead of running the rules again.
-
-    ``opsdk build --watch`` rebuilds in it: a rebuild schedules most kernels again (10-15 ms
-    each) only to find them in the kernel cache. It holds for rules that are functions of
-    the kernel and the target, as opsdk's are; state a rule reads from elsewhere (a global
-    switched between two compiles) is not in the key, so the block is the caller's choice.
-
-    Examples
-    --------
-    >>> from opsdk.schedules import reused_decisions
-    >>> with reused_decisions():
-    ...     pass
-    """
-    outermost = not getattr(_REUSE, "on", False)
-    try:
-        with _switched_on(_REUSE):
-            yield
-    finally:
-        if outermost:
-            _MEMO.clear()
-
-
 def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
     """Pick and apply the highest-priority rule that fits ``target`` and accepts ``func``
     (an earlier decision inside :func:`reused_decisions`)."""
@@ -387,25 +356,23 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         ch.reasons.append("no target in scope: generic lowering")
         return ch
     rules = rules_for(op)
-    if not getattr(_REUSE, "on", False):
+    memo = rebuild_memo("choose")
+    if memo is None:
         return _choose(op, func, target, tname, rules)
     # The symbol is the kernel's name in its module (numbered by position), not its code;
     # apply_schedule puts the caller's back.
-    bare = func.without_attr("global_symbol") if "global_symbol" in (func.attrs or {}) \
-        else func
+    bare = without_symbol(func)
     key = (tvm_ffi.structural_hash(bare), str(target), op.name, op.kind,
            tuple((r.name, r.fn, r.priority, r.target_key, r.requires) for r in rules))
-    hit = _MEMO.get(key)
+    hit = memo.get(key)
     if hit is not None and tvm_ffi.structural_equal(hit[0], bare):
         _, rule_name, claims, out, sch, reasons, failures = hit
         return Choice(op=op.name, target=tname, rule=rule_name, claims=claims, func=out,
                       kind=op.kind, schedule=sch, reasons=list(reasons),
                       failures=list(failures))
     ch = _choose(op, func, target, tname, rules)
-    if len(_MEMO) >= _MEMO_SIZE:
-        del _MEMO[next(iter(_MEMO))]
-    _MEMO[key] = (bare, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
-                  tuple(ch.failures))
+    remember(memo, key, (bare, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
+                         tuple(ch.failures)))
     return ch
 
 
@@ -478,23 +445,13 @@ _DEFER = threading.local()
 
 
 @contextlib.contextmanager
-def _switched_on(flag: threading.local) -> Iterator[None]:
-    prev = getattr(flag, "on", False)
-    flag.on = True
-    try:
-        yield
-    finally:
-        flag.on = prev
-
-
-@contextlib.contextmanager
 def deferred_scheduling() -> Iterator[None]:
     """Within this block, opsdk ops legalize to their unscheduled compute, tagged ``opsdk.op``.
 
     The model pipeline schedules them after fusion (:func:`opsdk.transform.ScheduleKernels`);
     ops other than elementwise ones are marked opaque to fusion, so they stay whole.
     """
-    with _switched_on(_DEFER):
+    with switched_on(_DEFER):
         yield
 
 
@@ -516,7 +473,7 @@ def generic_only() -> Iterator[None]:
     >>> with generic_only():
     ...     pass
     """
-    with _switched_on(_BYPASS):
+    with switched_on(_BYPASS):
         yield
 
 

@@ -17,7 +17,7 @@ from tvm import relax, te, tirx, topi
 from tvm.target import Target
 
 from ..registry import get_op, is_registered
-from ..schedules import apply_schedule, deferred_scheduling, kernel_for
+from ..schedules import apply_schedule, deferred_scheduling, kernel_for, rebuild_memo, remember
 from ..targets import target as _resolve
 from ._rewrite import op_counts
 
@@ -134,17 +134,33 @@ def _once(fn: Any, op: str, seen: dict[Any, list[tuple[Any, Any]]]) -> Any:
         key = (shape, tvm_ffi.structural_hash(facts))
         for old, first in seen.get(key, ()):
             if tvm_ffi.structural_equal(old, facts):
-                return relax.Call(first.op, [first.args[0], relax.Tuple(args)], first.attrs,
-                                  list(first.ty_args))
+                return _same_kernel(first, first.args[0], args)
+        # An earlier build's (inside reused_decisions): its kernel added to this module.
+        earlier = rebuild_memo("legalize")
+        across = (key, fn, str(Target.current(allow_none=True)))
+        for old, first, kernel in (earlier or {}).get(across, ()):
+            if tvm_ffi.structural_equal(old, facts):
+                out = _same_kernel(first, bb.add_func(kernel, first.args[0].name_hint), args)
+                seen.setdefault(key, []).append((facts, out))
+                return out
         out = fn(bb, call)
         if isinstance(out, relax.Call) and out.op.same_as(call_tir) and len(out.args) == 2 \
                 and isinstance(out.args[1], relax.Tuple) \
                 and len(out.args[1].fields) == len(args) \
                 and all(a.same_as(b) for a, b in zip(out.args[1].fields, args, strict=True)):
             seen.setdefault(key, []).append((facts, out))
+            if earlier is not None:
+                remember(earlier, across, [*earlier.get(across, ()),
+                                           (facts, out, bb.get()[out.args[0]])])
         return out
 
     return legalize
+
+
+def _same_kernel(first: relax.Call, kernel: tvm.ir.GlobalVar, args: list[Any]
+                 ) -> relax.Call:
+    """``first``'s ``call_tir`` of ``kernel`` with ``args``."""
+    return relax.Call(first.op, [kernel, relax.Tuple(args)], first.attrs, list(first.ty_args))
 
 
 def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:

@@ -164,3 +164,33 @@ def test_an_artifact_from_before_weights_files_still_runs(built, tmp_path):
     (old / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="rebuild the artifact with this opsdk"):
         read_manifest(old)
+
+
+def test_a_rebuild_takes_over_the_weights_file_only_while_it_is_intact(built, tmp_path):
+    """A build replacing an artifact with the same weights (a layer's code edited, ``--force``,
+    ``--watch``) links the earlier weights file instead of writing 100 MB again; one whose
+    bytes no longer match its manifest is written afresh."""
+    from opsdk.model import load_model
+
+    lifted = built[0]
+    loaded = load_model(str(lifted.parent / "net.py"), baselines=False)
+    out = tmp_path / "art"
+
+    def build() -> tuple[dict, int]:
+        m = build_artifact(loaded.opsdk_mod, out, target="x86", inputs=loaded.inputs,
+                           force=True, log=None)
+        return m, (out / "weights.params").stat().st_ino
+
+    first, ino = build()
+    again, ino_again = build()
+    assert ino_again == ino  # the same file, linked into the new artifact
+    assert again["weights"] == first["weights"]
+    assert again["weights"]["sha256"] == sha256_file(out / "weights.params")
+    data = bytearray((out / "weights.params").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # damaged in place: same size, same inode
+    (out / "weights.params").write_bytes(bytes(data))
+    fixed, ino_fixed = build()
+    assert ino_fixed != ino
+    assert fixed["weights"] == first["weights"]
+    assert sha256_file(out / "weights.params") == first["weights"]["sha256"]
+    assert run_artifact(out, repeats=1, log=None)["ok"]
