@@ -22,6 +22,7 @@ artifact that changed under it is refused as any build refuses it.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import sys
@@ -184,6 +185,8 @@ def watch_build(
     except KeyboardInterrupt:
         say(f"stopped watching; {out_path} holds the last good build")
         return 0
+    finally:
+        gc.unfreeze()  # a caller going on (a test, a script) gets its collector back
 
 
 def _rounds(build: Callable[[bool], Mapping[str, Any]], model_path: Path, out_path: Path,
@@ -212,6 +215,7 @@ def _rounds(build: Callable[[bool], Mapping[str, Any]], model_path: Path, out_pa
         sources.take([model_path, *mods.values(), *data_files(seen)])
         say(f"watching {len(sources.files)} file{'s' * (len(sources.files) != 1)} for "
             "changes (Ctrl-C stops)")
+        _settle_heap()
         changed = _wait(sources, poll, stop)
         if not changed:
             return 0
@@ -219,6 +223,17 @@ def _rounds(build: Callable[[bool], Mapping[str, Any]], model_path: Path, out_pa
         _forget(mods)
         sources = Sources(exclude=sources.exclude)
         round_ += 1
+
+
+def _settle_heap() -> None:
+    """Collect the build's garbage now, while waiting, and exempt what survives from later
+    collections (``gc.freeze``): the rebuild's own collections then scan only what it
+    makes. The first rebuild after a cold build spent 0.2-0.3 s more in the collector
+    without it (ResNet-50); what the last round froze is collected again each round, so
+    nothing is kept longer than a round."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def _wait(sources: Sources, poll: float, stop: threading.Event) -> list[Path]:
