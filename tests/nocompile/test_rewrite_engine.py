@@ -51,8 +51,10 @@ def test_relax_exprs_is_post_order_visit_without_the_prim_parts():
     theirs: list = []
     relax.analysis.post_order_visit(func, theirs.append)
     ours = relax_exprs(func)
+
     def relax_only(e):  # IntImm and the other PrimExprs live in tvm.ir.prim
-        return not isinstance(e, relax.ShapeExpr) and not type(e).__module__.startswith("tvm.ir.prim")
+        return not isinstance(e, relax.ShapeExpr) and \
+            not type(e).__module__.startswith("tvm.ir.prim")
 
     assert [e.__chandle__() for e in ours if relax_only(e)] == \
         [e.__chandle__() for e in theirs if relax_only(e)]
@@ -152,7 +154,7 @@ def test_a_rule_that_keeps_matching_its_own_result_is_refused():
     ever; opsdk names the rule."""
     x = wildcard()
     rule = Rule("test.exp_again", is_op("relax.exp")(x), lambda orig, m: R.exp(m[x]))
-    with pytest.raises(ValueError, match="fusion rule test.exp_again: its pattern still matches"):
+    with pytest.raises(ValueError, match=r"fusion rule test\.exp_again: its pattern still matches"):
         engine.apply_rules(_module(lambda bb, x: R.exp(x), (4,)), [rule])
 
 
