@@ -226,8 +226,18 @@ def _substituted(func: relax.Function, values: dict[Any, relax.Expr]) -> relax.F
             if new is None:
                 super().visit_var_binding_(binding)
                 return
-            value = self.builder_.normalize(self.visit_expr(_bound_read(new, var_of, True)))
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self._new(new)))
+
+        def visit_match_cast_(self, binding: relax.MatchCast) -> None:
+            new = values.get(binding.value.__chandle__())
+            if new is None:
+                super().visit_match_cast_(binding)
+                return
+            self.builder_.emit_normalized(relax.MatchCast(binding.var, self._new(new),
+                                                          binding.ty))
+
+        def _new(self, new: relax.Expr) -> relax.Expr:
+            return self.builder_.normalize(self.visit_expr(_bound_read(new, var_of, True)))
 
     return _Substitute().visit_expr(func)
 

@@ -149,6 +149,21 @@ def test_a_match_looking_into_a_rewritten_binding_waits_for_the_next_round(monke
     assert _sites(ours) == _sites(theirs)
 
 
+def test_a_match_cast_bound_root_is_rewritten_as_tvm_does(monkeypatch):
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        e = bb.emit(R.exp(x))
+        bb.emit_func_output(bb.match_cast(R.exp(e), relax.TensorType((4,), "float32")))
+    mod, rule = bb.get(), _exp_exp_rule()
+    ours = engine.apply_rules(mod, [rule])
+    with monkeypatch.context() as m:
+        _with_tvm_rewriter(m)
+        theirs = engine.apply_rules(mod, [rule])
+    tvm.ir.assert_structural_equal(ours["main"], theirs["main"])
+    assert opsdk.transform.op_counts(ours) == {"relax.sigmoid": 1}
+
+
 def test_a_rule_that_keeps_matching_its_own_result_is_refused():
     """exp(x) -> a new exp(x) matches again in every round: TVM's rewriter would loop for
     ever; opsdk names the rule."""
