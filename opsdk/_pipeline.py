@@ -71,7 +71,7 @@ from .frontend import bind_params
 from .kernels.resize import legalize_resize2d
 from .kernels.winograd import legalize_conv2d
 from .registry import load_builtin_ops
-from .schedules import GENERIC, classify, rebuild_memo, rule_failures, tuned_rules
+from .schedules import GENERIC, classify, nothing_decided, rule_failures, tuned_rules
 from .targets import LINK_OPTIONS, target_arch
 from .targets import target as resolve_target
 from .transform import (
@@ -433,8 +433,7 @@ def compile_model(mod: tvm.IRModule, target: Any = "x86", *, winograd: bool = Tr
     # Inside reused_decisions with nothing decided yet (``--watch``'s first build) the model
     # is compiled, its kernels from the kernel cache, rather than loaded whole: the first
     # edit then finds every kernel's legalization and schedule in the memos (ResNet-50: 0.9 s).
-    warming = rebuild_memo("choose") == {}
-    entry = store.load(key) if key and not warming else None
+    entry = store.load(key) if key and not nothing_decided() else None
     if entry is not None:
         try:
             ex = entry.load_module()

@@ -31,7 +31,14 @@ from ..ops import BUILTIN_OPS
 from ..targets import target_features
 from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
-from ._memo import rebuild_memo, remember, reused_decisions, switched_on, without_symbol
+from ._memo import (
+    nothing_decided,
+    rebuild_memo,
+    remember,
+    reused_decisions,
+    switched_on,
+    without_symbol,
+)
 from ._tuned import (
     TUNED_PRIORITY,
     TunedRecord,
@@ -59,6 +66,7 @@ __all__ = [
     "generic_only",
     "kernel_for",
     "load_builtin_rules",
+    "nothing_decided",
     "rebuild_memo",
     "registered_rules",
     "remember",

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["rebuild_memo", "remember", "reused_decisions", "switched_on", "without_symbol"]
+__all__ = ["nothing_decided", "rebuild_memo", "remember", "reused_decisions", "switched_on",
+           "without_symbol"]
 
 
 @contextlib.contextmanager
@@ -49,6 +50,12 @@ def rebuild_memo(name: str) -> dict[Any, Any] | None:
     if not getattr(_REUSE, "on", False):
         return None
     return _MEMOS.setdefault(name, {})
+
+
+def nothing_decided() -> bool:
+    """Inside :func:`reused_decisions` with no schedule decision kept yet (a watch's first
+    build); False outside."""
+    return getattr(_REUSE, "on", False) and not _MEMOS.get("choose")
 
 
 def without_symbol(func: Any) -> Any:

@@ -102,6 +102,14 @@ def _values(func: relax.Function) -> dict[Any, relax.Expr]:
     return {b.var.__chandle__(): b.value for b in _bindings(func)}
 
 
+def _vars_by_value(func: relax.Function) -> dict[Any, relax.Var]:
+    """The first variable bound to each value, keyed by the value's address."""
+    out: dict[Any, relax.Var] = {}
+    for b in _bindings(func):
+        out.setdefault(b.value.__chandle__(), b.var)
+    return out
+
+
 def _rewritable(func: Any) -> bool:
     if not isinstance(func, relax.Function):
         return False
@@ -144,9 +152,7 @@ def apply_rules(mod: tvm.IRModule, rules: Sequence[Rule]) -> tvm.IRModule:
                 new = _use_outputs(new, before, shared)
             if matched:
                 present = set(_call_counts(new))
-                var_of: dict[Any, relax.Var] = {}  # a value's address -> its first var
-                for b in _bindings(before):
-                    var_of.setdefault(b.value.__chandle__(), b.var)
+                var_of = _vars_by_value(before)
                 values = _values(new)
                 for orig in matched:
                     var = var_of.get(orig.__chandle__())
@@ -217,7 +223,7 @@ def _substituted(func: relax.Function, values: dict[Any, relax.Expr]) -> relax.F
     the new value instead, the same variable kept (rewrite sites name it). A rule builds
     from what it matched, the bound values themselves (the matcher looks through the
     variables): each such value reads its variable again instead of being computed twice."""
-    var_of = {b.value.__chandle__(): b.var for b in _bindings(func)}
+    var_of = _vars_by_value(func)
 
     @relax.expr_functor.mutator
     class _Substitute(relax.PyExprMutator):
@@ -302,12 +308,10 @@ def _use_outputs(func: relax.Function, before: relax.Function,
                  ) -> relax.Function:
     """After each multi-output call, later uses of the other expressions it computes read
     its outputs; bindings left unused (the add the op now does) are removed."""
-    by_value = [(b.var, b.value) for b in _bindings(before)]
+    by_value = _vars_by_value(before)
 
     def var_of(e: relax.Expr) -> relax.Var | None:
-        if isinstance(e, relax.Var):
-            return e
-        return next((v for v, val in by_value if val.same_as(e)), None)
+        return e if isinstance(e, relax.Var) else by_value.get(e.__chandle__())
 
     plan = [(call, [(v, k) for v, k in ((var_of(e), k) for e, k in extra) if v is not None])
             for call, extra in shared]
