@@ -13,6 +13,7 @@ from tvm import relax, tirx
 from . import model as M
 from ._asm import asm_of, asm_vector_stats
 from ._tir import tir_pipeline
+from ._userfile import one_line
 from .registry import builder, get_op
 from .runners.local import host_arch
 from .schedules import Choice, Kernel, last_choices, load_builtin_rules, rules_for
@@ -220,7 +221,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
         rep = M.report(cm, target, profile=False, asm=asm, name=z.name,
                        verify_kernels=verify_kernels, source=m.opsdk_mod)
     except Exception as e:  # the check goes on to the next model
-        out.error = _one_line(e)
+        out.error = one_line(e)
         return out
     if verify_kernels:
         out.kernel_cases = _kernel_cases(rep)
@@ -243,7 +244,7 @@ def check_zoo_model(z: Any, target: Any = "host", *, asm: bool = True,
                 ref = M.torch_outputs(module(*args))
             out.torch = M.within_tolerance_all(M.vm_outputs(got), ref)
         except Exception as e:
-            out.torch = {"ok": False, "error": f"run: {_one_line(e)}"}
+            out.torch = {"ok": False, "error": f"run: {one_line(e)}"}
     return out
 
 
@@ -256,11 +257,6 @@ def _kernel_cases(rep: Any) -> dict[str, Any]:
             "cases": (rep.verified or {}).get("cases", 0),
             "failed": [f"{v['kernel']} {v['status']}: {v['command']}" for v in cells
                        if v.get("status") not in (None, "pass")]}
-
-
-def _one_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def format_zoo_check(rows: list[ZooCheck], *, strict: bool = False) -> str:

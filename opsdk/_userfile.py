@@ -71,18 +71,23 @@ def _is_under(p: pathlib.Path, folders: list[pathlib.Path]) -> bool:
 
 def one_line(e: BaseException) -> str:
     """``ErrorType: first line of the message`` (TVM's messages carry their own traceback:
-    their last line is the message).
+    their last line is the message; a first line ending in a colon, such as TVM's "Check
+    failed at file:line:", takes the next line with it).
 
     Examples
     --------
     >>> from opsdk._userfile import one_line
     >>> one_line(ValueError("Traceback (most recent call last):\\n  ...\\nbad shape"))
     'ValueError: bad shape'
+    >>> one_line(RuntimeError("Check failed at relax/op.cc:42:\\nshapes 3 and 4 differ"))
+    'RuntimeError: Check failed at relax/op.cc:42: shapes 3 and 4 differ'
     """
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     if lines and lines[0].startswith("Traceback"):
         lines = lines[-1:]
     text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:  # "Check 'false' failed at ...:" says nothing
+        text = f"{text} {lines[1]}"
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._quiet import fd_silenced, verbose
+from .._userfile import one_line
 from ._timing import Timer, calls_step, ort_session, py_step, setup_threads, vm_step
 
 __all__ = [
@@ -218,7 +219,7 @@ def run_model_bench(
         except Exception as e:
             if not keep_going:
                 raise
-            row["failed"] = _line(e, row.pop("_stage", "import"))
+            row["failed"] = f"{row.pop('_stage', 'import')}: {one_line(e)}"
             continue
         if progress and not details:
             progress(Path(name).name)
@@ -241,7 +242,7 @@ def run_model_bench(
             except Exception as e:
                 if not keep_going:
                     raise
-                row["failed"] = _line(e, "run")
+                row["failed"] = f"run: {one_line(e)}"
                 continue
         if "tvm_default" in candidates:
             try:
@@ -252,7 +253,7 @@ def run_model_bench(
                 row["tvm_default_ready_s"] = time.perf_counter() - t0
                 timers["tvm_default"], outs["tvm_default"] = _vm_timed(ex, m.inputs, details)
             except Exception as e:
-                row["errors"]["tvm_default"] = _line(e)
+                row["errors"]["tvm_default"] = one_line(e)
         step = calls_step if details else py_step
         for c in _PEERS:
             if c not in candidates:
@@ -283,7 +284,7 @@ def run_model_bench(
                     progress(f"{Path(name).name}: {c} ready in {row[f'{c}_ready_s']:.1f} s")
             except Exception as e:
                 outs.pop(c, None)
-                row["errors"][c] = _line(e)
+                row["errors"][c] = one_line(e)
         base = ref if ref is not None else outs.get("onnxruntime")
         if base is not None:
             for c, o in outs.items():
@@ -301,16 +302,6 @@ def run_model_bench(
 
             torch._dynamo.reset()  # drop its compiled graphs before the next model
     return rows
-
-
-def _line(e: BaseException, stage: str = "") -> str:
-    """An error as one line (``stage: Type: first line``)."""
-    lines = [ln.strip() for ln in f"{type(e).__name__}: {str(e).strip()}".split("\n")]
-    lines = [ln for ln in lines if ln]
-    text = lines[0]
-    if text.endswith(":") and len(lines) > 1:  # "Check 'false' failed at ...:" says nothing
-        text = f"{text} {lines[1]}"
-    return f"{stage}: {text}" if stage else text
 
 
 def _load_and_compile(spec: Any, row: dict[str, Any], tgt: Any, candidates: Sequence[str],
