@@ -63,6 +63,7 @@ import tvm
 from tvm import relax
 
 from .. import relax as ops
+from .._patterns import static_shape
 from ..registry import decode_call
 from ..targets import target as resolve_target
 from ._lower import _legalize_opsdk_ops
@@ -127,22 +128,13 @@ class _SqueezeAxesPositive(relax.PyExprMutator):
         return relax.op.squeeze(call.args[0], axis=[a % ty.ndim for a in given])
 
 
-def _static_shape(e: relax.Expr) -> list[int] | None:
-    ty = e.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = getattr(ty.shape, "values", None)
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d.value) for d in dims]
-
-
-def _static_conv(call: relax.Call, name: str) -> tuple[Any, list[int], list[int]] | None:
+def _static_conv(call: relax.Call, name: str
+                 ) -> tuple[Any, tuple[int, ...], tuple[int, ...]] | None:
     """(attrs, input shape, weight shape) of ``call`` when it calls op ``name`` with a static
     input and weight (the conv kernels need static images); else None."""
     if not (isinstance(call.op, tvm.ir.Op) and call.op.name == name):
         return None
-    x_shape, w_shape = _static_shape(call.args[0]), _static_shape(call.args[1])
+    x_shape, w_shape = static_shape(call.args[0]), static_shape(call.args[1])
     return None if x_shape is None or w_shape is None else (call.attrs, x_shape, w_shape)
 
 
@@ -456,7 +448,7 @@ class _PermutesSink(relax.PyExprMutator):
             return None
         a = b.attrs
         layout = "".join(str(a.layout)[p] for p in perm)
-        ins, outs = _static_shape(b.args[0]), _static_shape(b)
+        ins, outs = static_shape(b.args[0]), static_shape(b)
         if layout not in ("NCHW", "NHWC") or ins is None or outs is None or \
                 outs[0] * outs[1] * outs[2] * outs[3] < ins[0] * ins[1] * ins[2] * ins[3]:
             return None  # (one of the same size moves as much either way: SegFormer's first)
