@@ -62,7 +62,7 @@ from ._pipeline import (
 from ._quiet import fd_silenced
 from ._roofline import machine_roof
 from ._timings import CompileTimings, record_phases, record_timings
-from ._userfile import load_onnx_file, read_user_file
+from ._userfile import load_onnx_file, one_line, read_user_file
 from .errors import UnloweredOpError
 from .runners.local import host_arch
 from .schedules import GENERIC, Kernel, rules_for, vector_lanes
@@ -286,7 +286,7 @@ def _torch_to_onnx(model: Any, args: tuple) -> tuple[bytes | None, str]:
             torch.onnx.export(model, args, buf, dynamo=False, opset_version=17)
         return buf.getvalue(), ""
     except Exception as e:  # an exporter gap must not stop the rest of the benchmark
-        why = f"torch.onnx.export failed: {type(e).__name__}: {e}".split("\n")[0]
+        why = f"torch.onnx.export failed: {one_line(e)}"
     if importlib.util.find_spec("onnxscript") is None:
         return None, why + " (the dynamo exporter needs onnxscript: pip install onnxscript)"
     buf = io.BytesIO()
@@ -730,7 +730,7 @@ def _report_cells(cm: CompiledModel, mod: tvm.IRModule | None, target: Any, tgt:
                          "the IRModule or LoadedModel, or source=<its IRModule> with a "
                          "CompiledModel") from None
     except Exception as e:  # the cells are an addition to the report, never its failure
-        why = f"the kernels were not read back ({type(e).__name__}: {e})".split("\n")[0]
+        why = f"the kernels were not read back ({one_line(e)})"
         got = []
         for k in rows:
             c = _no_cell(k, target, tgt)

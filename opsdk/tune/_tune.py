@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._userfile import one_line
 from ._db import TuningDB, read_record, versions
 from ._gate import GateResult, speed_ratios, verify_trace
 from ._remote import board_kernel, kernel_inputs, tune_handler
@@ -338,7 +339,7 @@ def _run_cells(payloads: list[dict[str, Any]], labels: list[str], target: str, *
         try:
             results.append(tune_handler({"target": target}, p, runner[0], lambda: None))
         except Exception as e:  # the cell's failure, as the farm reports it
-            results.append({"error": f"{type(e).__name__}: {e}".split("\n")[0]})
+            results.append({"error": one_line(e)})
     return results, {"device": runner[0].device_info()["device"]}
 
 
