@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target, codegen
 
@@ -32,12 +31,12 @@ from ..targets import target_features
 from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
 from ._memo import (
+    memoized,
     nothing_decided,
     rebuild_memo,
     remember,
     reused_decisions,
     switched_on,
-    without_symbol,
 )
 from ._tuned import (
     TUNED_PRIORITY,
@@ -66,6 +65,7 @@ __all__ = [
     "generic_only",
     "kernel_for",
     "load_builtin_rules",
+    "memoized",
     "nothing_decided",
     "rebuild_memo",
     "registered_rules",
@@ -364,24 +364,19 @@ def choose(op, func: tirx.PrimFunc, target: Target | None) -> Choice:
         ch.reasons.append("no target in scope: generic lowering")
         return ch
     rules = rules_for(op)
-    memo = rebuild_memo("choose")
-    if memo is None:
-        return _choose(op, func, target, tname, rules)
     # The symbol is the kernel's name in its module (numbered by position), not its code;
     # apply_schedule puts the caller's back.
-    bare = without_symbol(func)
-    key = (tvm_ffi.structural_hash(bare), str(target), op.name, op.kind,
+    key = (str(target), op.name, op.kind,
            tuple((r.name, r.fn, r.priority, r.target_key, r.requires) for r in rules))
-    hit = memo.get(key)
-    if hit is not None and tvm_ffi.structural_equal(hit[0], bare):
-        _, rule_name, claims, out, sch, reasons, failures = hit
-        return Choice(op=op.name, target=tname, rule=rule_name, claims=claims, func=out,
-                      kind=op.kind, schedule=sch, reasons=list(reasons),
-                      failures=list(failures))
-    ch = _choose(op, func, target, tname, rules)
-    remember(memo, key, (bare, ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons),
-                         tuple(ch.failures)))
-    return ch
+    rule_name, claims, out, sch, reasons, failures = memoized(
+        "choose", func, key, lambda: _frozen(_choose(op, func, target, tname, rules)))
+    return Choice(op=op.name, target=tname, rule=rule_name, claims=claims, func=out,
+                  kind=op.kind, schedule=sch, reasons=list(reasons), failures=list(failures))
+
+
+def _frozen(ch: Choice) -> tuple:
+    """What a decision keeps for another build: its fields that depend on the function."""
+    return ch.rule, ch.claims, ch.func, ch.schedule, tuple(ch.reasons), tuple(ch.failures)
 
 
 def _choose(op, func: tirx.PrimFunc, target: Target, tname: str,

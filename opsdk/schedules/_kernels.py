@@ -25,13 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx.analysis import undefined_vars
 
 from ..kernels.winograd import WINOGRAD_TAG
 from ._gemm import analyze_gemm
-from ._memo import rebuild_memo, remember, without_symbol
+from ._memo import memoized
 
 __all__ = ["KERNEL_KINDS", "WINOGRAD_TAG", "Kernel", "classify", "kernel_for"]
 
@@ -83,17 +82,7 @@ def classify(func: tirx.PrimFunc) -> str:
     >>> classify(te.create_prim_func([a, te.compute((4, 8), lambda i, j: a[j, i])]))
     'elementwise'
     """
-    memo = rebuild_memo("classify")
-    if memo is None:
-        return _classify(func)
-    bare = without_symbol(func)
-    key = tvm_ffi.structural_hash(bare)
-    hit = memo.get(key)
-    if hit is not None and tvm_ffi.structural_equal(hit[0], bare):
-        return hit[1]
-    kind = _classify(func)
-    remember(memo, key, (bare, kind))
-    return kind
+    return memoized("classify", func, None, lambda: _classify(func))
 
 
 def _classify(func: tirx.PrimFunc) -> str:

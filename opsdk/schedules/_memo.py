@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["nothing_decided", "rebuild_memo", "remember", "reused_decisions", "switched_on",
-           "without_symbol"]
+import tvm_ffi
+
+__all__ = ["memoized", "nothing_decided", "rebuild_memo", "remember", "reused_decisions",
+           "switched_on"]
 
 
 @contextlib.contextmanager
@@ -58,7 +60,7 @@ def nothing_decided() -> bool:
     return getattr(_REUSE, "on", False) and not _MEMOS.get("choose")
 
 
-def without_symbol(func: Any) -> Any:
+def _without_symbol(func: Any) -> Any:
     """``func`` without its ``global_symbol``: a memo keys a kernel by its code, not by its
     name in the module (an edited model renumbers its kernels)."""
     return func.without_attr("global_symbol") if "global_symbol" in (func.attrs or {}) \
@@ -70,6 +72,35 @@ def remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
     if len(memo) >= _MEMO_SIZE:
         del memo[next(iter(memo))]
     memo[key] = value
+
+
+def memoized(name: str, func: Any, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` for the kernel ``func``, or inside :func:`reused_decisions` what it gave
+    an earlier build for the same code (``func`` structurally equal, its name aside) and the
+    same ``key`` (everything else the result depends on), from the memo ``name``.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk.schedules import memoized, reused_decisions
+    >>> a = te.placeholder((4,), name="a")
+    >>> f = te.create_prim_func([a, te.compute((4,), lambda i: a[i] + 1)])
+    >>> with reused_decisions():
+    ...     first = memoized("example", f, "x86", lambda: ["scheduled"])
+    ...     memoized("example", f, "x86", lambda: ["again"]) is first
+    True
+    """
+    memo = rebuild_memo(name)
+    if memo is None:
+        return compute()
+    bare = _without_symbol(func)
+    full = (tvm_ffi.structural_hash(bare), key)
+    hit = memo.get(full)
+    if hit is not None and tvm_ffi.structural_equal(hit[0], bare):
+        return hit[1]
+    value = compute()
+    remember(memo, full, (bare, value))
+    return value
 
 
 @contextlib.contextmanager
