@@ -33,6 +33,7 @@ if sys.argv and sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].removesuffix("
 import argparse  # noqa: E402
 import atexit  # noqa: E402
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import pathlib  # noqa: E402
@@ -628,7 +629,23 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 def console() -> NoReturn:
     """The ``opsdk`` console script and ``python -m opsdk``: :func:`main`, then the exit."""
+    _fewer_collections()
     _exit(main())
+
+
+#: CPython's cyclic collector thresholds for an ``opsdk`` process (default 700, 10, 10).
+COLLECTOR_THRESHOLDS = (100_000, 50, 100)
+
+
+def _fewer_collections() -> None:
+    # A command imports torch, timm and TVM (millions of objects) and then allocates
+    # millions of short-lived ones. At the default thresholds the collector ran 1418 young,
+    # 129 middle and 8 full collections in a cold ResNet-50 build, 1.2 s of its 11.6 s, the
+    # full ones scanning the whole heap at about 0.12 s each (most of them while the model
+    # file imported torch and timm). Cycles are still collected, just in larger batches:
+    # the peak memory of that build grew by 2 MB of 1.1 GB. Only the console script: a
+    # program that imports opsdk keeps its own settings.
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 def _exit(rc: int) -> NoReturn:
