@@ -20,10 +20,12 @@ here it is skipped when, and only when, every call in the program is one of:
   decomposed import;
 - an in-place op whose input nothing else reads (it was made for it alone and is no view of
   another tensor), so mutating it and computing a new value are the same;
+- a piece of a ``split``, ``chunk`` or ``unbind`` (:data:`MULTI_OUTPUT`): the trace keeps
+  each piece a reader takes, under the same index;
 
-and the program mutates no buffer or input, has no symbolic dim, no multi-output op (a
-``split``'s pieces) and no reshape to the same shape. Any other program takes the second
-trace.
+and the program mutates no buffer or input, has no symbolic dim, no other multi-output op
+and no ``flatten`` to the same shape (which the trace drops). Any other program takes the
+second trace.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 from tvm import relax
 
-__all__ = ["AS_IS", "as_is_converters", "importable_as_is"]
+__all__ = ["AS_IS", "MULTI_OUTPUT", "as_is_converters", "importable_as_is"]
 
 Converter = Callable[[Any, Any], relax.Expr]
 
@@ -74,6 +76,58 @@ def _hard(node: Any, imp: Any, times_x: bool) -> relax.Expr:
     return bb.emit(relax.op.divide(y, relax.const(6, dt)))
 
 
+def _dim(node: Any, default: int = 0) -> int:
+    return node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", default)
+
+
+def _chunk(node: Any, imp: Any) -> relax.Expr:
+    """``chunk(x, n, dim)`` as its decomposition: ``split_with_sizes`` into pieces of
+    ``ceil(size / n)`` (the last one smaller, and fewer than ``n`` pieces where they run
+    out), imported as cut positions. TVM's own converter asks for ``min(n, size)`` equal
+    sections, torch's pieces only where ``n`` divides the size (6 in 4 chunks: three of 2)."""
+    x = imp.env[node.args[0]]
+    dim = _dim(node)
+    size = int(list(imp.shape_of(x))[dim])
+    step = max(1, -(-size // node.args[1]))
+    return imp.block_builder.emit(relax.op.split(x, list(range(step, size, step)), dim))
+
+
+def _unbind(node: Any, imp: Any) -> relax.Expr:
+    """``unbind(x, dim)`` as its decomposition: a one-wide ``slice`` per index, then a
+    ``squeeze`` of each (TVM's converter splits instead)."""
+    bb, x = imp.block_builder, imp.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    n = int(list(imp.shape_of(x))[dim])
+    rank = len(list(imp.shape_of(x)))
+    axis = dim % rank  # the decomposition's slices and squeezes name it non-negative
+    pieces = [bb.emit(relax.op.strided_slice(x, (axis,), (i,), (i + 1,), (1,),
+                                             assume_inbound=False)) for i in range(n)]
+    return bb.emit(relax.Tuple([bb.emit(relax.op.squeeze(p, [axis])) for p in pieces]))
+
+
+def _reshape(node: Any, imp: Any) -> relax.Expr:
+    """``reshape`` as the trace makes it: of a contiguous tensor a ``view`` with the same
+    arguments (TVM's converter then sees them as they are); of another, a ``view`` of the
+    inferred shape (``-1`` resolved), which TVM imports as nothing when that is the shape
+    the tensor has."""
+    x, src, out = imp.env[node.args[0]], node.args[0].meta.get("val"), node.meta.get("val")
+    if src is not None and out is not None and not src.is_contiguous() \
+            and tuple(src.shape) == tuple(out.shape):
+        return x
+    return imp._reshape(node)
+
+
+def _zeros(node: Any, imp: Any) -> relax.Expr:
+    """``zeros(size)`` as its decomposition, ``full(size, 0)`` (TVM imports ``zeros`` as
+    ``R.zeros``: the same tensor, another op)."""
+    import torch  # heavy: torch
+
+    shim = types.SimpleNamespace(args=(node.args[0], 0), kwargs=dict(node.kwargs),
+                                 target=torch.ops.aten.full.default, meta=node.meta,
+                                 name=node.name)
+    return imp._full(shim)
+
+
 def _adaptive_avg_pool2d(node: Any, imp: Any) -> relax.Expr:
     """ATen's ``adaptive_avg_pool2d``: to 1x1 a mean over the last two axes (and, for a
     channels-last input, an ``as_strided`` of the same shape, which TVM imports as a
@@ -103,7 +157,7 @@ AS_IS: dict[str, Converter | None] = {
     "max_pool2d.default": None,
     "adaptive_avg_pool2d.default": _adaptive_avg_pool2d,
     "flatten.using_ints": None,
-    "reshape.default": None,
+    "reshape.default": _reshape,
     "contiguous.default": None,
     "transpose.int": None,
     "dropout.default": None,
@@ -118,7 +172,20 @@ AS_IS: dict[str, Converter | None] = {
     "relu6.default": None,
     "relu6_.default": None,
     "leaky_relu_.default": None,
+    "conv_transpose2d.input": None,
+    "pad.default": None,
+    "arange.default": None,
+    "arange.start": None,
+    "new_ones.default": None,
+    "zeros.default": _zeros,
+    "split.Tensor": None,
+    "chunk.default": _chunk,
+    "unbind.int": _unbind,
 }
+
+#: The multi-output ops whose pieces (``getitem``) a program taken as it is may read.
+MULTI_OUTPUT = frozenset({"split.Tensor", "split_with_sizes.default", "chunk.default",
+                          "unbind.int"})
 
 
 def as_is_converters() -> dict[str, Converter]:
@@ -186,7 +253,9 @@ def importable_as_is(ep: Any, table: Any, keep: Iterable[Any]) -> bool:
         if n.op != "call_function":
             continue
         if n.target is operator.getitem:
-            return False  # a multi-output op (split, chunk): its outputs are re-split
+            if getattr(n.args[0].target, "__name__", "") not in MULTI_OUTPUT:
+                return False  # another op's outputs (max_pool2d's indices, a norm's stats)
+            continue
         t = n.target
         if not isinstance(t, torch._ops.OpOverload):
             return False  # a higher-order op (autocast, a control-flow branch)
@@ -202,8 +271,11 @@ def importable_as_is(ep: Any, table: Any, keep: Iterable[Any]) -> bool:
             if name == "dropout.default" and (n.args[2] if len(n.args) > 2
                                               else n.kwargs.get("train")):
                 return False
-            if name in ("reshape.default", "flatten.using_ints") and _same_shape(n):
-                return False  # torch may drop it, or keep a view: not always alike
+            if name == "flatten.using_ints" and _same_shape(n):
+                return False  # the trace drops it (a reshape to its own shape stays a view)
+            if name == "pad.default" and (n.args[2] if len(n.args) > 2 else
+                                          n.kwargs.get("mode", "constant")) != "constant":
+                return False  # reflect / replicate / circular: other ops in the trace
             continue
         if t in table or torch.Tag.core not in t.tags or t._schema.is_mutable:
             return False

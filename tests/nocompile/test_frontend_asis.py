@@ -23,6 +23,8 @@ class _Net(torch.nn.Module):
         self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(8)
         self.lin = torch.nn.Linear(8, 4)
+        self.up = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.up3 = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
 
     def forward(self, x):
         return self.fn(self, x)
@@ -63,6 +65,29 @@ AS_IS_CASES = {
                                         .expand(1, 8, 10, 10)], 1),
     "kept ops": lambda s, x: F.gelu(F.layer_norm(x, (10,))).softmax(-1),
     "upsample": lambda s, x: F.interpolate(x, scale_factor=2, mode="nearest"),
+    "a reshape to the same shape": lambda s, x: x.reshape(1, -1, 10, 10) * 2,
+    "a reshape of a transpose to its shape": lambda s, x: x.transpose(2, 3).reshape(1, 8, 10, 10),
+    "a reshape of a transpose to its shape, -1": lambda s, x: x.transpose(2, 3).reshape(
+        1, -1, 10, 10) + 1,
+    "a reshape of an attention's output, -1": lambda s, x: F.scaled_dot_product_attention(
+        x, x, x).reshape(1, -1, 10, 10).transpose(1, 2),
+    "a split's pieces": lambda s, x: torch.cat(list(x.chunk(2, 1))[::-1], 1),
+    "chunk, uneven": lambda s, x: torch.cat(list(x.chunk(3, 1))[::-1], 1),
+    "chunk, fewer pieces than asked": lambda s, x: torch.cat(list(x[:, :6].chunk(4, 1)), 2),
+    "chunk, one piece read, negative dim": lambda s, x: x.chunk(2, -1)[1] * 2,
+    "split by size": lambda s, x: torch.cat(list(x.split(3, 1))[::-1], 1),
+    "split by sizes": lambda s, x: torch.cat(list(x.split([2, 6], 1))[::-1], 1),
+    "unbind": lambda s, x: sum(x.unbind(1)),
+    "unbind, one piece read, negative dim": lambda s, x: x.unbind(-2)[3] * 2,
+    "conv_transpose2d": lambda s, x: s.up(x),
+    "conv_transpose2d, padded": lambda s, x: s.up3(x),
+    "pad": lambda s, x: F.pad(x, (1, 2)),
+    "pad with a value": lambda s, x: F.pad(x, (1, 2, 0, 1), value=1.5),
+    "arange": lambda s, x: x + torch.arange(10),
+    "arange, float": lambda s, x: x + torch.arange(10, dtype=torch.float32),
+    "arange, start": lambda s, x: x * torch.arange(2, 12).expand(1, 10),
+    "new_ones": lambda s, x: x + x.new_ones(10),
+    "zeros": lambda s, x: x + torch.zeros(1, 8, 10, 10),
 }
 
 def _view_then_relu_(y):
@@ -76,8 +101,9 @@ DECOMPOSED_CASES = {
     "in-place on a view": lambda s, x: F.relu(x[:, :4], inplace=True),
     "in-place on an input": lambda s, x: x.relu_(),
     "in-place under an earlier view": lambda s, x: _view_then_relu_(s.conv(x)),
-    "a split's pieces": lambda s, x: torch.cat(list(x.chunk(2, 1))[::-1], 1),
-    "a reshape to the same shape": lambda s, x: x.reshape(1, -1, 10, 10) * 2,
+    "a flatten to the same shape": lambda s, x: x.reshape(8, 100).flatten(1) * 2,
+    "another op's outputs": lambda s, x: F.max_pool2d(x, 2, return_indices=True)[0],
+    "reflect padding": lambda s, x: F.pad(x, (1, 1, 1, 1), mode="reflect"),
     "an op with a decomposition": lambda s, x: F.mish(x),
     "matmul": lambda s, x: x @ x.transpose(-1, -2),
 }
@@ -176,3 +202,15 @@ def test_a_wrong_as_is_converter_is_caught(monkeypatch):
     fast, slow = _both(_export(AS_IS_CASES["silu"]))
     with pytest.raises(ValueError):
         tvm.ir.assert_structural_equal(fast, slow)
+
+
+@pytest.mark.parametrize("name", ["yolov8_tiny", "unet_tiny"])
+def test_a_zoo_model_imports_as_its_decomposition(name):
+    """Whole programs: the detector's C2f chunks and splits, the UNet's transposed convs."""
+    from opsdk.bench._zoo import select_zoo
+
+    model, args = select_zoo(name)[0].build()
+    ep = torch.export.export(model, args)
+    assert _taken_as_is(ep), name
+    fast, slow = _both(ep)
+    tvm.ir.assert_structural_equal(fast, slow)
