@@ -20,8 +20,9 @@ here it is skipped when, and only when, every call in the program is one of:
   decomposed import;
 - an in-place op whose input nothing else reads (it was made for it alone and is no view of
   another tensor), so mutating it and computing a new value are the same;
-- a piece of a ``split``, ``chunk`` or ``unbind`` (:data:`MULTI_OUTPUT`): the trace keeps
-  each piece a reader takes, under the same index;
+- a piece of a ``split``, ``chunk`` or ``unbind`` (:data:`MULTI_OUTPUT`) of a tensor that
+  no in-place op wrote (nor a view of one): the trace keeps each piece a reader takes, under
+  the same index (of a written tensor it splits again for each piece);
 
 and the program mutates no buffer or input, has no symbolic dim, no other multi-output op
 and no ``flatten`` to the same shape (which the trace drops). Any other program takes the
@@ -76,17 +77,13 @@ def _hard(node: Any, imp: Any, times_x: bool) -> relax.Expr:
     return bb.emit(relax.op.divide(y, relax.const(6, dt)))
 
 
-def _dim(node: Any, default: int = 0) -> int:
-    return node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", default)
-
-
 def _chunk(node: Any, imp: Any) -> relax.Expr:
     """``chunk(x, n, dim)`` as its decomposition: ``split_with_sizes`` into pieces of
     ``ceil(size / n)`` (the last one smaller, and fewer than ``n`` pieces where they run
     out), imported as cut positions. TVM's own converter asks for ``min(n, size)`` equal
     sections, torch's pieces only where ``n`` divides the size (6 in 4 chunks: three of 2)."""
     x = imp.env[node.args[0]]
-    dim = _dim(node)
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
     size = int(list(imp.shape_of(x))[dim])
     step = max(1, -(-size // node.args[1]))
     return imp.block_builder.emit(relax.op.split(x, list(range(step, size, step)), dim))
@@ -215,6 +212,22 @@ def _fresh(node: Any) -> bool:
         src = src.args[0]
 
 
+def _written(node: Any) -> bool:
+    """Whether ``node`` is, or is a view of, a tensor an in-place op wrote (functionalization
+    then makes a view of it again at each use). Unknown ops count as written."""
+    while getattr(node, "op", None) == "call_function":
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return True
+        aliases = [r.alias_info for r in schema.returns]
+        if all(a is None for a in aliases):
+            return False  # a new tensor
+        if any(a is not None and a.is_write for a in aliases):
+            return True
+        node = node.args[0]  # a view: its base decides
+    return False  # an input or a parameter (mutated ones are refused before)
+
+
 def _same_shape(node: Any) -> bool:
     out, src = node.meta.get("val"), node.args[0].meta.get("val")
     return out is None or src is None or tuple(out.shape) == tuple(src.shape)
@@ -262,9 +275,11 @@ def importable_as_is(ep: Any, table: Any, keep: Iterable[Any]) -> bool:
         if t in kept:
             continue
         name = t.__name__
-        if name in AS_IS:
+        if name in AS_IS or name in MULTI_OUTPUT:
             if _inplace(name) and not _fresh(n):
                 return False
+            if name in MULTI_OUTPUT and _written(n.args[0]):
+                return False  # of a written tensor: the trace splits again for each piece
             if name == "batch_norm.default" and (n.args[5] or n.args[3] is None
                                                  or n.args[4] is None):
                 return False  # training, or no running statistics: batch statistics

@@ -235,6 +235,27 @@ def _div_mode(node: fx.Node, imp: Any) -> relax.Expr:
     raise ValueError(f"aten.div: rounding_mode={mode!r} is not one of None, 'floor', 'trunc'")
 
 
+def _cat(node: fx.Node, imp: Any) -> relax.Expr:
+    """``cat`` without the empty 1-D tensors that torch skips (its legacy rule: a ``(0,)``
+    tensor joins any other), which TVM's ``concat`` refuses ("Concat expects all input
+    tensors to have same ndim"). A Hugging Face decoder's KV cache starts as one: a Qwen2 or
+    GPT-2 exported with its cache did not import."""
+    tensors = list(node.args[0])
+
+    def empty_1d(t: Any) -> bool:  # an fx.Node (torch is imported only when needed)
+        val = t.meta.get("val") if isinstance(getattr(t, "meta", None), dict) else None
+        return val is not None and tuple(val.shape) == (0,)
+
+    kept = [t for t in tensors if not empty_1d(t)]
+    if len(kept) == len(tensors) or not kept:
+        return imp._cat(node)
+    if len(kept) == 1:
+        return imp.env[kept[0]]
+    return imp._cat(types.SimpleNamespace(args=(kept, *node.args[1:]), kwargs=node.kwargs,
+                                          target=node.target, name=node.name,
+                                          meta=node.meta))
+
+
 def _with_alpha(scaled: int, base: Callable[[Any], Callable[[Any], relax.Expr]]) -> Converter:
     """``add`` / ``sub`` / ``rsub`` with torch's ``alpha`` (``x + alpha * y``; ``rsub``:
     ``y - alpha * x``): TVM 0.27's converters drop it, so ``torch.add(x, y, alpha=2)``
@@ -265,6 +286,7 @@ def _with_alpha(scaled: int, base: Callable[[Any], Callable[[Any], relax.Expr]])
 #: and the caller's ``custom_convert_map`` in precedence.
 _ATEN_FIXES: dict[str, Converter] = {
     "div.Tensor_mode": _div_mode,
+    "cat.default": _cat,
     "add.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.add, operator.add)),
     "add_.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.add, operator.add)),
     "sub.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.subtract, operator.sub)),

@@ -189,6 +189,25 @@ def test_add_sub_and_rsub_keep_their_alpha():
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_cat_skips_empty_1d_tensors_like_torch():
+    # torch.cat ignores a (0,)-shaped tensor beside tensors of any rank, TVM's concat refused
+    # it: a Hugging Face decoder's KV cache starts as one (Qwen2 / GPT-2 with use_cache).
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            empty = x.new_zeros(0)
+            return (torch.cat([empty, x * 2], -2), torch.cat([empty, x, empty, x + 1], 1),
+                    torch.cat([empty, x], 0))
+
+    x = torch.linspace(-3, 3, 24).reshape(1, 2, 3, 4)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    ex = tvm.compile(mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    for g, w in zip(got, M()(x)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
 def test_compile_imported_model_dynamic_batch_and_params_as_inputs():
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     batch = torch.export.Dim("batch", min=1, max=64)

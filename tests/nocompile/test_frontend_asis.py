@@ -78,6 +78,7 @@ AS_IS_CASES = {
     "split by size": lambda s, x: torch.cat(list(x.split(3, 1))[::-1], 1),
     "split by sizes": lambda s, x: torch.cat(list(x.split([2, 6], 1))[::-1], 1),
     "unbind": lambda s, x: sum(x.unbind(1)),
+    "unbind of a view of a new tensor": lambda s, x: sum((x * 2).permute(1, 0, 2, 3).unbind(0)),
     "unbind, one piece read, negative dim": lambda s, x: x.unbind(-2)[3] * 2,
     "conv_transpose2d": lambda s, x: s.up(x),
     "conv_transpose2d, padded": lambda s, x: s.up3(x),
@@ -102,6 +103,10 @@ DECOMPOSED_CASES = {
     "in-place on an input": lambda s, x: x.relu_(),
     "in-place under an earlier view": lambda s, x: _view_then_relu_(s.conv(x)),
     "a flatten to the same shape": lambda s, x: x.reshape(8, 100).flatten(1) * 2,
+    "a split of an in-place result": lambda s, x: torch.cat(
+        list(F.relu(s.conv(x), inplace=True).split([3, 5], 1))[::-1], 1),
+    "a chunk of a view of an in-place result": lambda s, x: torch.cat(
+        list(F.relu(s.conv(x), inplace=True).transpose(2, 3).chunk(2, 1))[::-1], 1),
     "another op's outputs": lambda s, x: F.max_pool2d(x, 2, return_indices=True)[0],
     "reflect padding": lambda s, x: F.pad(x, (1, 1, 1, 1), mode="reflect"),
     "an op with a decomposition": lambda s, x: F.mish(x),
