@@ -634,7 +634,7 @@ def console() -> NoReturn:
 
 
 #: CPython's cyclic collector thresholds for an ``opsdk`` process (default 700, 10, 10).
-COLLECTOR_THRESHOLDS = (100_000, 50, 100)
+_COLLECTOR_THRESHOLDS = (100_000, 50, 100)
 
 
 def _fewer_collections() -> None:
@@ -645,7 +645,7 @@ def _fewer_collections() -> None:
     # file imported torch and timm). Cycles are still collected, just in larger batches:
     # the peak memory of that build grew by 2 MB of 1.1 GB. Only the console script: a
     # program that imports opsdk keeps its own settings.
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
+    gc.set_threshold(*_COLLECTOR_THRESHOLDS)
 
 
 def _exit(rc: int) -> NoReturn:
