@@ -94,11 +94,11 @@ def _unbind(node: Any, imp: Any) -> relax.Expr:
     ``squeeze`` of each (TVM's converter splits instead)."""
     bb, x = imp.block_builder, imp.env[node.args[0]]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    n = int(list(imp.shape_of(x))[dim])
-    rank = len(list(imp.shape_of(x)))
-    axis = dim % rank  # the decomposition's slices and squeezes name it non-negative
+    shape = list(imp.shape_of(x))
+    axis = dim % len(shape)  # the decomposition's slices and squeezes name it non-negative
     pieces = [bb.emit(relax.op.strided_slice(x, (axis,), (i,), (i + 1,), (1,),
-                                             assume_inbound=False)) for i in range(n)]
+                                             assume_inbound=False))
+              for i in range(int(shape[axis]))]
     return bb.emit(relax.Tuple([bb.emit(relax.op.squeeze(p, [axis])) for p in pieces]))
 
 
@@ -107,10 +107,10 @@ def _reshape(node: Any, imp: Any) -> relax.Expr:
     arguments (TVM's converter then sees them as they are); of another, a ``view`` of the
     inferred shape (``-1`` resolved), which TVM imports as nothing when that is the shape
     the tensor has."""
-    x, src, out = imp.env[node.args[0]], node.args[0].meta.get("val"), node.meta.get("val")
-    if src is not None and out is not None and not src.is_contiguous() \
-            and tuple(src.shape) == tuple(out.shape):
-        return x
+    src = node.args[0].meta.get("val")
+    if src is not None and not src.is_contiguous() and node.meta.get("val") is not None \
+            and _same_shape(node):
+        return imp.env[node.args[0]]
     return imp._reshape(node)
 
 
