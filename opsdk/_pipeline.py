@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.target import Target
@@ -107,6 +108,10 @@ __all__ = [
     "schedule_passes",
     "scheduled_kernels",
 ]
+
+# Raised inside the pipeline pass, it crosses TVM's FFI; registered, it comes out as itself
+# rather than a RuntimeError carrying its message.
+tvm_ffi.register_error(UnloweredOpError)
 
 #: The steps, in order: (name, where its passes come from).
 STEPS: tuple[tuple[str, str], ...] = (
@@ -203,7 +208,9 @@ def pipeline(
                 schedule_passes(tgt, channels_last=channels_last, winograd=winograd)
                 + lowering_passes(tgt)
             )
-            return seq(mod)
+            out = seq(mod)
+        _refuse_unlowered(out, tgt)  # in words, before VM codegen's internal error
+        return out
 
     return _pipeline
 
@@ -487,16 +494,28 @@ def _refuse_unlowered(lowered: tvm.IRModule, tgt: Any) -> None:
         if not isinstance(f, relax.Function):
             continue
         for e in calls_of(f):
-            if e.op.name not in left and e.op.get_attr("FLegalize") is not None:
+            if e.op.name not in left and (e.op.get_attr("FLegalize") is not None
+                                          or e.op.name in _NO_LOWERING):
                 attrs = " ".join(str(e.attrs).split()) if e.attrs is not None else ""
                 left[e.op.name] = attrs if len(attrs) <= 160 else attrs[:157] + "..."
     if left:
         what = "; ".join(f"{op}({a})" if a else op for op, a in left.items())
+        hints = sorted({_NO_LOWERING[op] for op in left if op in _NO_LOWERING})
         raise UnloweredOpError(
             f"the model uses {what}, which no lowering handles for target {tgt.kind.name} "
             f"({', '.join(map(str, tgt.keys))}) in this form; opsdk cannot compile it. "
-            "Rewrite that layer with supported ops, or register the op with opsdk.op and a "
+            + "".join(f"{h}. " for h in hints)
+            + "Rewrite that layer with supported ops, or register the op with opsdk.op and a "
             "torch/ONNX mapping (docs/authoring.md)")
+
+
+#: Relax ops with no legalization that TVM's own pipelines hand to a library call of
+#: ``libtvm_runtime_extra`` (``DispatchSortScan``), which the deployed runtime does not
+#: have; each with what to do instead.
+_NO_LOWERING = dict.fromkeys(
+    ("relax.sort", "relax.argsort", "relax.topk"),
+    "opsdk has no sort kernel (torch.sort, argsort, topk; ONNX TopK): compute them on the "
+    "model's outputs after it runs (a detector's top scores, a sampler's top-k)")
 
 
 def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]

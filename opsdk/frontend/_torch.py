@@ -14,6 +14,7 @@ from tvm.relax.frontend.torch import from_exported_program
 
 from .. import ops as op_library  # the explicit op list, read when used
 from ..registry import builder, get_op, registered_ops
+from . import _indexing
 from ._asis import as_is_converters, importable_as_is
 
 if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
@@ -292,6 +293,10 @@ _ATEN_FIXES: dict[str, Converter] = {
     "sub.Tensor": _with_alpha(1, lambda imp: imp._binary_op(relax.op.subtract, operator.sub)),
     "rsub.Tensor": _with_alpha(0, lambda imp: imp._rsub),
     "rsub.Scalar": _with_alpha(0, lambda imp: imp._rsub),
+    "select.int": _indexing.select,
+    "index.Tensor": _indexing.index,
+    "index_put.default": _indexing.index_put,
+    "index_put_.default": _indexing.index_put,
 }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir.expr import Call, TensorLoad
 from tvm.sym import Analyzer
 from tvm.target import Target
 
@@ -109,9 +110,22 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
     if not blocks or any(b.is_reduction for b in blocks):
         return None
     outs = [b.name for b in blocks if not sch.get_consumers(b.rv)]
+    kept = []
     for b in blocks:
-        if b.name not in outs:
-            sch.compute_inline(b.rv)
+        if b.name in outs:
+            continue
+        if len(sch.get_consumers(b.rv)) > 1 and _has_math(sch.get(b.rv).body):
+            kept.append(b.name)  # inlined, its math would run once per consumer
+            continue
+        sch.compute_inline(b.rv)
+    if kept:
+        # A recurrence fused whole (h = tanh(h * a + x_t), stacked): each step inlined into
+        # the next and into the stack ran its math once per later step, and the nested
+        # polynomials kept LLVM busy for minutes at three steps. Each kept step is a loop
+        # nest of its own, in order; the outputs read them from memory.
+        for name in [*kept, *outs]:
+            _elementwise_nest(sch, sch.get_sblock(name), target, stream_ok=False)
+        return sch
     if len(outs) > 1:
         merged = _split_along_last_axis(sch.mod["main"], outs, target)
         if merged is not None:
@@ -122,6 +136,25 @@ def schedule_elementwise(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule 
             _elementwise_nest(sch, sch.get_sblock(name), target, stream_ok=False)
         return sch
     return _elementwise_nest(sch, blocks[-1].rv, target, stream_ok=True)
+
+
+def _has_math(stmt: tirx.Stmt) -> bool:
+    """Whether a block's store computes something costly: a call (an intrinsic) or a
+    ``Let`` (opsdk's polynomial math binds its intermediates), anywhere in its value."""
+    stack, seen = [getattr(stmt, "value", None)], set()
+    while stack:
+        e = stack.pop()
+        if e is None or isinstance(e, (tirx.IntImm, tirx.FloatImm, tirx.Var)) or \
+                id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (tirx.Let, Call)):
+            return True
+        if isinstance(e, TensorLoad):
+            continue
+        stack.extend(getattr(e, f, None) for f in
+                     ("a", "b", "value", "condition", "true_value", "false_value"))
+    return False
 
 
 def _split_along_last_axis(func: tirx.PrimFunc, outs: Sequence[str], target: Target

@@ -1,6 +1,7 @@
 """The catch-all family: any plain loop nest no family rule took (split's several outputs,
 pad, gather-like reductions, pooling), each block's outer loops across the cores and its
-innermost output loop vectorized.
+innermost output loop vectorized; and kernels written as loops rather than blocks (a
+scatter: TOPI's ``te.extern`` IR), which run as written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ._core import (
 
 __all__ = [
     "PARALLEL_MIN",
+    "schedule_extern",
     "schedule_fallback",
 ]
 
@@ -39,6 +41,8 @@ def schedule_fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | N
 
     Returns None for functions that are not plain loop nests (opaque blocks, nested blocks).
     """
+    if not _has_root(func):
+        return None
     sch = s_tir.Schedule(func)
     blocks = analyze(sch)
     if not blocks:
@@ -51,6 +55,35 @@ def schedule_fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | N
     for rv in sch.get_child_blocks(sch.get_sblock("root")):
         _fallback_block(sch, rv, target)
     return sch
+
+
+def _has_root(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is block-structured (a root block over its loop nests)."""
+    try:
+        s_tir.Schedule(func).get_sblock("root")
+    except Exception:  # s_tir's ScheduleError: written loops (te.extern), no root block
+        return False
+    return True
+
+
+def schedule_extern(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A kernel written as loops, not blocks (TOPI's ``te.extern`` IR: ``index_put``,
+    ``scatter_elements``), as written: the schedule primitives need blocks, and where its
+    loops are parallel its author said so.
+
+    Its body goes under a root block, the form TVM's ``SplitLayoutRewritePreproc`` expects
+    of every function in the module (it stopped the build with "There should be a compute
+    block if there is only one subtree under the root"), and its buffers are not marked
+    layout-free (nothing here packs them). Returns None for block-structured functions
+    (the other rules' business).
+    """
+    if _has_root(func):
+        return None
+    root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", func.body))
+    func = func.with_body(root)
+    if "layout_free_buffers" in (func.attrs or {}):
+        func = func.without_attr("layout_free_buffers")
+    return s_tir.Schedule(func)
 
 
 def _fallback_block(sch: s_tir.Schedule, rv, target: Target) -> None:

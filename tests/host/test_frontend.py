@@ -208,6 +208,122 @@ def test_cat_skips_empty_1d_tensors_like_torch():
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
+def _put(index, values, accumulate=False):
+    def f(x):
+        y = x.clone()
+        if accumulate:
+            y.index_put_(index, values, accumulate=True)
+        else:  # y[:, i] = v (None: a whole dimension)
+            y[tuple(slice(None) if i is None else i for i in index)] = values
+        return y + 1
+    return f
+
+
+_I2, _I3 = [1, 0], [2, 0, 1]
+# x[...] as torch reads it; TVM 0.27's converters gave wrong values (negative indices, two
+# index tensors beside a slice, index_put with a slice between) or refused (a partial
+# index_put) -- _indexing.py
+_INDEXING = {
+    "select -1": lambda x: x[:, -1] * 2,
+    "select -2 last dim": lambda x: x[..., -2] + 1,
+    "select 0": lambda x: x[:, 0] + 1,
+    "index negative list": lambda x: x[:, [-1, 0]] + 1,
+    "index negative tensor": lambda x: x[:, torch.tensor([-1, -3])] + 1,
+    "index two leading": lambda x: x[torch.tensor(_I2), torch.tensor([5, 0])] + 1,
+    "index two after a slice": lambda x: x[:, torch.tensor(_I3), torch.tensor([0, 4, 1])] + 1,
+    "index two around a slice": lambda x: x[torch.tensor(_I2), :, torch.tensor([0, -1])] + 1,
+    "index broadcast 2-d": lambda x: x[torch.tensor([[1], [0]]), torch.tensor([[0, 2, 5]])] + 1,
+    "index last dim": lambda x: x[..., torch.tensor([4, 0])] + 1,
+    "put leading": _put((torch.tensor(_I2),), torch.arange(60.0).reshape(2, 6, 5)),
+    "put broadcast scalar": _put((torch.tensor(_I2),), torch.tensor(3.0)),
+    "put after a slice": _put((None, torch.tensor(_I3)), torch.arange(30.0).reshape(2, 3, 5)),
+    "put last dim": _put((None, None, torch.tensor([4, 0])), torch.arange(24.0).reshape(2, 6, 2)),
+    "put two leading": _put((torch.tensor(_I2), torch.tensor([5, 0])),
+                            torch.arange(10.0).reshape(2, 5)),
+    "put around a slice": _put((torch.tensor(_I2), None, torch.tensor([4, 0])),
+                               torch.arange(12.0).reshape(2, 6)),
+    "put accumulate repeats": _put((torch.tensor([0, 0, 1]), torch.tensor([1, 1, 2])),
+                                   torch.ones(3, 5), accumulate=True),
+    "put negative": _put((None, torch.tensor([-1, -2])), torch.arange(20.0).reshape(2, 2, 5)),
+    # scatters: TOPI's loops without blocks, which stopped opsdk's pipeline (x86.extern)
+    "index_add repeats": lambda x: torch.zeros(2, 6, 5).index_add(
+        1, torch.tensor([0, 0, 1, 2, 3, 5]), x) + 1,
+    "scatter": lambda x: torch.zeros(2, 6, 5).scatter(
+        2, torch.tensor([[[1, 0, 4, 2, 3]]]).expand(2, 6, 5), x) + 1,
+}
+
+
+@pytest.mark.parametrize("case", list(_INDEXING))
+def test_indexing_imports_as_torch_reads_it(case):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return _INDEXING[case](x)
+
+    x = torch.randn(2, 6, 5)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    (got,) = _run(mod, x.numpy())
+    np.testing.assert_array_equal(got, M()(x).numpy())
+
+
+def test_indexing_refuses_a_boolean_mask_with_its_fix():
+    class M(torch.nn.Module):
+        def forward(self, x, m):
+            return x.clone().index_put_((m,), torch.tensor(0.0))
+
+    ep = torch.export.export(M(), (torch.randn(4, 3), torch.tensor([True, False, True, False])))
+    with pytest.raises(ValueError, match=r"aten\.index_put: a boolean mask.*torch\.where"):
+        opsdk.frontend.from_torch(ep)
+
+
+def test_sort_and_topk_are_refused_in_words():
+    # TVM 0.27 hands them to libtvm_runtime_extra (not in a deployed runtime); they reached
+    # VM codegen as "CodeGenVM cannot emit this Relax operator directly"
+    from opsdk.errors import UnloweredOpError
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 3, dim=-1).values + 1
+
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (torch.randn(2, 8),)))
+    with pytest.raises(UnloweredOpError, match=r"relax\.topk.*no sort kernel.*outputs"):
+        opsdk.compile(mod, "x86")
+
+
+def test_an_elementwise_recurrence_stacked_compiles_and_matches():
+    # Each step fused into one kernel and inlined into the next and into the stack: three
+    # steps kept LLVM busy for minutes (the steps' tanh nested in each other's uses).
+    class M(torch.nn.Module):
+        def forward(self, x):
+            hs, h = [], x[:, 0]
+            for t in range(12):
+                h = torch.tanh(h * 0.9 + x[:, t])
+                hs.append(h)
+            return torch.stack(hs, 1) + 1
+
+    x = torch.randn(1, 12, 32)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    (got,) = _run(mod, x.numpy())
+    _close(got, M()(x))
+
+
+def test_an_lstm_keyword_spotter_reads_its_last_step():
+    # y[:, -1] after a two-layer LSTM (its decomposition: addmm, sigmoid, tanh per step)
+    class KWS(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(10, 16, num_layers=2, batch_first=True)
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc(self.lstm(x)[0][:, -1])
+
+    torch.manual_seed(0)
+    m, x = KWS().eval(), torch.randn(1, 7, 10)
+    mod = opsdk.frontend.from_torch(torch.export.export(m, (x,)))
+    (got,) = _run(mod, x.numpy())
+    _close(got, m(x))
+
+
 def test_compile_imported_model_dynamic_batch_and_params_as_inputs():
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     batch = torch.export.Dim("batch", min=1, max=64)

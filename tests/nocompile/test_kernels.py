@@ -534,3 +534,57 @@ def test_depthwise_nchw_rows_avoid_a_predicated_partial_pixel_tile(width, lanes)
     y = topi.nn.conv(x, w, 1, 1, 1, 8, "NCHW", "OIHW")
     sch = schedule_conv2d(te.create_prim_func([x, w, y]), opsdk.target("x86"), acc_regs=24)
     assert sch is not None and lanes in _vector_extents(sch)
+
+
+def _scatter_func():
+    # TOPI's index_put: te.extern IR, loops written without blocks
+    data = te.placeholder((6,), name="data")
+    idx = te.placeholder((3,), name="idx", dtype="int64")
+    val = te.placeholder((3,), name="val")
+    out = topi.index_put(data, [idx], val)
+    return te.create_prim_func([data, idx, val, out]).with_attr("layout_free_buffers", [1])
+
+
+def test_extern_kernels_run_as_written_under_a_root_block():
+    # An index_put / scatter kernel has no root block: x86.fallback raised on it, and
+    # SplitLayoutRewritePreproc stopped the build ("There should be a compute block ...").
+    from tvm import s_tir
+
+    from opsdk.schedules._fallback import schedule_extern, schedule_fallback
+    from opsdk.targets import target as resolve_target
+
+    load_builtin_rules()
+    names = {r.name for r in rules_for(Kernel("index_put", "opaque"))}
+    assert {"x86.extern", "neon.extern"} <= names
+    func, tgt = _scatter_func(), resolve_target("x86")
+    assert classify(func) == "opaque"
+    assert schedule_fallback(func, tgt) is None  # declines instead of raising
+    sch = schedule_extern(func, tgt)
+    out = sch.mod["main"]
+    assert "layout_free_buffers" not in (out.attrs or {})
+    again = s_tir.Schedule(out)
+    assert len(again.get_child_blocks(again.get_sblock("root"))) == 1
+    a = te.placeholder((8,), name="a")
+    plain = te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1, name="b")])
+    assert schedule_extern(plain, tgt) is None
+
+
+def test_elementwise_keeps_a_step_whose_math_two_consumers_read():
+    # h1 = tanh(x), h2 = tanh(h1 * a + y), out = h1 + h2: inlining h1 ran its tanh in both
+    # consumers; a 3-step recurrence stacked kept LLVM busy for minutes.
+    from opsdk.schedules._elementwise import schedule_elementwise
+    from opsdk.targets import target as resolve_target
+
+    x, y = te.placeholder((4, 64), name="x"), te.placeholder((4, 64), name="y")
+    h1 = te.compute(x.shape, lambda i, j: te.tanh(x[i, j]), name="h1")
+    h2 = te.compute(x.shape, lambda i, j: te.tanh(h1[i, j] * 0.5 + y[i, j]), name="h2")
+    out = te.compute(x.shape, lambda i, j: h1[i, j] + h2[i, j], name="out")
+    sch = schedule_elementwise(te.create_prim_func([x, y, out]), resolve_target("x86"))
+    kept = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert "h1" in kept and "h2" not in kept, kept  # h2 has one consumer: inlined
+    cheap = te.compute(x.shape, lambda i, j: x[i, j] * 2.0, name="cheap")
+    out2 = te.compute(x.shape, lambda i, j: cheap[i, j] + te.tanh(cheap[i, j] + y[i, j]),
+                      name="out2")
+    sch2 = schedule_elementwise(te.create_prim_func([x, y, out2]), resolve_target("x86"))
+    assert [sch2.get(b).name_hint for b in sch2.get_child_blocks(sch2.get_sblock("root"))] \
+        == ["out2"]  # a multiply costs less than a round trip through memory

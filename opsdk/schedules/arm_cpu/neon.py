@@ -10,7 +10,7 @@ from .._attention import schedule_attention
 from .._conv import schedule_conv2d
 from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
-from .._fallback import schedule_fallback
+from .._fallback import schedule_extern, schedule_fallback
 from .._gemm import schedule_matmul
 from .._qwgemm import schedule_take_q4, schedule_take_w8
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
@@ -132,6 +132,18 @@ def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Any other plain loop nest: each block's outer loops across the cores (when it writes
     enough elements), its innermost output loop vectorized."""
     return schedule_fallback(func, target)
+
+
+@rule(
+    "kind:opaque",
+    "arm_cpu",
+    name="neon.extern",
+    requires=_NEON,
+    priority=12,
+)
+def _extern(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A kernel written as loops rather than blocks (a scatter), run as written."""
+    return schedule_extern(func, target)
 
 
 @rule(

@@ -12,7 +12,7 @@ from .._attention import schedule_attention
 from .._conv import schedule_conv2d
 from .._core import accumulator_registers
 from .._elementwise import schedule_elementwise
-from .._fallback import schedule_fallback
+from .._fallback import schedule_extern, schedule_fallback
 from .._gemm import schedule_matmul
 from .._qwgemm import schedule_take_q4, schedule_take_w8
 from .._rows import group_norm_schedule, schedule_columns, schedule_rows, schedule_whole
@@ -123,6 +123,18 @@ def _fallback(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Any other plain loop nest: each block's outer loops across the cores (when it writes
     enough elements), its innermost output loop vectorized."""
     return schedule_fallback(func, target)
+
+
+@rule(
+    "kind:opaque",
+    "cpu",
+    name="x86.extern",
+    requires=_X86,
+    priority=2,
+)
+def _extern(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """A kernel written as loops rather than blocks (a scatter), run as written."""
+    return schedule_extern(func, target)
 
 
 @rule(
