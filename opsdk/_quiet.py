@@ -41,6 +41,9 @@ HARMLESS_LOG_LINES: tuple[tuple[str, str], ...] = (
      "TVM warns on pow(x, 3) (GPT-2's tanh-GELU) whatever the sign of x; scheduled kernels "
      "compute an integer power by multiplying (opsdk._vecmath.polynomial_math), exact for "
      "negative x too"),
+    (r"codegen_cpu\.cc:\d+: Warning: Unknown pragma pragma_scope",
+     "TOPI's scatter kernels (index_put, scatter_elements) mark their loops with a "
+     "'pragma_scope' that TVM's own CPU codegen does not read; the loops run as written"),
     (r"Failed to load \S*torchao/_C\S*\.so: Could not load this library",
      "torchao (executorch's dependency, imported by transformers when installed) tries its "
      "CUDA / mxfp8 kernels at import; beside a CPU torch they do not load and are not used"),

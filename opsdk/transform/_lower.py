@@ -256,8 +256,40 @@ def _legalize_scan(product: bool):
     return legalize
 
 
-#: Legalizations TVM 0.27 lacks for ops its frontends emit.
+def _log_softmax_te(x, axis: int):
+    """``x - max - log(sum(exp(x - max)))`` along ``axis``, the reductions keeping their
+    axis (extent 1), so every block indexes its buffers with the input's rank."""
+    axis = axis % len(x.shape)
+    kept = [1 if i == axis else d for i, d in enumerate(x.shape)]
+
+    def along(k, i):
+        return [*i[:axis], k, *i[axis + 1:]]
+
+    k1 = te.reduce_axis((0, x.shape[axis]), name="k1")
+    mx = te.compute(kept, lambda *i: te.max(x(*along(k1, i)), axis=k1), name="maxelem")
+    k2 = te.reduce_axis((0, x.shape[axis]), name="k2")
+    zero = [*([0] * len(x.shape))]
+
+    def at(t, i):  # the reduced tensor's element for output position i
+        return t(*[zero[j] if j == axis else i[j] for j in range(len(i))])
+
+    s = te.compute(kept, lambda *i: te.sum(te.exp(x(*along(k2, i)) - at(mx, i)), axis=k2),
+                   name="expsum")
+    return te.compute(x.shape, lambda *i: x(*i) - at(mx, i) - te.log(at(s, i)),
+                      name="log_softmax")
+
+
+def _legalize_log_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.log_softmax``: TOPI's compute gave a function that neither the rules nor
+    the fallback could schedule above two dimensions ("Buffer rank and region dimension
+    mismatch (2 vs. 3)", a CRNN's log_softmax over its classes), so it ran unscheduled."""
+    return bb.call_te(_log_softmax_te, call.args[0], int(call.attrs.axis),
+                      primfunc_name_hint="log_softmax")
+
+
+#: Legalizations TVM 0.27 lacks (or gets wrong) for ops its frontends emit.
 MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
-                     "relax.cumprod": _legalize_scan(True)}
+                     "relax.cumprod": _legalize_scan(True),
+                     "relax.nn.log_softmax": _legalize_log_softmax}
 
 
