@@ -256,7 +256,7 @@ def _legalize_scan(product: bool):
     return legalize
 
 
-def _log_softmax_te(x, axis: int):
+def _log_probabilities_te(x, axis: int):
     """``x - max - log(sum(exp(x - max)))`` along ``axis``, the reductions keeping their
     axis (extent 1), so every block indexes its buffers with the input's rank."""
     axis = axis % len(x.shape)
@@ -279,17 +279,17 @@ def _log_softmax_te(x, axis: int):
                       name="log_softmax")
 
 
-def _legalize_log_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def _legalize_log_probabilities(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``relax.nn.log_softmax``: TOPI's compute gave a function that neither the rules nor
     the fallback could schedule above two dimensions ("Buffer rank and region dimension
     mismatch (2 vs. 3)", a CRNN's log_softmax over its classes), so it ran unscheduled."""
-    return bb.call_te(_log_softmax_te, call.args[0], int(call.attrs.axis),
+    return bb.call_te(_log_probabilities_te, call.args[0], int(call.attrs.axis),
                       primfunc_name_hint="log_softmax")
 
 
 #: Legalizations TVM 0.27 lacks (or gets wrong) for ops its frontends emit.
 MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
                      "relax.cumprod": _legalize_scan(True),
-                     "relax.nn.log_softmax": _legalize_log_softmax}
+                     "relax.nn.log_softmax": _legalize_log_probabilities}
 
 
