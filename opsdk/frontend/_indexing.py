@@ -146,6 +146,8 @@ def index(node: Any, imp: Any) -> relax.Expr:
     bb = imp.block_builder
     x = imp.env[node.args[0]]
     idx = _indices(imp, x, node.args[1], "aten.index")
+    if all(e is None for e in idx):  # x[:, :]: the tensor itself
+        return x
     dims, rank, at = _layout(idx)
     if len(dims) == 1:
         return bb.emit(relax.op.take(x, idx[dims[0]], axis=dims[0]))

@@ -145,9 +145,9 @@ def _has_math(stmt: tirx.Stmt) -> bool:
     while stack:
         e = stack.pop()
         if e is None or isinstance(e, (tirx.IntImm, tirx.FloatImm, tirx.Var)) or \
-                id(e) in seen:
+                e.__chandle__() in seen:  # a node shared by several parents: walked once
             continue
-        seen.add(id(e))
+        seen.add(e.__chandle__())
         if isinstance(e, (tirx.Let, Call)):
             return True
         if isinstance(e, TensorLoad):
