@@ -97,8 +97,7 @@ def _indices(imp: Any, x: relax.Expr, raw: Any, what: str) -> list[relax.Expr | 
         raise ValueError(f"{what}: {len(raw)} indices for a tensor of {len(shape)} dimensions")
     out: list[relax.Expr | None] = []
     for d, a in enumerate([*raw, *[None] * (len(shape) - len(raw))]):
-        e = None if a is None else imp.env[a] if not isinstance(a, relax.Expr) else a
-        out.append(None if e is None else _wrapped(imp, e, shape[d], what))
+        out.append(None if a is None else _wrapped(imp, imp.env[a], shape[d], what))
     return out
 
 

@@ -268,10 +268,9 @@ def _log_probabilities_te(x, axis: int):
     k1 = te.reduce_axis((0, x.shape[axis]), name="k1")
     mx = te.compute(kept, lambda *i: te.max(x(*along(k1, i)), axis=k1), name="maxelem")
     k2 = te.reduce_axis((0, x.shape[axis]), name="k2")
-    zero = [*([0] * len(x.shape))]
 
     def at(t, i):  # the reduced tensor's element for output position i
-        return t(*[zero[j] if j == axis else i[j] for j in range(len(i))])
+        return t(*[0 if j == axis else v for j, v in enumerate(i)])
 
     s = te.compute(kept, lambda *i: te.sum(te.exp(x(*along(k2, i)) - at(mx, i)), axis=k2),
                    name="expsum")
