@@ -257,6 +257,39 @@ def _cat(node: fx.Node, imp: Any) -> relax.Expr:
                                           meta=node.meta))
 
 
+def _conv_transpose3d(node: fx.Node, imp: Any, args: tuple[Any, ...]) -> relax.Expr:
+    x, weight, bias, stride, padding, output_padding, groups, dilation = args
+
+    def triple(v: Any) -> list[int]:
+        return [int(v)] * 3 if isinstance(v, int) else [int(e) for e in v]
+
+    pad = triple(padding)
+    y = imp.block_builder.emit(relax.op.nn.conv3d_transpose(
+        imp.env[x], imp.env[weight], strides=triple(stride), padding=pad + pad,
+        output_padding=triple(output_padding), dilation=triple(dilation), groups=int(groups),
+        data_layout="NCDHW", kernel_layout="IODHW", out_dtype=str(imp.env[x].ty.dtype)))
+    if bias is None:
+        return y
+    b = imp.block_builder.emit(relax.op.reshape(imp.env[bias], (1, -1, 1, 1, 1)))
+    return imp.block_builder.emit(relax.op.add(y, b))
+
+
+def _convolution(node: fx.Node, imp: Any) -> relax.Expr:
+    """``convolution`` (a ``ConvTranspose3d`` after torch's decompositions) and
+    ``conv_transpose3d``: TVM 0.27's converter has no transposed 3-D conv ("Unsupported
+    transposed convolution dimensionality: 5"), though Relax has ``conv3d_transpose``. A 3-D
+    UNet's upsampling did not import. Everything else goes to TVM's own converter."""
+    a = list(node.args) + [None] * 9
+    if node.target.__name__.startswith("conv_transpose3d"):
+        x, w, b = a[:3]
+        return _conv_transpose3d(node, imp, (x, w, b, a[3] or 1, a[4] or 0, a[5] or 0,
+                                             a[6] or 1, a[7] or 1))
+    transposed = a[6]
+    if not transposed or len(node.args[0].meta["val"].shape) != 5:
+        return imp._convolution(node)
+    return _conv_transpose3d(node, imp, (a[0], a[1], a[2], a[3], a[4], a[7], a[8], a[5]))
+
+
 def _with_alpha(scaled: int, base: Callable[[Any], Callable[[Any], relax.Expr]]) -> Converter:
     """``add`` / ``sub`` / ``rsub`` with torch's ``alpha`` (``x + alpha * y``; ``rsub``:
     ``y - alpha * x``): TVM 0.27's converters drop it, so ``torch.add(x, y, alpha=2)``
@@ -297,6 +330,8 @@ _ATEN_FIXES: dict[str, Converter] = {
     "index.Tensor": _indexing.index,
     "index_put.default": _indexing.index_put,
     "index_put_.default": _indexing.index_put,
+    "convolution.default": _convolution,
+    "conv_transpose3d.input": _convolution,
 }
 
 

@@ -2,8 +2,9 @@
 
 The rules are the ops' own (``OpDef.fusion``, in the op files: for the built-ins the
 decomposed LayerNorm / RMSNorm chains, bias add + GELU and GroupNorm in InstanceNorm form),
-plus one that produces no opsdk op: ``conv2d`` (+ bias) + inference ``batch_norm`` with
-constant weights and statistics  ->  ``conv2d`` with the BN scale folded into its weights,
+plus one that produces no opsdk op: a ``conv1d`` / ``conv2d`` / ``conv3d`` (+ bias) + inference
+``batch_norm`` with constant weights and statistics  ->  the conv with the BN scale folded into
+its weights,
 plus a bias add. A ReLU after it stays and TVM's FuseOps fuses it into the convolution's
 epilogue.
 
@@ -32,12 +33,18 @@ __all__ = ["FUSION_RULES", "FuseIntoOps"]
 
 
 # ---------------------------------------------------------------------------------------------
-# conv2d + batch_norm folding
+# conv + batch_norm folding
+
+#: The convs a BatchNorm folds into, by op name: their constructor and layout (data rank).
+_CONVS = {"relax.nn.conv1d": (relax.op.nn.conv1d, "NCW"),
+          "relax.nn.conv2d": (relax.op.nn.conv2d, "NCHW"),
+          "relax.nn.conv3d": (relax.op.nn.conv3d, "NCDHW")}
 
 
 def _conv_bn_rule() -> Rule:
     x, w = wildcard(), is_const()
-    conv = is_op("relax.nn.conv2d")(x, w)
+    conv = (is_op("relax.nn.conv2d")(x, w) | is_op("relax.nn.conv1d")(x, w)
+            | is_op("relax.nn.conv3d")(x, w))
     cbias = is_const() | is_op("relax.reshape")(is_const(), wildcard())
     cbias = cbias | is_op("relax.expand_dims")(is_const())
     conv_out = conv | either("relax.add", conv, cbias)
@@ -47,16 +54,17 @@ def _conv_bn_rule() -> Rule:
 
     def fused(orig: relax.Expr, m: Any) -> relax.Expr | None:
         bn_call, conv_call = m[bn], m[conv]
+        make, plain = _CONVS[conv_call.op.name]
         ty = float_tensor(conv_call)
         wv = const_value(m[w])
-        if ty is None or wv is None or ty.ndim != 4:
+        if ty is None or wv is None or ty.ndim != len(plain):
             return None
         out_layout = str(call_attr(conv_call, "out_layout") or call_attr(conv_call, "data_layout"))
         kernel_layout = str(call_attr(conv_call, "kernel_layout"))
-        if sorted(out_layout) != sorted("NCHW") or "O" not in kernel_layout:
+        if sorted(out_layout) != sorted(plain) or "O" not in kernel_layout:
             return None
         caxis = out_layout.index("C")
-        if call_attr(bn_call, "axis") % 4 != caxis:
+        if call_attr(bn_call, "axis") % ty.ndim != caxis:
             return None
         channels = wv.shape[kernel_layout.index("O")]
         affine = bn_scale_shift(bn_call, channels)
@@ -70,12 +78,12 @@ def _conv_bn_rule() -> Rule:
                 return None
             bias = bv.reshape(channels).astype(np.float64)
         new_w = _scaled(wv, inv, kernel_layout.index("O"))
-        bshape = [1] * 4
+        bshape = [1] * ty.ndim
         bshape[caxis] = channels
         new_b = (bias * inv + shift).reshape(bshape).astype(str(ty.dtype))
         attrs = conv_call.attrs
         out_dtype = call_attr(conv_call, "out_dtype")
-        new_conv = relax.op.nn.conv2d(
+        new_conv = make(
             conv_call.args[0],
             relax.const(new_w),
             strides=list(attrs.strides),
@@ -165,8 +173,9 @@ def FuseIntoOps(
     - ``rms_norm``: the same without the centring  ->  ``opsdk.rms_norm``;
     - ``bias_gelu``: ``gelu(x + bias)`` with ``bias`` of shape ``(C,)`` (or ``(1, .., C)``)
       ->  ``opsdk.bias_gelu``;
-    - ``conv_bn``: inference ``batch_norm`` of a ``conv2d`` (+ bias) whose weights and BN
-      parameters are constants  ->  ``conv2d`` with folded weights plus a bias add;
+    - ``conv_bn``: inference ``batch_norm`` of a ``conv1d`` / ``conv2d`` / ``conv3d`` (+ bias)
+      whose weights and BN parameters are constants  ->  the conv with folded weights plus a
+      bias add;
     - ``conv_branches``: a sum of constant-weight convs (+ bias) of one input with the same
       stride and groups, and of an inference BN of that input or the input itself  ->  one
       ``conv2d`` whose kernel is their sum (:func:`MergeConvBranches`: RepVGG / MobileOne

@@ -39,7 +39,8 @@ An opsdk op stops it too (ConvertLayout knows TVM's ops only), so two rewrites f
 
 A 1-D conv (NCW) becomes a conv2d over a one-row image (``_Conv1dAsConv2d``) first, so an
 audio or sequence model's convs (wav2vec2's feature encoder, Whisper's stem) go NHWC on the
-same conv rules and epilogues.
+same conv rules and epilogues; a 3-D conv (NCDHW) becomes an NHWC conv2d over its depth
+windows, one image per output depth (``_Conv3dAsConv2d``: video and volumetric nets).
 
 A depthwise conv with a channel multiplier reads its input through ``o // m``: it becomes a
 ``repeat`` of the input channels and a plain depthwise conv (``_MultiplierAsRepeat``), so the
@@ -138,6 +139,12 @@ def _static_conv(call: relax.Call, name: str
     return None if x_shape is None or w_shape is None else (call.attrs, x_shape, w_shape)
 
 
+#: Transposed convs taken to their sub-pixel form: op, the conv it becomes, the layouts.
+_TRANSPOSED = (("relax.nn.conv1d_transpose", relax.op.nn.conv1d, ("NCW", "IOW", "NCW")),
+               ("relax.nn.conv2d_transpose", relax.op.nn.conv2d, ("NCHW", "IOHW", "NCHW")),
+               ("relax.nn.conv3d_transpose", relax.op.nn.conv3d, ("NCDHW", "IODHW", "NCDHW")))
+
+
 @relax.expr_functor.mutator
 class _TransposedConvAsConv(relax.PyExprMutator):
     """``conv2d_transpose`` (no dilation or groups) -> one ``conv2d`` to ``Co * s * s``
@@ -152,47 +159,58 @@ class _TransposedConvAsConv(relax.PyExprMutator):
     convs (NCHW only) as a conv over the zero-dilated input, where at stride 2 three of four
     multiplies are by zero; this conv goes NHWC on the conv rules with the others and the
     depth-to-space fuses with its neighbours (a skip concat). Kernel 2 / stride 2 (UNet and
-    FPN upsampling) is a 1x1 conv with no padding and no crop."""
+    FPN upsampling) is a 1x1 conv with no padding and no crop. A ``conv3d_transpose`` (a 3-D
+    UNet's) is the same over three axes, a ``conv3d`` to ``Co * s^3`` channels, and a
+    ``conv1d_transpose`` (a vocoder's upsampling) over one."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        found = _static_conv(call, "relax.nn.conv2d_transpose")
-        if found is None or len(found[1]) != 4 or len(found[2]) != 4:
+        hit = next(((f, conv, layouts) for name, conv, layouts in _TRANSPOSED
+                    if (f := _static_conv(call, name)) is not None
+                    and len(f[1]) == len(f[2]) == len(layouts[0])), None)
+        if hit is None:
             return call
-        a, x_shape, w_shape = found
+        (a, x_shape, w_shape), conv, layouts = hit
+        nd = len(x_shape) - 2  # spatial dims
         s = [int(v) for v in a.strides]
-        pt, pl, pb, pr = [int(v) for v in a.padding]
+        lo, hi = [int(v) for v in a.padding][:nd], [int(v) for v in a.padding][nd:]
         op = [int(v) for v in a.output_padding]
         if (any(int(v) != 1 for v in a.dilation) or int(a.groups) != 1 or min(s) < 1
-                or (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "IOHW", "NCHW")):
+                or (a.data_layout, a.kernel_layout, a.out_layout) != layouts):
             return call
-        n, ci, h, w = x_shape
+        n, ci, size = x_shape[0], x_shape[1], list(x_shape[2:])
         co, k = w_shape[1], w_shape[2:]
-        size = [h, w]
-        out = [(size[d] - 1) * s[d] - (pt, pl)[d] - (pb, pr)[d] + k[d] + op[d] for d in (0, 1)]
-        taps = [-(-k[d] // s[d]) for d in (0, 1)]  # J: taps per phase
+        dims = range(nd)
+        out = [(size[d] - 1) * s[d] - lo[d] - hi[d] + k[d] + op[d] for d in dims]
+        taps = [-(-k[d] // s[d]) for d in dims]  # J: taps per phase
         # Rows of the phase conv: enough that pad + out rows exist after the depth-to-space.
-        rows = [max(size[d] + taps[d] - 1, -(-((pt, pl)[d] + out[d]) // s[d])) for d in (0, 1)]
+        rows = [max(size[d] + taps[d] - 1, -(-(lo[d] + out[d]) // s[d])) for d in dims]
         wt = call.args[1]
-        if taps[0] * s[0] != k[0] or taps[1] * s[1] != k[1]:  # zero taps to a multiple of s
-            wt = relax.op.nn.pad(wt, [0, 0, 0, 0, 0, taps[0] * s[0] - k[0],
-                                      0, taps[1] * s[1] - k[1]])
+        if any(taps[d] * s[d] != k[d] for d in dims):  # zero taps to a multiple of s
+            wt = relax.op.nn.pad(wt, [0, 0, 0, 0] + [v for d in dims
+                                                     for v in (0, taps[d] * s[d] - k[d])])
         norm = self.builder_.normalize
-        # w[ci, co, j*s + r, i*s + c] -> w1[(co, r, c), ci, J-1-j, J-1-i]
-        wt = relax.op.reshape(norm(wt), [ci, co, taps[0], s[0], taps[1], s[1]])
-        wt = relax.op.reshape(norm(relax.op.permute_dims(norm(wt), [1, 3, 5, 0, 2, 4])),
-                              [co * s[0] * s[1], ci, taps[0], taps[1]])
-        for axis, t in ((2, taps[0]), (3, taps[1])):
-            if t > 1:
-                wt = relax.op.flip(norm(wt), axis)
-        padding = [taps[0] - 1, taps[1] - 1, rows[0] - size[0], rows[1] - size[1]]
-        y = relax.op.nn.conv2d(call.args[0], norm(wt), padding=padding, out_dtype=a.out_dtype)
-        y = relax.op.reshape(norm(y), [n, co, s[0], s[1], rows[0], rows[1]])
-        y = relax.op.permute_dims(norm(y), [0, 1, 4, 2, 5, 3])
-        y = relax.op.reshape(norm(y), [n, co, rows[0] * s[0], rows[1] * s[1]])
-        if (pt, pl) == (0, 0) and out == [rows[0] * s[0], rows[1] * s[1]]:
+        # w[ci, co, j*s + r, ...] -> w1[(co, r, ...), ci, J-1-j, ...]
+        wt = relax.op.reshape(norm(wt), [ci, co] + [v for d in dims for v in (taps[d], s[d])])
+        wt = relax.op.permute_dims(norm(wt), [1] + [3 + 2 * d for d in dims] + [0]
+                                   + [2 + 2 * d for d in dims])
+        rs = 1
+        for d in dims:
+            rs *= s[d]
+        wt = relax.op.reshape(norm(wt), [co * rs, ci, *taps])
+        for d in dims:
+            if taps[d] > 1:
+                wt = relax.op.flip(norm(wt), 2 + d)
+        padding = [t - 1 for t in taps] + [rows[d] - size[d] for d in dims]
+        y = conv(call.args[0], norm(wt), padding=padding, out_dtype=a.out_dtype)
+        # (n, co, r..., rows...) -> (n, co, rows0, r0, rows1, r1, ...)
+        y = relax.op.reshape(norm(y), [n, co, *s, *rows])
+        y = relax.op.permute_dims(norm(y), [0, 1] + [v for d in dims for v in (2 + nd + d, 2 + d)])
+        y = relax.op.reshape(norm(y), [n, co] + [rows[d] * s[d] for d in dims])
+        if lo == [0] * nd and out == [rows[d] * s[d] for d in dims]:
             return y
-        return relax.op.strided_slice(norm(y), [2, 3], [pt, pl], [pt + out[0], pl + out[1]])
+        return relax.op.strided_slice(norm(y), [2 + d for d in dims], lo,
+                                      [lo[d] + out[d] for d in dims])
 
 
 @relax.expr_functor.mutator
@@ -218,6 +236,74 @@ class _Conv1dAsConv2d(relax.PyExprMutator):
             strides=[1, int(a.strides[0])], padding=[0, pad[0], 0, pad[-1]],
             dilation=[1, int(a.dilation[0])], groups=int(a.groups), out_dtype=a.out_dtype)
         return relax.op.squeeze(norm(y), [2])
+
+
+@relax.expr_functor.mutator
+class _Conv3dAsConv2d(relax.PyExprMutator):
+    """``conv3d(x, w)`` (NCDHW / OIDHW) -> an NHWC ``conv2d`` over the depth windows, each
+    output depth an image of the batch. TVM legalizes conv3d as an NCDHW loop nest that no
+    rule takes (the catch-all rule at 12-50 GFLOP/s).
+
+    Output depth ``od`` sums the ``KD`` taps ``k`` over input depths ``od * s + k * d``: the
+    ``KD`` depth-shifted views of the channels-last input (``N, D, H, W, C``), side by side
+    on the channel axis, are one image of ``KD * C`` channels per output depth, and the
+    kernel's ``(KD, C)`` become its input channels. The conv2d runs on the conv rules and
+    epilogues (``N * OD`` images); its result is ``N, OD, OH, OW, O``, channels-last for the
+    next layer, whose own transpose cancels this one's (``_PermutesSink``). The gather
+    copies the input ``KD`` times; the convs do hundreds of multiply-adds per element copied.
+
+    A grouped conv (a depthwise one: X3D's) is a sum of one grouped conv2d per depth tap
+    instead (a residual epilogue): gathered, each group's few channels would interleave with
+    the taps' (copied element by element), and the conv would have ``KD`` channels a group."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        found = _static_conv(call, "relax.nn.conv3d")
+        if found is None or len(found[1]) != 5 or len(found[2]) != 5:
+            return call
+        a, (n, c, d, h, w), (o, cg, kd, kh, kw) = found
+        layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout))
+        if layouts != ("NCDHW", "OIDHW", "NCDHW"):
+            return call
+        sd, sh, sw = (int(v) for v in a.strides)
+        dd, dh, dw = (int(v) for v in a.dilation)
+        pd0, ph0, pw0, pd1, ph1, pw1 = (int(v) for v in a.padding)
+        g = int(a.groups)
+        od = (d + pd0 + pd1 - dd * (kd - 1) - 1) // sd + 1
+        if od < 1:
+            return call
+        emit = self.builder_.emit
+        x = emit(relax.op.permute_dims(call.args[0], [0, 2, 3, 4, 1]))
+        if pd0 or pd1:
+            x = emit(relax.op.nn.pad(x, [0, 0, pd0, pd1, 0, 0, 0, 0, 0, 0]))
+        taps = []
+        for k in range(kd):  # the input depths tap k reads, one image per output depth
+            t = x
+            if kd > 1 or sd > 1 or od != d + pd0 + pd1:
+                t = emit(relax.op.strided_slice(x, [1], [k * dd], [k * dd + sd * (od - 1) + 1],
+                                                [sd]))
+            taps.append(emit(relax.op.reshape(t, [n * od, h, w, c])))
+        # (KH, KW, KD, C / g, O): tap k's HWIO kernel is [:, :, k]
+        wt = emit(relax.op.permute_dims(call.args[1], [3, 4, 2, 1, 0]))
+
+        def conv(x: relax.Expr, wk: relax.Expr) -> relax.Var:
+            return emit(relax.op.nn.conv2d(
+                x, wk, strides=[sh, sw], padding=[ph0, pw0, ph1, pw1], dilation=[dh, dw],
+                groups=g, data_layout="NHWC", kernel_layout="HWIO", out_dtype=a.out_dtype))
+
+        if g == 1:  # one GEMM over the taps side by side: K = KD * C
+            x = emit(relax.op.concat(taps, axis=-1)) if kd > 1 else taps[0]
+            y = conv(x, emit(relax.op.reshape(wt, [kh, kw, kd * cg, o])))
+        else:  # grouped (depthwise): a grouped conv per tap, summed (a residual epilogue)
+            y = None
+            for k, t in enumerate(taps):
+                wk = emit(relax.op.squeeze(emit(relax.op.strided_slice(
+                    wt, [2], [k], [k + 1])), [2]))
+                yk = conv(t, wk)
+                y = yk if y is None else emit(relax.op.add(y, yk))
+        oh, ow = static_shape(y)[1:3]
+        y = emit(relax.op.reshape(y, [n, od, oh, ow, o]))
+        return relax.op.permute_dims(y, [0, 4, 1, 2, 3])
 
 
 _TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
@@ -341,7 +427,12 @@ _BINARY = frozenset(f"relax.{n}" for n in (
 #: 2-D pools with a layout of their own: an NCHW one on ``to_nchw(x)`` runs NHWC on ``x``.
 _POOLS = {"relax.nn.avg_pool2d": relax.op.nn.avg_pool2d,
           "relax.nn.max_pool2d": relax.op.nn.max_pool2d,
-          "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d}
+          "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d,
+          "relax.nn.avg_pool3d": relax.op.nn.avg_pool3d,
+          "relax.nn.max_pool3d": relax.op.nn.max_pool3d,
+          "relax.nn.adaptive_avg_pool3d": relax.op.nn.adaptive_avg_pool3d}
+#: NCDHW <- NDHWC (a conv3d's result, ``_Conv3dAsConv2d``).
+_TO_NCDHW = [0, 4, 1, 2, 3]
 #: Reductions over ``axis`` (StatisticalAttrs): the axes are renumbered.
 _REDUCE = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
            "relax.min": relax.op.min, "relax.prod": relax.op.prod}
@@ -404,6 +495,8 @@ class _PermutesSink(relax.PyExprMutator):
         if name in _UNARY:
             return relax.op.permute_dims(self._emit(call, [x, *call.args[1:]]), perm)
         if perm == _TO_NCHW and (name in _POOLS or name == "opsdk.group_norm"):
+            return self._channels_last(call, x)
+        if perm == _TO_NCDHW and name.endswith("pool3d"):
             return self._channels_last(call, x)
         if name in _REDUCE:
             return self._reduce(call, x, perm)
@@ -521,8 +614,9 @@ class _PermutesSink(relax.PyExprMutator):
         return self.builder_.emit(relax.op.permute_dims(e, inverse))
 
     def _channels_last(self, call: relax.Call, x: relax.Expr) -> relax.Expr:
-        """An NCHW pool or group norm whose input is ``to_nchw(x)``: the same op in NHWC on
-        ``x``, its result permuted back (and sunk further by its consumers)."""
+        """An NCHW pool or group norm whose input is ``to_nchw(x)`` (an NCDHW pool whose input
+        is ``to_ncdhw(x)``): the same op in NHWC (NDHWC) on ``x``, its result permuted back
+        (and sunk further by its consumers)."""
         if call.op.name == "opsdk.group_norm":
             _, ins, attrs = decode_call(call)
             if attrs.get("layout", "NCHW") != "NCHW":
@@ -531,19 +625,21 @@ class _PermutesSink(relax.PyExprMutator):
             y = ops.group_norm(x, **extra, **{**attrs, "layout": "NHWC"})
         else:
             a = call.attrs
-            if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+            first, last = ("NCDHW", "NDHWC") if call.op.name.endswith("3d") else ("NCHW", "NHWC")
+            if str(a.layout) != first or str(a.out_layout) != first:
                 return call
-            if call.op.name == "relax.nn.adaptive_avg_pool2d":
+            if call.op.name.startswith("relax.nn.adaptive_avg_pool"):
                 size = None if a.output_size is None else [int(v) for v in a.output_size]
-                y = relax.op.nn.adaptive_avg_pool2d(x, size, layout="NHWC", out_layout="NHWC")
+                y = _POOLS[call.op.name](x, size, layout=last, out_layout=last)
             else:
                 y = _POOLS[call.op.name](
                     x, pool_size=[int(v) for v in a.pool_size],
                     strides=[int(v) for v in a.strides], padding=[int(v) for v in a.padding],
                     dilation=[int(v) for v in a.dilation], ceil_mode=bool(a.ceil_mode),
-                    count_include_pad=bool(a.count_include_pad), layout="NHWC",
-                    out_layout="NHWC")
-        return relax.op.permute_dims(self.builder_.emit(y), _TO_NCHW)
+                    count_include_pad=bool(a.count_include_pad), layout=last,
+                    out_layout=last)
+        back = _TO_NCDHW if call.op.name.endswith("3d") else _TO_NCHW
+        return relax.op.permute_dims(self.builder_.emit(y), back)
 
     def _concat(self, call: relax.Call) -> relax.Expr:
         """A concat of inputs all permuted alike -> their sources concatenated along the
@@ -626,7 +722,7 @@ def ChannelsLast() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="opsdk.ChannelsLast")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if not op_counts(mod, "relax.nn.conv2d") and not op_counts(mod, "relax.nn.conv1d"):
+        if not any(op_counts(mod, f"relax.nn.conv{k}d") for k in (1, 2, 3)):
             return mod
         mod = mod.clone()  # the caller's module stays as it was (item assignment mutates)
         updates = {}
@@ -634,6 +730,7 @@ def ChannelsLast() -> tvm.transform.Pass:
             if isinstance(func, relax.Function):
                 func = _TransposedConvAsConv().visit_expr(func)
                 func = _Conv1dAsConv2d().visit_expr(func)
+                func = _Conv3dAsConv2d().visit_expr(func)
                 func = _SqueezeAxesPositive().visit_expr(func)
                 updates[gv] = _ClipAsMinMax().visit_expr(func)
         for gv, func in updates.items():

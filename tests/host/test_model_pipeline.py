@@ -432,6 +432,99 @@ def test_a_conv1d_runs_as_a_one_row_conv2d_on_the_conv_rules(
     assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
 
 
+class _Conv3dNet(torch.nn.Module):
+    def __init__(self, kernel, stride, pad, dilation, groups, bias):
+        super().__init__()
+        self.a = torch.nn.Conv3d(8, 16, kernel, stride, pad, dilation, groups, bias=bias)
+        self.bn = torch.nn.BatchNorm3d(16)
+        self.b = torch.nn.Conv3d(16, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.silu(self.bn(self.a(x)))).mean((2, 3, 4))
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad", "dilation", "groups", "bias", "batch"), [
+    (3, 1, 1, 1, 1, True, 1),                      # C3D / a 3-D UNet's conv
+    ((3, 3, 3), (2, 2, 2), 1, 1, 1, False, 2),     # strided, a batch of two clips
+    ((1, 3, 3), (1, 2, 2), (0, 1, 1), 1, 1, True, 1),  # (2+1)D's spatial conv
+    ((3, 1, 1), 1, (1, 0, 0), 1, 1, True, 1),      # its temporal conv
+    (3, 1, 2, 2, 2, True, 1),                      # dilated, grouped
+    (3, 1, 1, 1, 8, False, 1),                     # depthwise (X3D): 2 channels a group out
+], ids=["k3", "k3s2b2", "k133s122", "k311", "k3d2g2", "dw3"])
+def test_a_conv3d_runs_as_a_conv2d_over_depth_windows(
+        kernel, stride, pad, dilation, groups, bias, batch):
+    # TVM legalizes conv3d as an NCDHW loop nest that no rule took: a small video net's convs
+    # ran on the catch-all rule at 12-50 GFLOP/s (0.32x onnxruntime). It is now an NHWC
+    # conv2d over its depth windows, on the conv rules; its BatchNorm folds into it.
+    torch.manual_seed(0)
+    net = _Conv3dNet(kernel, stride, pad, dilation, groups, bias).eval()
+    with torch.no_grad():
+        net.bn.running_mean.normal_(0, 0.5)
+        net.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(batch, 8, 9, 14, 13)
+    m = LoadedModel.from_torch("conv3d", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    rules = cm.rule_counts()
+    assert "x86.fallback" not in rules and "generic" not in rules, rules
+    assert rules.get("x86.conv2d", 0) + rules.get("x86.winograd", 0) >= 2, rules
+    names = [k["name"] for k in cm.kernels]
+    assert not any("conv3d" in n or "batch_norm" in n for n in names), names
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = _run(cm.ex, x.numpy())
+    assert got.shape == ref.shape
+    assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad", "out_pad", "bias"), [
+    (2, 2, 0, 0, True),                   # a 3-D UNet's upsampling: a 1x1x1 conv
+    (3, 2, 1, 1, False),                  # odd kernel, output padding
+    ((4, 4, 4), 2, 1, 0, True),           # k = 2s
+    ((1, 2, 2), (1, 2, 2), 0, 0, True),   # spatial only (a video decoder)
+], ids=["k2s2", "k3s2op1", "k4s2p1", "k122"])
+def test_a_conv_transpose3d_imports_and_runs_as_a_conv2d(kernel, stride, pad, out_pad, bias):
+    # TVM 0.27's importer refused it ("Unsupported transposed convolution dimensionality: 5");
+    # now Relax's conv3d_transpose, in its sub-pixel form: a conv3d, so a conv2d.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv3d(4, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.ConvTranspose3d(8, 6, kernel, stride=stride, padding=pad,
+                                 output_padding=out_pad, bias=bias),
+        torch.nn.Conv3d(6, 4, 3, padding=1)).eval()
+    x = torch.randn(1, 4, 5, 7, 6)
+    m = LoadedModel.from_torch("up3d", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    rules = cm.rule_counts()
+    assert "x86.fallback" not in rules and "generic" not in rules, rules
+    names = [k["name"] for k in cm.kernels]
+    assert not any("conv3d" in n for n in names), names
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = _run(cm.ex, x.numpy())
+    assert got.shape == ref.shape
+    assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad"), [(16, 8, 4), (4, 2, 1), (3, 1, 1)],
+                         ids=["k16s8", "k4s2", "k3s1"])
+def test_a_conv_transpose1d_runs_on_the_conv_rules(kernel, stride, pad):
+    # a vocoder's (HiFi-GAN's) upsampling: TVM's conv1d_transpose was on the catch-all rule
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv1d(8, 16, 7, padding=3), torch.nn.LeakyReLU(0.1),
+        torch.nn.ConvTranspose1d(16, 8, kernel, stride=stride, padding=pad)).eval()
+    x = torch.randn(1, 8, 33)
+    m = LoadedModel.from_torch("up1d", net, (x,), baselines=False)
+    cm = compile_model(m.opsdk_mod, "x86", cache=False)
+    rules = cm.rule_counts()
+    assert "x86.fallback" not in rules and "generic" not in rules, rules
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = _run(cm.ex, x.numpy())
+    assert got.shape == ref.shape
+    assert within_tolerance(got, ref)["ok"], within_tolerance(got, ref)
+
+
 def test_an_op_no_lowering_takes_is_named_not_an_internal_error():
     # TVM leaves a call its legalization does not take (a channels-last transposed conv) in
     # place; VM codegen then failed with "InternalError: CodeGenVM cannot emit this Relax

@@ -86,23 +86,27 @@ def test_calls_that_differ_in_attributes_get_their_own_kernels():
 
 
 def test_a_rule_needs_the_ops_every_match_calls():
-    assert _required_ops(_conv_bn_rule().pattern) == {"relax.nn.conv2d", "relax.nn.batch_norm"}
+    # the fold takes a conv1d, conv2d or conv3d: only the BatchNorm is in every match
+    assert _required_ops(_conv_bn_rule().pattern) == {"relax.nn.batch_norm"}
     either = is_op("relax.nn.relu")(is_op("relax.add")(wildcard(), wildcard())) | \
         is_op("relax.nn.relu")(is_op("relax.multiply")(wildcard(), wildcard()))
     assert _required_ops(either) == {"relax.nn.relu"}
     assert _required_ops(wildcard()) == frozenset()
 
 
-def _conv_bn(dtype: str = "float32"):
+_CONV = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}
+
+
+def _conv_bn(dtype: str = "float32", rank: int = 2):
     rng = np.random.default_rng(1)
-    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), dtype))
-    w = rng.standard_normal((8, 4, 3, 3)).astype(dtype)
+    x = relax.Var("x", relax.TensorType((1, 4) + (6,) * rank, dtype))
+    w = rng.standard_normal((8, 4) + (3,) * rank).astype(dtype)
     stats = [rng.uniform(0.5, 2, 8), rng.standard_normal(8), rng.standard_normal(8),
              rng.uniform(0.1, 3, 8)]
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            c = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=1))
+            c = bb.emit(_CONV[rank](x, relax.const(w), padding=1))
             bn = bb.emit(relax.op.nn.batch_norm(c, *(relax.const(s.astype(dtype))
                                                      for s in stats), axis=1, epsilon=1e-5,
                                                  training=False))
@@ -111,20 +115,21 @@ def _conv_bn(dtype: str = "float32"):
     return bb.get(), w, stats
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_conv_bn_fold_rounds_once_from_float64(dtype):
-    mod, w, (g, _b, _m, var) = _conv_bn(dtype)
+@pytest.mark.parametrize(("dtype", "rank"), [("float32", 2), ("float16", 2), ("float32", 1),
+                                             ("float32", 3)])
+def test_conv_bn_fold_rounds_once_from_float64(dtype, rank):
+    mod, w, (g, _b, _m, var) = _conv_bn(dtype, rank)
     fused = opsdk.transform.FuseIntoOps()(mod)
     convs = []
     relax.analysis.post_order_visit(fused["main"], lambda e: convs.append(e) if isinstance(
-        e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.nn.conv2d"
+        e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == f"relax.nn.conv{rank}d"
         else None)
     assert len(convs) == 1
     assert opsdk.transform.op_counts(fused, "relax.nn.batch_norm") == {}
     got = const_value(convs[0].args[1])
     g64, v64 = (np.asarray(a.astype(dtype), np.float64) for a in (g, var))
     scale = g64 / np.sqrt(v64 + 1e-5)
-    want = (w.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(dtype)
+    want = (w.astype(np.float64) * scale.reshape((-1,) + (1,) * (rank + 1))).astype(dtype)
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, want)
 
