@@ -16,6 +16,7 @@ from .. import ops as op_library  # the explicit op list, read when used
 from ..registry import builder, get_op, registered_ops
 from . import _indexing
 from ._asis import as_is_converters, importable_as_is
+from ._recurrent import RECURRENT, recurrent_kept
 
 if TYPE_CHECKING:  # torch is optional: imported only when a converter runs
     import torch
@@ -332,6 +333,7 @@ _ATEN_FIXES: dict[str, Converter] = {
     "index_put_.default": _indexing.index_put,
     "convolution.default": _convolution,
     "conv_transpose3d.input": _convolution,
+    **RECURRENT,
 }
 
 
@@ -406,7 +408,8 @@ def from_torch(
     mapped = _op_mappings(skip=custom) if op_mappings else {}
     as_is = False
     if decompose:
-        keep = [*custom, *_user_keep(mapped)]
+        # recurrent layers this path runs as one kernel each arrive whole (_recurrent.py)
+        keep = [*custom, *_user_keep(mapped), *recurrent_kept(exported_program)]
         table = decomposition_table(names, keep=keep)
         # torch's second trace only where it changes what the importer sees (_asis.py)
         as_is = importable_as_is(exported_program, table, _kept_ops(names, True, keep))

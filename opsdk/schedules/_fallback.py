@@ -69,15 +69,18 @@ def schedule_extern(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | Non
     ``scatter_elements``), as written: the schedule primitives need blocks, and where its
     loops are parallel its author said so.
 
-    Its body goes under a root block, the form TVM's ``SplitLayoutRewritePreproc`` expects
-    of every function in the module (it stopped the build with "There should be a compute
-    block if there is only one subtree under the root"), and its buffers are not marked
+    Its body goes in one opaque block under a root block, the form TVM's
+    ``SplitLayoutRewritePreproc`` expects of every function in the module (it stopped the
+    build with "There should be a compute block if there is only one subtree under the
+    root", or "at least a block in the subtree"), and its buffers are not marked
     layout-free (nothing here packs them). Returns None for block-structured functions
     (the other rules' business).
     """
     if _has_root(func):
         return None
-    root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", func.body))
+    # The loops in one opaque block: that pass also wants a block in every subtree of the root.
+    body = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "extern", func.body))
+    root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body))
     func = func.with_body(root)
     if "layout_free_buffers" in (func.attrs or {}):
         func = func.without_attr("layout_free_buffers")

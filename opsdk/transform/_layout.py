@@ -292,7 +292,7 @@ class _Conv3dAsConv2d(relax.PyExprMutator):
                 groups=g, data_layout="NHWC", kernel_layout="HWIO", out_dtype=a.out_dtype))
 
         if g == 1:  # one GEMM over the taps side by side: K = KD * C
-            x = emit(relax.op.concat(taps, axis=-1)) if kd > 1 else taps[0]
+            x = emit(relax.op.concat(taps, axis=3)) if kd > 1 else taps[0]
             y = conv(x, emit(relax.op.reshape(wt, [kh, kw, kd * cg, o])))
         else:  # grouped (depthwise): a grouped conv per tap, summed (a residual epilogue)
             y = None

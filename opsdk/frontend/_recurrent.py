@@ -1,0 +1,238 @@
+"""LSTM and GRU layers (``aten.lstm.input``, ``aten.gru.input``) as one recurrence kernel per
+layer and direction.
+
+torch's decomposition unrolls a recurrent layer into its time steps: per step a small matrix
+product ``h @ W_hh^T``, the gate slices and their activations, each a kernel of its own, so a
+two-layer LSTM over 49 frames ran about 500 kernels (0.65x onnxruntime, whose LSTM is one op).
+Here a layer is two kernels:
+
+- the input projection of every step at once, ``x @ W_ih^T + b`` (a matmul on the matmul
+  rules, with its bias epilogue);
+- the recurrence: one loop nest over the steps that keeps ``h`` and ``c`` in place and, per
+  step, multiplies ``h`` by ``W_hh`` into register accumulators (``W_hh`` packed by blocks of
+  gate columns, each block read contiguously) and applies the gates, vectorized, with
+  opsdk's polynomial ``sigmoid`` / ``tanh`` (:func:`opsdk._vecmath.polynomial_math`).
+
+The recurrence is written as loops, not a TE compute (each step reads the last one's
+result), like TOPI's own loop-nest kernels: it runs through the ``extern`` rules as written,
+on x86 and aarch64 alike (LLVM splits its vectors into the target's registers). The batch
+is the outer loop, so sequences run one after another, each step on one core: a step's
+matrix product (``4H x H``, 64 K multiply-adds for ``H = 128``) is too small to share.
+
+float32 layers without ``proj_size`` take this path; any other (and a layer of a program
+that keeps the decomposition) is imported as torch decomposes it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+if TYPE_CHECKING:
+    from torch import fx
+
+__all__ = ["RECURRENT", "recurrent_kept"]
+
+#: Gate count of each kind: LSTM (i, f, g, o), GRU (r, z, n).
+_GATES = {"lstm": 4, "gru": 3}
+_BLOCK = 128
+
+
+def _lanes(n: int, most: int) -> int:
+    """The largest power of two up to ``most`` that divides ``n``."""
+    v = most
+    while n % v:
+        v //= 2
+    return v
+
+
+def _lstm_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
+    gates = 4 * hidden
+    v, vh = _lanes(gates, _BLOCK), _lanes(hidden, 16)
+    blocks, rev = gates // v, int(reverse)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def lstm_recurrence(xp: T.Buffer((batch, steps, gates), "float32"),
+                        w: T.Buffer((blocks, hidden, v), "float32"),
+                        h0: T.Buffer((batch, hidden), "float32"),
+                        c0: T.Buffer((batch, hidden), "float32"),
+                        y: T.Buffer((batch, steps, hidden), "float32"),
+                        hn: T.Buffer((batch, hidden), "float32"),
+                        cn: T.Buffer((batch, hidden), "float32")):
+        T.func_attr({"tir.noalias": True})
+        for b, j in T.grid(batch, hidden):
+            hn[b, j] = h0[b, j]
+            cn[b, j] = c0[b, j]
+        for b in range(batch):
+            g = T.decl_buffer((gates,), "float32")
+            acc = T.decl_buffer((v,), "float32", scope="local")
+            for s in range(steps):
+                for jo in range(blocks):
+                    for ji in T.vectorized(v):
+                        acc[ji] = xp[b, s + (steps - 1 - 2 * s) * rev, jo * v + ji]
+                    for k in range(hidden):
+                        for ji in T.vectorized(v):
+                            acc[ji] = acc[ji] + hn[b, k] * w[jo, k, ji]
+                    for ji in T.vectorized(v):
+                        g[jo * v + ji] = acc[ji]
+                for jo in range(hidden // vh):
+                    for ji in T.vectorized(vh):
+                        cn[b, jo * vh + ji] = (
+                            T.sigmoid(g[hidden + jo * vh + ji]) * cn[b, jo * vh + ji]
+                            + T.sigmoid(g[jo * vh + ji]) * T.tanh(g[2 * hidden + jo * vh + ji]))
+                        hn[b, jo * vh + ji] = (T.sigmoid(g[3 * hidden + jo * vh + ji])
+                                               * T.tanh(cn[b, jo * vh + ji]))
+                        y[b, s + (steps - 1 - 2 * s) * rev, jo * vh + ji] = hn[b, jo * vh + ji]
+
+    return lstm_recurrence
+
+
+def _gru_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
+    gates = 3 * hidden
+    v, vh = _lanes(gates, _BLOCK), _lanes(hidden, 16)
+    blocks, rev = gates // v, int(reverse)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def gru_recurrence(xp: T.Buffer((batch, steps, gates), "float32"),
+                       w: T.Buffer((blocks, hidden, v), "float32"),
+                       bh: T.Buffer((gates,), "float32"),
+                       h0: T.Buffer((batch, hidden), "float32"),
+                       y: T.Buffer((batch, steps, hidden), "float32"),
+                       hn: T.Buffer((batch, hidden), "float32")):
+        T.func_attr({"tir.noalias": True})
+        for b, j in T.grid(batch, hidden):
+            hn[b, j] = h0[b, j]
+        for b in range(batch):
+            g = T.decl_buffer((gates,), "float32")
+            acc = T.decl_buffer((v,), "float32", scope="local")
+            for s in range(steps):
+                for jo in range(blocks):  # W_hh h + b_hh: the n gate needs it apart from x's
+                    for ji in T.vectorized(v):
+                        acc[ji] = bh[jo * v + ji]
+                    for k in range(hidden):
+                        for ji in T.vectorized(v):
+                            acc[ji] = acc[ji] + hn[b, k] * w[jo, k, ji]
+                    for ji in T.vectorized(v):
+                        g[jo * v + ji] = acc[ji]
+                for jo in range(hidden // vh):
+                    for ji in T.vectorized(vh):
+                        # r -> g[j], z -> g[H + j], n -> g[2H + j]
+                        g[jo * vh + ji] = T.sigmoid(
+                            xp[b, s + (steps - 1 - 2 * s) * rev, jo * vh + ji] + g[jo * vh + ji])
+                        g[hidden + jo * vh + ji] = T.sigmoid(
+                            xp[b, s + (steps - 1 - 2 * s) * rev, hidden + jo * vh + ji]
+                            + g[hidden + jo * vh + ji])
+                        g[2 * hidden + jo * vh + ji] = T.tanh(
+                            xp[b, s + (steps - 1 - 2 * s) * rev, 2 * hidden + jo * vh + ji]
+                            + g[jo * vh + ji] * g[2 * hidden + jo * vh + ji])
+                        hn[b, jo * vh + ji] = g[2 * hidden + jo * vh + ji] + g[
+                            hidden + jo * vh + ji] * (hn[b, jo * vh + ji]
+                                                      - g[2 * hidden + jo * vh + ji])
+                        y[b, s + (steps - 1 - 2 * s) * rev, jo * vh + ji] = hn[b, jo * vh + ji]
+
+    return gru_recurrence
+
+
+_KERNELS = {"lstm": _lstm_kernel, "gru": _gru_kernel}
+
+
+def _layout(node: fx.Node) -> dict[str, Any] | None:
+    """The layer's facts when this path takes it: float32, static shapes, no ``proj_size``,
+    in inference; else None."""
+    import torch  # heavy: torch
+
+    kind = node.target.__name__.split(".")[0]
+    if kind not in _GATES or node.target.__name__.split(".")[1:] != ["input"]:
+        return None
+    a = list(node.args) + [None] * 9
+    x, params = a[0], a[2]
+    has_biases, layers, train = a[3], a[4], a[6]
+    bidirectional, batch_first = bool(a[7]), bool(a[8])
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if val is None or val.dtype != torch.float32 or val.dim() != 3 or train:
+        return None
+    if not all(isinstance(d, int) for d in val.shape):
+        return None
+    dirs, per = 1 + bidirectional, 4 if has_biases else 2
+    if len(params) != layers * dirs * per:  # proj_size adds a weight_hr per direction
+        return None
+    w_hh = params[1].meta.get("val")
+    gates = _GATES[kind]
+    if w_hh is None or w_hh.dim() != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
+        return None
+    batch, steps = (val.shape[0], val.shape[1]) if batch_first else (val.shape[1], val.shape[0])
+    return {"kind": kind, "layers": int(layers), "dirs": dirs, "per": per,
+            "batch_first": batch_first, "batch": int(batch), "steps": int(steps),
+            "hidden": int(w_hh.shape[1]), "has_biases": bool(has_biases)}
+
+
+def recurrent_kept(exported_program: Any) -> list[str]:
+    """The recurrent aten ops to keep out of torch's decomposition: those every call of
+    which this path takes (``lstm.input``, ``gru.input``)."""
+    seen: dict[str, bool] = {}
+    for n in exported_program.graph.nodes:
+        name = getattr(n.target, "__name__", "")
+        if n.op == "call_function" and name in ("lstm.input", "gru.input"):
+            seen[name] = seen.get(name, True) and _layout(n) is not None
+    return [k for k, ok in seen.items() if ok]
+
+
+def _recurrent(node: fx.Node, imp: Any) -> relax.Expr:
+    f = _layout(node)
+    if f is None:  # what torch's decomposition would give: TVM's own converter
+        return imp._lstm(node) if node.target.__name__.startswith("lstm") else imp._gru(node)
+    bb, kind = imp.block_builder, f["kind"]
+    args = imp.retrieve_args(node)
+    x, hx, params = args[0], args[1], args[2]
+    if kind == "gru":
+        hx = [hx]
+    b, steps, h = f["batch"], f["steps"], f["hidden"]
+    gates = _GATES[kind] * h
+    v = _lanes(gates, _BLOCK)
+    f32 = "float32"
+    if not f["batch_first"]:
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+    finals: list[list[relax.Expr]] = [[] for _ in hx]
+    for layer in range(f["layers"]):
+        outs = []
+        for d in range(f["dirs"]):
+            i = (layer * f["dirs"] + d)
+            w_ih, w_hh = params[i * f["per"]], params[i * f["per"] + 1]
+            b_ih = params[i * f["per"] + 2] if f["has_biases"] else None
+            b_hh = params[i * f["per"] + 3] if f["has_biases"] else None
+            xp = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w_ih, [1, 0]))))
+            # W_hh by blocks of v gate columns, each block (hidden, v) contiguous
+            wp = bb.emit(relax.op.permute_dims(
+                bb.emit(relax.op.reshape(w_hh, (gates // v, v, h))), [0, 2, 1]))
+            states = [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(
+                s, [0], [i], [i + 1])), [0])) for s in hx]
+            zeros = relax.const(np.zeros((gates,), f32))
+            if kind == "lstm":
+                if b_ih is not None:
+                    xp = bb.emit(relax.op.add(xp, bb.emit(relax.op.add(b_ih, b_hh))))
+                ins = [xp, wp, *states]
+            else:
+                if b_ih is not None:
+                    xp = bb.emit(relax.op.add(xp, b_ih))
+                ins = [xp, wp, zeros if b_hh is None else b_hh, *states]
+            gv = bb.add_func(_KERNELS[kind](steps, b, h, d == 1), f"{kind}_recurrence")
+            out_ty = [relax.TensorType((b, steps, h), f32)] + [
+                relax.TensorType((b, h), f32) for _ in hx]
+            call = bb.emit(relax.call_tir(gv, ins, out_ty))
+            outs.append(bb.emit(relax.TupleGetItem(call, 0)))
+            for k in range(len(hx)):
+                finals[k].append(bb.emit(relax.TupleGetItem(call, k + 1)))
+        x = outs[0] if len(outs) == 1 else bb.emit(relax.op.concat(outs, axis=2))
+    y = x if f["batch_first"] else bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+    # (layers * directions, batch, hidden); not relax.stack, whose layout inference fails
+    # in ConvertLayout ("Index -1 out of bounds")
+    stacked = [bb.emit(relax.op.concat([bb.emit(relax.op.expand_dims(e, [0])) for e in s],
+                                       axis=0)) for s in finals]
+    return bb.emit(relax.Tuple([y, *stacked]))
+
+
+#: The converters, by aten overload.
+RECURRENT = {"lstm.input": _recurrent, "gru.input": _recurrent}
