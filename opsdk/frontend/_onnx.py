@@ -14,6 +14,7 @@ from .. import ops as op_library  # the explicit op list, read when used
 from .._userfile import load_onnx_file
 from ..registry import builder, registered_ops
 from ..transform import FuseIntoOps, ReplaceTVMOps
+from ._recurrent import onnx_recurrent
 
 if TYPE_CHECKING:
     import onnx
@@ -113,8 +114,14 @@ def from_onnx(
     if isinstance(model, (str, os.PathLike)):  # a corrupt file: one error naming it
         model = load_onnx_file(model)
     with _op_mappings(op_mappings) as hits:
-        mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset,
-                            **kwargs)
+        try:
+            mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
+                                opset=opset, **kwargs)
+        except tvm.error.OpNotImplemented as e:  # the operators, and what to do, in words
+            raise ValueError(f"{str(e).strip().splitlines()[-1]}: neither TVM's ONNX importer "
+                             "nor opsdk converts them; map each to an op of yours with "
+                             "OpDef.onnx (docs/model-compile.md), or export the model "
+                             "without them") from None
     if any(hits.values()):
         mod = mod.with_attr("opsdk.onnx_mappings", {k: n for k, n in hits.items() if n})
     names = None if ops is None else list(ops)
@@ -142,18 +149,17 @@ def onnx_mapping_counts(mod: tvm.IRModule) -> dict[str, int]:
 @contextlib.contextmanager
 def _op_mappings(enabled: bool = True):
     """TVM's ONNX importer has no custom converter hook: its table of converters is
-    extended, for this import only, with the registered ops' ``OpDef.onnx`` mappings."""
+    extended, for this import only, with opsdk's converters for operators it lacks
+    (:func:`_fixes`) and the registered ops' ``OpDef.onnx`` mappings."""
+
+    from tvm.relax.frontend.onnx import onnx_frontend as fe  # heavy: onnx
 
     hits: dict[str, int] = {}
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(_fixes())
     for d in registered_ops() if enabled else ():
         for op_type, fn in d.onnx_maps.items():
             hits[op_type] = 0
             extra[op_type] = _converter(d, op_type, fn, builder(d), hits)
-    if not extra:
-        yield hits
-        return
-    from tvm.relax.frontend.onnx import onnx_frontend as fe  # heavy: onnx
 
     original = fe._get_convert_map
     with _LOCK:
@@ -165,6 +171,20 @@ def _op_mappings(enabled: bool = True):
 
 
 _LOCK = threading.Lock()
+
+
+def _fixes() -> dict[str, type]:
+    """Converters for ONNX operators TVM 0.27's importer lacks: ``LSTM`` and ``GRU`` on the
+    recurrence kernels (:func:`._recurrent.onnx_recurrent`)."""
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter  # heavy: onnx
+
+    def converter(kind: str) -> type:
+        def impl(cls, bb, inputs, attr, params):
+            return onnx_recurrent(kind, bb, list(inputs), dict(attr))
+
+        return type(f"_Opsdk_{kind}", (OnnxOpConverter,), {"_impl_v7": classmethod(impl)})
+
+    return {"LSTM": converter("lstm"), "GRU": converter("gru")}
 
 
 def _converter(d: Any, op_type: str, fn: Any, build: Any, hits: dict[str, int]) -> type:

@@ -31,13 +31,15 @@ import numpy as np
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
+from .._patterns import const_value
+
 if TYPE_CHECKING:
     from torch import fx
 
-__all__ = ["RECURRENT", "recurrent_kept"]
+__all__ = ["GATES", "RECURRENT", "direction", "onnx_recurrent", "recurrent_kept", "stacked"]
 
-#: Gate count of each kind: LSTM (i, f, g, o), GRU (r, z, n).
-_GATES = {"lstm": 4, "gru": 3}
+#: Gate count of each kind, in torch's order: LSTM (i, f, g, o), GRU (r, z, n).
+GATES = _GATES = {"lstm": 4, "gru": 3}
 _BLOCK = 128
 
 
@@ -180,6 +182,45 @@ def recurrent_kept(exported_program: Any) -> list[str]:
     return [k for k, ok in seen.items() if ok]
 
 
+def direction(bb: relax.BlockBuilder, kind: str, x: relax.Expr, weights: list[Any],
+              states: list[relax.Expr], *, reverse: bool) -> list[relax.Expr]:
+    """One layer in one direction: the input projection of every step, then the recurrence
+    kernel. ``x`` is ``(batch, steps, features)`` float32 with static shapes; ``weights`` are
+    ``W_ih, W_hh, b_ih, b_hh`` in torch's layout and gate order (the biases may be None);
+    ``states`` the initial ``h`` (and ``c``), ``(batch, hidden)`` each. Returns the sequence
+    ``(batch, steps, hidden)`` and the final states."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    b, steps, _ = (int(d) for d in x.ty.shape.values)
+    h = int(w_hh.ty.shape.values[1])
+    gates = _GATES[kind] * h
+    v = _lanes(gates, _BLOCK)
+    xp = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w_ih, [1, 0]))))
+    # W_hh by blocks of v gate columns, each block (hidden, v) contiguous
+    wp = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(w_hh, (gates // v, v, h))),
+                                       [0, 2, 1]))
+    if kind == "lstm":
+        if b_ih is not None:
+            xp = bb.emit(relax.op.add(xp, bb.emit(relax.op.add(b_ih, b_hh))))
+        ins = [xp, wp, *states]
+    else:  # W_hh's bias stays apart: the n gate multiplies it by r
+        if b_ih is not None:
+            xp = bb.emit(relax.op.add(xp, b_ih))
+        ins = [xp, wp, relax.const(np.zeros((gates,), "float32")) if b_hh is None else b_hh,
+               *states]
+    gv = bb.add_func(_KERNELS[kind](steps, b, h, reverse), f"{kind}_recurrence")
+    out_ty = [relax.TensorType((b, steps, h), "float32")] + [
+        relax.TensorType((b, h), "float32") for _ in states]
+    call = bb.emit(relax.call_tir(gv, ins, out_ty))
+    return [bb.emit(relax.TupleGetItem(call, k)) for k in range(len(out_ty))]
+
+
+def stacked(bb: relax.BlockBuilder, parts: list[relax.Expr], axis: int) -> relax.Expr:
+    """``parts`` stacked on a new ``axis`` (not ``relax.stack``: its layout inference fails
+    in ConvertLayout, "Index -1 out of bounds")."""
+    return bb.emit(relax.op.concat([bb.emit(relax.op.expand_dims(e, [axis])) for e in parts],
+                                   axis=axis))
+
+
 def _recurrent(node: fx.Node, imp: Any) -> relax.Expr:
     f = _layout(node)
     if f is None:  # what torch's decomposition would give: TVM's own converter
@@ -189,50 +230,123 @@ def _recurrent(node: fx.Node, imp: Any) -> relax.Expr:
     x, hx, params = args[0], args[1], args[2]
     if kind == "gru":
         hx = [hx]
-    b, steps, h = f["batch"], f["steps"], f["hidden"]
-    gates = _GATES[kind] * h
-    v = _lanes(gates, _BLOCK)
-    f32 = "float32"
     if not f["batch_first"]:
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
     finals: list[list[relax.Expr]] = [[] for _ in hx]
+    per = f["per"]
     for layer in range(f["layers"]):
         outs = []
         for d in range(f["dirs"]):
-            i = (layer * f["dirs"] + d)
-            w_ih, w_hh = params[i * f["per"]], params[i * f["per"] + 1]
-            b_ih = params[i * f["per"] + 2] if f["has_biases"] else None
-            b_hh = params[i * f["per"] + 3] if f["has_biases"] else None
-            xp = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w_ih, [1, 0]))))
-            # W_hh by blocks of v gate columns, each block (hidden, v) contiguous
-            wp = bb.emit(relax.op.permute_dims(
-                bb.emit(relax.op.reshape(w_hh, (gates // v, v, h))), [0, 2, 1]))
+            i = layer * f["dirs"] + d
+            weights = params[i * per:i * per + 2] + (
+                params[i * per + 2:i * per + 4] if f["has_biases"] else [None, None])
             states = [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(
                 s, [0], [i], [i + 1])), [0])) for s in hx]
-            zeros = relax.const(np.zeros((gates,), f32))
-            if kind == "lstm":
-                if b_ih is not None:
-                    xp = bb.emit(relax.op.add(xp, bb.emit(relax.op.add(b_ih, b_hh))))
-                ins = [xp, wp, *states]
-            else:
-                if b_ih is not None:
-                    xp = bb.emit(relax.op.add(xp, b_ih))
-                ins = [xp, wp, zeros if b_hh is None else b_hh, *states]
-            gv = bb.add_func(_KERNELS[kind](steps, b, h, d == 1), f"{kind}_recurrence")
-            out_ty = [relax.TensorType((b, steps, h), f32)] + [
-                relax.TensorType((b, h), f32) for _ in hx]
-            call = bb.emit(relax.call_tir(gv, ins, out_ty))
-            outs.append(bb.emit(relax.TupleGetItem(call, 0)))
-            for k in range(len(hx)):
-                finals[k].append(bb.emit(relax.TupleGetItem(call, k + 1)))
+            y, *last = direction(bb, kind, x, list(weights), states, reverse=d == 1)
+            outs.append(y)
+            for k, e in enumerate(last):
+                finals[k].append(e)
         x = outs[0] if len(outs) == 1 else bb.emit(relax.op.concat(outs, axis=2))
     y = x if f["batch_first"] else bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-    # (layers * directions, batch, hidden); not relax.stack, whose layout inference fails
-    # in ConvertLayout ("Index -1 out of bounds")
-    stacked = [bb.emit(relax.op.concat([bb.emit(relax.op.expand_dims(e, [0])) for e in s],
-                                       axis=0)) for s in finals]
-    return bb.emit(relax.Tuple([y, *stacked]))
+    return bb.emit(relax.Tuple([y, *(stacked(bb, s, 0) for s in finals)]))
 
 
 #: The converters, by aten overload.
 RECURRENT = {"lstm.input": _recurrent, "gru.input": _recurrent}
+
+
+#: ONNX's gate order, as indices into torch's: LSTM (i, o, f, c) -> (i, f, c, o); GRU
+#: (z, r, h) -> (r, z, h).
+_ONNX_ORDER = {"lstm": [0, 2, 3, 1], "gru": [1, 0, 2]}
+_ONNX_DEFAULT_ACTIVATIONS = {"lstm": ["sigmoid", "tanh", "tanh"], "gru": ["sigmoid", "tanh"]}
+
+
+def _onnx_refuse(op: str, what: str, fix: str) -> ValueError:
+    return ValueError(f"ONNX {op}: {what} is not supported; {fix}")
+
+
+def _reordered(bb: relax.BlockBuilder, e: relax.Expr, kind: str, hidden: int) -> relax.Expr:
+    """Rows of ``e`` (gates * hidden, ...) from ONNX's gate order to torch's."""
+    shape = [int(d) for d in e.ty.shape.values]
+    g = _GATES[kind]
+    e = bb.emit(relax.op.reshape(e, [g, hidden, *shape[1:]]))
+    e = bb.emit(relax.op.take(e, relax.const(np.array(_ONNX_ORDER[kind], "int64")), axis=0))
+    return bb.emit(relax.op.reshape(e, shape))
+
+
+def onnx_recurrent(kind: str, bb: relax.BlockBuilder, inputs: list[Any],
+                   attr: dict[str, Any]) -> relax.Expr:
+    """ONNX ``LSTM`` / ``GRU`` (opsets 7-22: one layer, either or both directions) on the
+    recurrence kernels. TVM 0.27's ONNX importer has neither ("The following operators are
+    not supported for frontend ONNX: LSTM"). Refused in words: peepholes, ``clip``,
+    non-default activations, ``input_forget``, sequence lengths that differ from the
+    input's, a GRU with ``linear_before_reset=0``, and non-float32 or dynamic inputs."""
+    op = kind.upper()
+    inputs = list(inputs) + [None] * 8
+    x, w, r, b, lens = inputs[:5]
+    h0 = inputs[5]
+    c0 = inputs[6] if kind == "lstm" else None
+    hidden = int(attr["hidden_size"])
+
+    def text(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    direction_ = text(attr.get("direction", "forward"))
+    layout = int(attr.get("layout", 0))
+    dirs = 2 if direction_ == "bidirectional" else 1
+    acts = [text(a).lower() for a in attr.get("activations", [])]
+    if acts and acts != _ONNX_DEFAULT_ACTIVATIONS[kind] * dirs:
+        raise _onnx_refuse(op, f"activations {acts}",
+                           "only the default sigmoid/tanh ones run as one kernel")
+    if attr.get("clip") is not None:
+        raise _onnx_refuse(op, "clip", "export the model without cell clipping")
+    if int(attr.get("input_forget", 0)):
+        raise _onnx_refuse(op, "input_forget=1", "export it with input_forget=0")
+    if kind == "lstm" and inputs[7] is not None:
+        raise _onnx_refuse(op, "peephole weights (input P)", "export it without peepholes")
+    if kind == "gru" and not int(attr.get("linear_before_reset", 0)):
+        raise _onnx_refuse(op, "linear_before_reset=0",
+                           "export torch's nn.GRU, which is linear_before_reset=1")
+    shape = [getattr(d, "value", None) for d in x.ty.shape.values]
+    if str(x.ty.dtype) != "float32" or any(not isinstance(d, int) for d in shape):
+        raise _onnx_refuse(op, f"input {x.ty}",
+                           "give it a static float32 input shape (shape_dict=...)")
+    if layout == 0:
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))  # (batch, steps, features)
+    batch, steps = (shape[1], shape[0]) if layout == 0 else (shape[0], shape[1])
+    if lens is not None:
+        v = const_value(lens)
+        if v is None or not (v == steps).all():
+            raise _onnx_refuse(op, "sequence_lens shorter than the input",
+                               "pad the sequences to one length, or drop sequence_lens")
+    gh = _GATES[kind] * hidden
+    names = ["h0", "c0"] if kind == "lstm" else ["h0"]
+    outs, finals = [], [[] for _ in names]
+    for d in range(dirs):
+        def pick(e: relax.Expr, d: int = d) -> relax.Expr:
+            return bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(
+                e, [0], [d], [d + 1])), [0]))
+
+        w_ih, w_hh = _reordered(bb, pick(w), kind, hidden), _reordered(bb, pick(r), kind, hidden)
+        b_ih = b_hh = None
+        if b is not None:
+            bd = pick(b)
+            b_ih = _reordered(bb, bb.emit(relax.op.strided_slice(bd, [0], [0], [gh])), kind,
+                              hidden)
+            b_hh = _reordered(bb, bb.emit(relax.op.strided_slice(bd, [0], [gh], [2 * gh])),
+                              kind, hidden)
+        states = [pick(s) if s is not None else relax.const(np.zeros((batch, hidden),
+                                                                       "float32"))
+                  for s in ((h0, c0) if kind == "lstm" else (h0,))]
+        y, *last = direction(bb, kind, x, [w_ih, w_hh, b_ih, b_hh], states,
+                             reverse=direction_ == "reverse" or d == 1)
+        outs.append(y)
+        for k, e in enumerate(last):
+            finals[k].append(e)
+    if layout == 0:  # Y (steps, dirs, batch, hidden); Y_h (dirs, batch, hidden)
+        seq = stacked(bb, [bb.emit(relax.op.permute_dims(y, [1, 0, 2])) for y in outs], 1)
+        last_states = [stacked(bb, f, 0) for f in finals]
+    else:  # Y (batch, steps, dirs, hidden); Y_h (batch, dirs, hidden)
+        seq = stacked(bb, outs, 2)
+        last_states = [stacked(bb, f, 1) for f in finals]
+    return relax.Tuple([seq, *last_states])

@@ -471,6 +471,101 @@ def _onnx(nodes, inputs, outputs, inits=(), opset=18):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_onnx_recurrent_layers_import_and_match_torch(kind, tmp_path):
+    # TVM 0.27's ONNX importer had no LSTM or GRU ("The following operators are not supported
+    # for frontend ONNX: LSTM"). torch's exporter writes one node per layer, time-major,
+    # ONNX's gate order (LSTM i, o, f, c; GRU z, r, h, linear_before_reset=1).
+    torch.manual_seed(0)
+    m = _Recurrent(kind, 20, 2, True, False, True).eval()
+    x = torch.randn(6, 2, 12)
+    state = [torch.randn(4, 2, 20) for _ in range(2 if kind == "LSTM" else 1)]
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(m, (x, *state), str(path), dynamo=False)
+    assert kind in {n.op_type for n in onnx.load(str(path)).graph.node}
+    mod = opsdk.frontend.from_onnx(str(path))
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert sum("recurrence" in n for n in names) >= 1, names
+    got = _run(mod, x.numpy(), *[s.numpy() for s in state])
+    with torch.no_grad():
+        ref = m(x, *state)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref, strict=True):
+        _close(g, r)
+
+
+@pytest.mark.parametrize(("op", "direction", "layout"), [
+    ("LSTM", "reverse", 1), ("GRU", "bidirectional", 1), ("GRU", "reverse", 0)])
+def test_onnx_recurrent_layouts_and_directions_match_onnxruntime(op, direction, layout):
+    # what torch's exporter never writes: batch-major (layout=1, opset 14) and "reverse"
+    ort = pytest.importorskip("onnxruntime")
+    gates, hidden, dirs = (4 if op == "LSTM" else 3), 6, 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(0)
+    inits = [("W", rng.standard_normal((dirs, gates * hidden, 3)).astype("float32") * 0.5),
+             ("R", rng.standard_normal((dirs, gates * hidden, hidden)).astype("float32") * 0.5),
+             ("B", rng.standard_normal((dirs, 2 * gates * hidden)).astype("float32") * 0.5)]
+    steps, batch = 5, 2
+
+    def model_of(layout):
+        attrs = {"hidden_size": hidden, "direction": direction, "layout": layout,
+                 **({"linear_before_reset": 1} if op == "GRU" else {})}
+        outs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+        node = helper.make_node(op, ["x", "W", "R", "B"], outs, **attrs)
+        xs = [batch, steps, 3] if layout else [steps, batch, 3]
+        ys = [batch, steps, dirs, hidden] if layout else [steps, dirs, batch, hidden]
+        hs = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
+        model = _onnx([node], [("x", xs)], [("y", ys), ("y_h", hs)]
+                      + ([("y_c", hs)] if op == "LSTM" else []), inits, opset=14)
+        model.ir_version = 9  # what onnxruntime 1.30 reads
+        return model
+
+    model = model_of(layout)
+    x = rng.standard_normal([steps, batch, 3]).astype("float32")
+    # onnxruntime runs time-major only: the batch-major model's reference is the transposed one
+    ref = ort.InferenceSession(model_of(0).SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    if layout:
+        x = x.transpose(1, 0, 2)
+        ref = [ref[0].transpose(2, 0, 1, 3)] + [r.transpose(1, 0, 2) for r in ref[1:]]
+    got = _run(opsdk.frontend.from_onnx(model), x)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref, strict=True):
+        _close(g, r)
+
+
+@pytest.mark.parametrize(("op", "attrs", "extra", "words"), [
+    ("LSTM", {"clip": 3.0}, [], "clip"),
+    ("LSTM", {}, ["", "", "", "", "P"], "peephole"),
+    ("GRU", {"linear_before_reset": 0}, [], "linear_before_reset=0"),
+    ("LSTM", {"activations": ["Relu", "Tanh", "Tanh"]}, [], "activations"),
+])
+def test_onnx_recurrent_layers_the_kernels_do_not_compute_are_refused_in_words(
+        op, attrs, extra, words):
+    gates = 4 if op == "LSTM" else 3
+    rng = np.random.default_rng(0)
+    inits = [("W", rng.standard_normal((1, gates * 5, 3)).astype("float32")),
+             ("R", rng.standard_normal((1, gates * 5, 5)).astype("float32"))]
+    if extra:
+        inits.append(("P", rng.standard_normal((1, 15)).astype("float32")))
+    attrs = {"hidden_size": 5, **({"linear_before_reset": 1} if op == "GRU" else {}), **attrs}
+    node = helper.make_node(op, ["x", "W", "R", *extra], ["y"], **attrs)
+    model = _onnx([node], [("x", [4, 1, 3])], [("y", [4, 1, 1, 5])], inits, opset=14)
+    with pytest.raises(ValueError, match=words) as err:
+        opsdk.frontend.from_onnx(model)
+    assert f"ONNX {op}" in str(err.value)
+
+
+def test_an_onnx_operator_nothing_converts_is_named_with_the_fix():
+    node = helper.make_node("ReverseSequence", ["x", "lens"], ["y"])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TP.FLOAT, [4, 2]),
+                      helper.make_tensor_value_info("lens", TP.INT64, [2])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [4, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ValueError, match=r"ReverseSequence.*OpDef\.onnx"):
+        opsdk.frontend.from_onnx(model)
+
+
 def _ref(op, ins, **attrs):
     return opsdk.get_op(op).run_reference(ins, attrs)
 
