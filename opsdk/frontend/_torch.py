@@ -291,6 +291,22 @@ def _convolution(node: fx.Node, imp: Any) -> relax.Expr:
     return _conv_transpose3d(node, imp, (a[0], a[1], a[2], a[3], a[4], a[7], a[8], a[5]))
 
 
+def _extreme(reduce: Callable[..., relax.Expr]) -> Converter:
+    """``amax`` / ``amin`` (a reduction over ``dim``, all dims when empty): TVM 0.27's
+    importer has no converter ("Unsupported function types ['amax.default']"), so a
+    PointNet's max over its points did not import."""
+
+    def convert(node: fx.Node, imp: Any) -> relax.Expr:
+        a = [*node.args, None, None]
+        x = imp.env[a[0]]
+        dim = a[1] if a[1] is not None else node.kwargs.get("dim", [])
+        keep = bool(a[2] if a[2] is not None else node.kwargs.get("keepdim", False))
+        dims = [dim] if isinstance(dim, int) else list(dim or [])
+        return imp.block_builder.emit(reduce(x, dims or None, keep))
+
+    return convert
+
+
 def _with_alpha(scaled: int, base: Callable[[Any], Callable[[Any], relax.Expr]]) -> Converter:
     """``add`` / ``sub`` / ``rsub`` with torch's ``alpha`` (``x + alpha * y``; ``rsub``:
     ``y - alpha * x``): TVM 0.27's converters drop it, so ``torch.add(x, y, alpha=2)``
@@ -332,6 +348,8 @@ _ATEN_FIXES: dict[str, Converter] = {
     "index_put.default": _indexing.index_put,
     "index_put_.default": _indexing.index_put,
     "convolution.default": _convolution,
+    "amax.default": _extreme(relax.op.max),
+    "amin.default": _extreme(relax.op.min),
     "conv_transpose3d.input": _convolution,
     **RECURRENT,
 }
@@ -428,9 +446,20 @@ def from_torch(
     hits = dict.fromkeys([*mapped, *custom], 0)
     cmap.update({k: _counted(k, fn, hits) for k, (_, fn) in mapped.items()})
     cmap.update({k: _counted(k, fn, hits) for k, fn in custom.items()})
-    mod = from_exported_program(
-        exported_program, custom_convert_map=cmap, run_ep_decomposition=False, **kwargs
-    )
+    try:
+        mod = from_exported_program(
+            exported_program, custom_convert_map=cmap, run_ep_decomposition=False, **kwargs
+        )
+    except AssertionError as e:  # TVM's check of the program's ops: say which and what to do
+        if not str(e).startswith("Unsupported function types"):
+            raise
+        names = str(e).removeprefix("Unsupported function types ").strip("[]").replace("'", "")
+        raise ValueError(
+            f"torch ops that neither TVM 0.27's importer nor opsdk converts: {names}; convert "
+            "each with "
+            "custom_convert_map={'aten_name.overload': f} (opsdk.frontend.from_torch) or an "
+            "op's OpDef.torch mapping (docs/model-compile.md), or rewrite them in the model"
+        ) from None
     if hits:
         mod = mod.with_attr("opsdk.torch_mappings", {k: n for k, n in hits.items()})
     # An op's own mapping matching nothing is normal (the model lacks that op); an entry the

@@ -401,6 +401,28 @@ def test_a_recurrent_layer_this_path_does_not_take_imports_as_torch_decomposes_i
         _close(got[0], m(x)[0])
 
 
+def test_amax_and_amin_import():
+    # TVM 0.27's importer had no converter: a PointNet's max over its points did not import
+    class M(nn.Module):
+        def forward(self, x):
+            return x.amax(2), x.amin((0, 2), keepdim=True), torch.amax(x, dim=-1, keepdim=True)
+
+    x = torch.randn(2, 3, 5)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    got = _run(mod, x.numpy())
+    for g, r in zip(got, M()(x), strict=True):
+        _close(g, r, 0.0)
+
+
+def test_a_torch_op_nothing_converts_is_named_with_the_fix():
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.cummax(x, 1)[0]
+
+    with pytest.raises(ValueError, match=r"cummax\.default; convert each with custom_convert_map"):
+        opsdk.frontend.from_torch(torch.export.export(M(), (torch.randn(3, 4),)))
+
+
 def test_compile_imported_model_dynamic_batch_and_params_as_inputs():
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     batch = torch.export.Dim("batch", min=1, max=64)
