@@ -11,13 +11,15 @@ scheduled kernel (the epilogues FuseOps hands a matmul or conv, TVM's own softma
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.ir.expr import Call as _Call
 from tvm.ir.expr import Expr as _Expr
 from tvm.ir.expr import TensorLoad
 
-__all__ = ["bind", "erf_f32", "exp_f32", "polynomial_math", "sigmoid_f32", "tanh_f32",
-           "widen_bf16"]
+__all__ = ["bind", "cosh_f32", "erf_f32", "exp_f32", "polynomial_math", "sigmoid_f32",
+           "sinh_f32", "tanh_f32", "widen_bf16"]
 _LN2_HI = 0.693359375  # ln(2) split so that n * _LN2_HI is exact for |n| <= 2^10 (Cody-Waite)
 _LN2_LO = -2.12194440e-4
 # Minimax polynomial e^r ~ 1 + r + r^2 P(r) on [-ln2/2, ln2/2], P of degree 4 (fitted for
@@ -353,6 +355,61 @@ def _tanh(x: tirx.PrimExpr, a: tirx.PrimExpr) -> tirx.PrimExpr:
                 lambda t: tirx.Select(x < _f32(0.0), -t, t))
 
 
+# sinh(a) ~ a + a^3 P(a^2) below 1: the Taylor terms to a^13 (the next is 8e-13 relative).
+_SINH_SMALL = 1.0
+_SINH_POLY = tuple(1.0 / math.factorial(k) for k in (13, 11, 9, 7, 5, 3))
+
+
+def _half_exp_pair(a: tirx.PrimExpr, body) -> tirx.PrimExpr:
+    """``body(e / 2, 1 / (2 e))`` for ``e = exp(a)``, ``a >= 0``: through ``h = exp(a / 2)``,
+    so ``e / 2 = h * (h / 2)`` overflows only where the result does (``a`` above 89.4, not
+    88.7), and ``1 / (2 e)`` is 0 wherever ``h * h`` does."""
+    return bind(exp_f32(a * _f32(0.5)), "hyp_h", lambda h: body(
+        h * (h * _f32(0.5)), _f32(0.5) / (h * h)))
+
+
+def cosh_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``cosh(x)`` of a float32 expression in vectorizable arithmetic: ``(e + 1/e) / 2`` with
+    :func:`exp_f32` of ``|x| / 2`` (a few ulp; +inf beyond float32's range, as libm).
+    TVM 0.27 lowers ``tirx.cosh`` to an intrinsic its LLVM code generator does not know
+    ("unknown intrinsic tirx.cosh"), so torch's ``cosh`` did not compile.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk._vecmath import cosh_f32
+    >>> x = te.placeholder((8,), "float32", name="x")
+    >>> te.compute((8,), lambda i: cosh_f32(x[i])).shape[0]
+    8
+    """
+    return bind(x, "cosh_x", lambda v: bind(
+        tirx.Select(v < _f32(0.0), -v, v), "cosh_a",
+        lambda a: _half_exp_pair(a, lambda half, inv: half + inv)))
+
+
+def sinh_f32(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``sinh(x)`` of a float32 expression in vectorizable arithmetic: an odd polynomial
+    below ``|x| = 1`` (tiny inputs stay exact), ``(e - 1/e) / 2`` above (the difference
+    loses under a bit there), the sign copied back. See :func:`cosh_f32`.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> from opsdk._vecmath import sinh_f32
+    >>> x = te.placeholder((8,), "float32", name="x")
+    >>> te.compute((8,), lambda i: sinh_f32(x[i])).shape[0]
+    8
+    """
+    def signed(v: tirx.PrimExpr, a: tirx.PrimExpr) -> tirx.PrimExpr:
+        near = bind(a * a, "sinh_a2", lambda a2: a + a * a2 * _horner(a2, _SINH_POLY))
+        far = _half_exp_pair(a, lambda half, inv: half - inv)
+        return bind(tirx.Select(a < _f32(_SINH_SMALL), near, far), "sinh_t",
+                    lambda t: tirx.Select(v < _f32(0.0), -t, t))
+
+    return bind(x, "sinh_x", lambda v: bind(
+        tirx.Select(v < _f32(0.0), -v, v), "sinh_a", lambda a: signed(v, a)))
+
+
 def _power(base: tirx.PrimExpr, exponent: tirx.PrimExpr) -> tirx.PrimExpr | None:
     """``pow(x, n)`` for a small integer constant ``n`` (GPT-2's ``x ** 3``) by multiplying,
     ``pow(x, 0.5)`` as ``sqrt``; None for any other exponent (left to TVM)."""
@@ -374,13 +431,14 @@ def _power(base: tirx.PrimExpr, exponent: tirx.PrimExpr) -> tirx.PrimExpr | None
 
 
 _REWRITES = {"tirx.exp": exp_f32, "tirx.sigmoid": sigmoid_f32, "tirx.tanh": tanh_f32,
-             "tirx.erf": erf_f32}
+             "tirx.erf": erf_f32, "tirx.sinh": sinh_f32, "tirx.cosh": cosh_f32}
 
 
 def polynomial_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with every float32 ``exp`` / ``sigmoid`` / ``tanh`` / ``erf`` call replaced by
-    this module's vectorizable version, and ``pow`` by a small integer constant (or 0.5) by
-    multiplications (or ``sqrt``); other dtypes and functions are left to TVM.
+    """``func`` with every float32 ``exp`` / ``sigmoid`` / ``tanh`` / ``erf`` / ``sinh`` /
+    ``cosh`` call replaced by this module's vectorizable version, and ``pow`` by a small
+    integer constant (or 0.5) by multiplications (or ``sqrt``); other dtypes and functions
+    are left to TVM.
 
     Run on a scheduled kernel: the replacements bind ``Let`` variables, which a schedule that
     inlines one block into two would duplicate (``tirx.transform.ConvertSSA`` renames them

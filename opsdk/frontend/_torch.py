@@ -291,6 +291,38 @@ def _convolution(node: fx.Node, imp: Any) -> relax.Expr:
     return _conv_transpose3d(node, imp, (a[0], a[1], a[2], a[3], a[4], a[7], a[8], a[5]))
 
 
+def _elu(node: fx.Node, imp: Any) -> relax.Expr:
+    """``elu(x, alpha, scale, input_scale)``: ``scale * (x if x > 0 else alpha * (exp(x *
+    input_scale) - 1))``. TVM 0.27's converter reads ``alpha`` only, and torch decomposes
+    ``selu`` into an ``elu`` with ``scale = 1.0507``: a SELU net's activations came out 5 %
+    small, silently. With ``scale = input_scale = 1`` TVM's own converter runs (the same
+    import as before)."""
+    a = [*node.args, None, None, None]
+    scale = a[2] if a[2] is not None else node.kwargs.get("scale", 1.0)
+    input_scale = a[3] if a[3] is not None else node.kwargs.get("input_scale", 1.0)
+    if scale == 1 and input_scale == 1:
+        return imp._elu(node)
+    alpha = a[1] if a[1] is not None else node.kwargs.get("alpha", 1.0)
+    bb, x = imp.block_builder, imp.env[a[0]]
+    dt = x.ty.dtype
+
+    def const(v: float) -> relax.Expr:
+        return relax.const(v, dt)
+
+    # alpha * (exp(x * s) - 1) for x <= 0 is -alpha * relu(1 - exp(x * s)) (s > 0), as TVM's
+    grow = bb.emit(relax.op.exp(bb.emit(relax.op.multiply(x, const(input_scale)))))
+    neg = bb.emit(relax.op.multiply(const(-alpha), bb.emit(relax.op.nn.relu(
+        bb.emit(relax.op.subtract(const(1.0), grow))))))
+    return bb.emit(relax.op.multiply(const(scale), bb.emit(relax.op.add(
+        neg, bb.emit(relax.op.nn.relu(x))))))
+
+
+def _exp2(node: fx.Node, imp: Any) -> relax.Expr:
+    """``exp2`` (no converter in TVM 0.27): ``2 ** x``, exact at integers."""
+    x = imp.env[node.args[0]]
+    return imp.block_builder.emit(relax.op.power(relax.const(2.0, x.ty.dtype), x))
+
+
 def _extreme(reduce: Callable[..., relax.Expr]) -> Converter:
     """``amax`` / ``amin`` (a reduction over ``dim``, all dims when empty): TVM 0.27's
     importer has no converter ("Unsupported function types ['amax.default']"), so a
@@ -349,6 +381,8 @@ _ATEN_FIXES: dict[str, Converter] = {
     "index_put_.default": _indexing.index_put,
     "convolution.default": _convolution,
     "amax.default": _extreme(relax.op.max),
+    "elu.default": _elu,
+    "exp2.default": _exp2,
     "amin.default": _extreme(relax.op.min),
     "conv_transpose3d.input": _convolution,
     **RECURRENT,
