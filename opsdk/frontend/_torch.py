@@ -317,6 +317,49 @@ def _elu(node: fx.Node, imp: Any) -> relax.Expr:
         neg, bb.emit(relax.op.nn.relu(x))))))
 
 
+def _integer_clamp(which: str) -> Converter:
+    """``clamp`` / ``clamp_min`` / ``clamp_max`` of an integer tensor: TVM 0.27's converters
+    pass the missing bound as an infinite ``clip`` limit, which an integer tensor's
+    legalization cannot hold ("Cannot convert infinity to BigInt"); torch's decomposition of
+    a trilinear upsample clamps its integer indices so, and did not compile. Each finite
+    integer bound becomes a ``maximum`` / ``minimum``; anything else goes to TVM's converter."""
+    positions = {"clamp": ("lo", "hi"), "clamp_min": ("lo",), "clamp_max": ("hi",)}[which]
+
+    def convert(node: fx.Node, imp: Any) -> relax.Expr:
+        x = imp.env[node.args[0]]
+        given = dict(zip(positions, node.args[1:], strict=False))
+        given.update({k: node.kwargs[n] for k, n in (("lo", "min"), ("hi", "max"))
+                      if n in node.kwargs})
+        bounds = [v for v in given.values() if v is not None]
+        if "int" not in str(x.ty.dtype) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in bounds):
+            return getattr(imp, f"_{which}")(node)
+        bb, dt = imp.block_builder, x.ty.dtype
+        if given.get("lo") is not None:
+            x = bb.emit(relax.op.maximum(x, relax.const(given["lo"], dt)))
+        if given.get("hi") is not None:
+            x = bb.emit(relax.op.minimum(x, relax.const(given["hi"], dt)))
+        return x
+
+    return convert
+
+
+def _grid_sample(node: fx.Node, imp: Any) -> relax.Expr:
+    """``grid_sampler_2d``: torch's grid is ``(N, H_out, W_out, 2)``; TVM 0.27's
+    ``image.grid_sample`` reads it as ``(N, 2, H_out, W_out)`` (its shape inference and
+    kernel; the docstring says otherwise), and its converter passed torch's as it is: the
+    result had shape ``(N, C, W_out, 2)``. The grid is transposed first, then TVM's
+    converter runs."""
+    grid = imp.env[node.args[1]]
+    if len(grid.ty.shape.values) != 4:
+        return imp._grid_sampler_2d(node)
+    imp.env[node.args[1]] = imp.block_builder.emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
+    try:
+        return imp._grid_sampler_2d(node)
+    finally:  # other readers of the grid get torch's layout
+        imp.env[node.args[1]] = grid
+
+
 def _exp2(node: fx.Node, imp: Any) -> relax.Expr:
     """``exp2`` (no converter in TVM 0.27): ``2 ** x``, exact at integers."""
     x = imp.env[node.args[0]]
@@ -383,6 +426,10 @@ _ATEN_FIXES: dict[str, Converter] = {
     "amax.default": _extreme(relax.op.max),
     "elu.default": _elu,
     "exp2.default": _exp2,
+    "grid_sampler_2d.default": _grid_sample,
+    "clamp.default": _integer_clamp("clamp"),
+    "clamp_min.default": _integer_clamp("clamp_min"),
+    "clamp_max.default": _integer_clamp("clamp_max"),
     "amin.default": _extreme(relax.op.min),
     "conv_transpose3d.input": _convolution,
     **RECURRENT,

@@ -424,6 +424,38 @@ def test_activations_torch_decomposes_or_tvm_cannot_lower_match_torch(name):
     _close(got, ref, 1e-6)
 
 
+@pytest.mark.parametrize(("mode", "padding", "align"), [
+    ("bilinear", "zeros", False), ("bilinear", "border", True), ("nearest", "zeros", False)])
+def test_grid_sample_reads_torchs_grid_layout(mode, padding, align):
+    # TVM's grid_sample reads the grid as (N, 2, H, W); torch's is (N, H, W, 2), which its
+    # converter passed as it is (a (1, 3, 7, 2) result for a 5 x 7 grid)
+    class M(nn.Module):
+        def forward(self, x, grid):
+            return nn.functional.grid_sample(x, grid, mode=mode, padding_mode=padding,
+                                             align_corners=align) + grid.sum()
+
+    torch.manual_seed(0)
+    x, grid = torch.randn(2, 3, 6, 9), torch.rand(2, 5, 7, 2) * 2.4 - 1.2
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x, grid)))
+    (got,) = _run(mod, x.numpy(), grid.numpy())
+    _close(got, M()(x, grid))
+
+
+@pytest.mark.parametrize("size", [None, (5, 7, 9)])
+def test_trilinear_upsampling_compiles(size):
+    # torch's decomposition clamps integer indices with one bound; TVM's converter passed the
+    # other as an infinite clip limit, which an integer legalization cannot hold
+    class M(nn.Module):
+        def forward(self, x):
+            return nn.functional.interpolate(x, size=size, scale_factor=None if size else 2,
+                                             mode="trilinear", align_corners=False)
+
+    x = torch.randn(1, 2, 3, 4, 5)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    (got,) = _run(mod, x.numpy())
+    _close(got, M()(x))
+
+
 def test_amax_and_amin_import():
     # TVM 0.27's importer had no converter: a PointNet's max over its points did not import
     class M(nn.Module):
