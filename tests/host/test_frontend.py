@@ -456,6 +456,20 @@ def test_trilinear_upsampling_compiles(size):
     _close(got, M()(x))
 
 
+def test_var_mean_imports():
+    # no converter in TVM 0.27 ("Unsupported function types ['var_mean.correction']")
+    class M(nn.Module):
+        def forward(self, x):
+            v, m = torch.var_mean(x, 1)
+            v0, m0 = torch.var_mean(x, (0, 2), keepdim=True, correction=0)
+            return v, m, v0, m0
+
+    x = torch.randn(3, 5, 4)
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    for g, r in zip(_run(mod, x.numpy()), M()(x), strict=True):
+        _close(g, r)
+
+
 def test_amax_and_amin_import():
     # TVM 0.27's importer had no converter: a PointNet's max over its points did not import
     class M(nn.Module):
