@@ -700,6 +700,72 @@ class _PermutesSink(relax.PyExprMutator):
         return y if rest == list(range(len(rest))) else relax.op.permute_dims(y, rest)
 
 
+@relax.expr_functor.mutator
+class _ReshapesSink(relax.PyExprMutator):
+    """Elementwise ops on a reshaped value move above the reshape: ``f(reshape(y), c)`` ->
+    ``reshape(f(y, c))`` when ``c`` is a scalar or varies only along trailing axes the
+    reshape keeps, or is itself a reshape of a value shaped like ``y`` (SiLU's
+    ``x * sigmoid(x)``). A conv3d runs as a conv2d whose result is reshaped back to 5-D
+    (``_Conv3dAsConv2d``); its bias, BatchNorm shift and activation followed the reshape,
+    which FuseOps does not fuse through, so each ran as a kernel of its own instead of the
+    conv's epilogue. A reshape moves no data (a view), wherever it sits."""
+
+    def _reshaped(self, e: relax.Expr) -> tuple[relax.Expr, tuple[int, ...]] | None:
+        if not isinstance(e, relax.Var):
+            return None
+        b = self.lookup_binding(e)
+        if not (isinstance(b, relax.Call) and isinstance(b.op, tvm.ir.Op)
+                and b.op.name == "relax.reshape"):
+            return None
+        src = static_shape(b.args[0])
+        return None if src is None or static_shape(e) is None else (b.args[0], src)
+
+    def _kept(self, shape: tuple[int, ...], src: tuple[int, ...]) -> int:
+        """How many trailing axes the reshape from ``src`` to ``shape`` leaves alone."""
+        k = 0
+        while k < min(len(shape), len(src)) and shape[-1 - k] == src[-1 - k]:
+            k += 1
+        return k
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or not call.args:
+            return call
+        name = call.op.name
+        shape = static_shape(call)
+        if name in _UNARY:
+            got = self._reshaped(call.args[0])
+            if got is None or shape is None:
+                return call
+            y = self.builder_.emit(relax.Call(call.op, [got[0], *call.args[1:]], call.attrs,
+                                              call.ty_args))
+            return relax.op.reshape(y, shape)
+        if name not in _BINARY or len(call.args) != 2 or shape is None:
+            return call
+        for pos in (0, 1):
+            got = self._reshaped(call.args[pos])
+            other = call.args[1 - pos]
+            oshape = static_shape(other)
+            if got is None or oshape is None or static_shape(call.args[pos]) != shape:
+                continue
+            src, src_shape = got
+            twin = self._reshaped(other)
+            if twin is not None and twin[1] == src_shape:  # both from the same shape (SiLU)
+                args = [src, twin[0]] if pos == 0 else [twin[0], src]
+                y = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+                return relax.op.reshape(y, shape)
+            k = self._kept(shape, src_shape)
+            lead = len(oshape) - k
+            if any(d != 1 for d in oshape[:max(lead, 0)]):
+                continue  # it varies along an axis the reshape changes
+            if lead > 0:
+                other = self.builder_.emit(relax.op.reshape(other, list(oshape[lead:])))
+            args = [src, other] if pos == 0 else [other, src]
+            y = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            return relax.op.reshape(y, shape)
+        return call
+
+
 def ChannelsLast() -> tvm.transform.Pass:
     """Convolutions in NHWC / HWIO, the layout carried through what follows them.
 
@@ -748,6 +814,7 @@ def ChannelsLast() -> tvm.transform.Pass:
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 func = _PermutesSink().visit_expr(func)
+                func = _ReshapesSink().visit_expr(func)
                 func = _GroupNormChannelsLast().visit_expr(func)
                 mod[gv] = _MultiplierAsRepeat().visit_expr(func)
         # ConvertLayout permutes a value once per use (FastViT: ``to_nhwc(x)`` twice)
