@@ -410,6 +410,16 @@ def _lowers_elementwise(call: relax.Call) -> bool:
     return len(prims) == 1 and int((prims[0].attrs or {}).get("op_pattern", -1)) == 0
 
 
+def _moves_units_only(x: relax.Expr, perm: list[int]) -> bool:
+    """Whether ``permute(x, perm)`` only moves axes of extent 1: the data stay in order, so
+    it is a reshape (a view, no kernel)."""
+    shape = static_shape(x)
+    if shape is None or len(shape) != len(perm):
+        return False
+    big = [p for p in perm if shape[p] != 1]
+    return big == sorted(big)
+
+
 def _compose(a: list[int], b: list[int]) -> list[int]:
     """``permute(permute(x, a), b)`` as one permutation of ``x``."""
     return [a[i] for i in b]
@@ -485,8 +495,11 @@ class _PermutesSink(relax.PyExprMutator):
             if first is None or outer is None:
                 return call
             axes = _compose(first[1], outer)
-            return first[0] if axes == list(range(len(axes))) else relax.op.permute_dims(
-                first[0], axes)
+            if axes == list(range(len(axes))):
+                return first[0]
+            if _moves_units_only(first[0], axes):  # a 1-D conv's NCW <-> NHWC round trip
+                return relax.op.reshape(first[0], static_shape(call))
+            return relax.op.permute_dims(first[0], axes)
         if name in _BINARY and len(call.args) == 2:
             return self._binary(call)
         if first is None:
@@ -502,6 +515,10 @@ class _PermutesSink(relax.PyExprMutator):
             return self._reduce(call, x, perm)
         if name == "relax.nn.pad":
             return self._pad(call, x, perm)
+        if name == "relax.expand_dims":
+            return self._expand_dims(call, x, perm)
+        if name == "relax.squeeze":
+            return self._squeeze(call, x, perm)
         if name == "relax.nn.batch_norm":
             return self._batch_norm(call, x, perm)
         if name.startswith("opsdk."):
@@ -510,6 +527,32 @@ class _PermutesSink(relax.PyExprMutator):
                 return call
             return relax.op.permute_dims(self._emit(call, [f[0] for f in found]), perm)
         return call
+
+    def _expand_dims(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
+        """``expand_dims(permute(x, P), A)`` -> ``permute(expand_dims(x, A), P')``: the new
+        unit axes at the same places, the others permuted as before (a 1-D conv's input
+        taken back to a one-row image)."""
+        n = _rank(call)
+        axes = sorted(int(a) % n for a in call.attrs.axis)
+        kept = [d for d in range(n) if d not in axes]
+        moved = list(range(n))
+        for j, p in enumerate(perm):
+            moved[kept[j]] = kept[p]
+        y = self.builder_.emit(relax.op.expand_dims(x, axes))
+        return relax.op.permute_dims(y, moved)
+
+    def _squeeze(self, call: relax.Call, x: relax.Expr, perm: list[int]) -> relax.Expr:
+        """``squeeze(permute(x, P), S)`` -> ``permute(squeeze(x, P[S]), P')``."""
+        shape = static_shape(call.args[0])
+        if shape is None:
+            return call
+        n = len(shape)
+        axes = (sorted(int(a) % n for a in call.attrs.axis) if call.attrs.axis is not None
+                else [d for d in range(n) if shape[d] == 1])
+        gone = sorted(perm[a] for a in axes)
+        rest = [perm[j] - sum(g < perm[j] for g in gone) for j in range(n) if j not in axes]
+        y = self.builder_.emit(relax.op.squeeze(x, gone))
+        return y if rest == list(range(len(rest))) else relax.op.permute_dims(y, rest)
 
     def _hoisted(self, e: relax.Expr, perm: list[int], depth: int = 4) -> relax.Expr | None:
         """``permute(e, P)`` computed with the permute moved onto smaller tensors, or None:
@@ -708,14 +751,15 @@ class _ReshapesSink(relax.PyExprMutator):
     ``x * sigmoid(x)``). A conv3d runs as a conv2d whose result is reshaped back to 5-D
     (``_Conv3dAsConv2d``); its bias, BatchNorm shift and activation followed the reshape,
     which FuseOps does not fuse through, so each ran as a kernel of its own instead of the
-    conv's epilogue. A reshape moves no data (a view), wherever it sits."""
+    conv's epilogue; so did a 1-D conv's after its ``squeeze`` (``_Conv1dAsConv2d``). A
+    reshape, squeeze or expand_dims moves no data (a view), wherever it sits."""
 
     def _reshaped(self, e: relax.Expr) -> tuple[relax.Expr, tuple[int, ...]] | None:
         if not isinstance(e, relax.Var):
             return None
         b = self.lookup_binding(e)
         if not (isinstance(b, relax.Call) and isinstance(b.op, tvm.ir.Op)
-                and b.op.name == "relax.reshape"):
+                and b.op.name in ("relax.reshape", "relax.squeeze", "relax.expand_dims")):
             return None
         src = static_shape(b.args[0])
         return None if src is None or static_shape(e) is None else (b.args[0], src)
@@ -733,6 +777,14 @@ class _ReshapesSink(relax.PyExprMutator):
             return call
         name = call.op.name
         shape = static_shape(call)
+        if name.startswith("opsdk.") and shape is not None and _is_elementwise(call):
+            # a user's activation, or the built-in GELU: every input reshaped from one shape
+            found = [self._reshaped(a) for a in call.args]
+            if any(f is None or f[1] != found[0][1] for f in found):
+                return call
+            y = self.builder_.emit(relax.Call(call.op, [f[0] for f in found], call.attrs,
+                                              call.ty_args))
+            return relax.op.reshape(y, shape)
         if name in _UNARY:
             got = self._reshaped(call.args[0])
             if got is None or shape is None:
