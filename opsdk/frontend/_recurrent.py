@@ -36,10 +36,10 @@ from .._patterns import const_value
 if TYPE_CHECKING:
     from torch import fx
 
-__all__ = ["GATES", "RECURRENT", "direction", "onnx_recurrent", "recurrent_kept", "stacked"]
+__all__ = ["RECURRENT", "onnx_recurrent", "recurrent_kept"]
 
 #: Gate count of each kind, in torch's order: LSTM (i, f, g, o), GRU (r, z, n).
-GATES = _GATES = {"lstm": 4, "gru": 3}
+_GATES = {"lstm": 4, "gru": 3}
 _BLOCK = 128
 
 
@@ -141,7 +141,7 @@ def _gru_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.Prim
 _KERNELS = {"lstm": _lstm_kernel, "gru": _gru_kernel}
 
 
-def _layout(node: fx.Node) -> dict[str, Any] | None:
+def _facts(node: fx.Node) -> dict[str, Any] | None:
     """The layer's facts when this path takes it: float32, static shapes, no ``proj_size``,
     in inference; else None."""
     import torch  # heavy: torch
@@ -178,11 +178,11 @@ def recurrent_kept(exported_program: Any) -> list[str]:
     for n in exported_program.graph.nodes:
         name = getattr(n.target, "__name__", "")
         if n.op == "call_function" and name in ("lstm.input", "gru.input"):
-            seen[name] = seen.get(name, True) and _layout(n) is not None
+            seen[name] = seen.get(name, True) and _facts(n) is not None
     return [k for k, ok in seen.items() if ok]
 
 
-def direction(bb: relax.BlockBuilder, kind: str, x: relax.Expr, weights: list[Any],
+def _direction(bb: relax.BlockBuilder, kind: str, x: relax.Expr, weights: list[Any],
               states: list[relax.Expr], *, reverse: bool) -> list[relax.Expr]:
     """One layer in one direction: the input projection of every step, then the recurrence
     kernel. ``x`` is ``(batch, steps, features)`` float32 with static shapes; ``weights`` are
@@ -214,7 +214,7 @@ def direction(bb: relax.BlockBuilder, kind: str, x: relax.Expr, weights: list[An
     return [bb.emit(relax.TupleGetItem(call, k)) for k in range(len(out_ty))]
 
 
-def stacked(bb: relax.BlockBuilder, parts: list[relax.Expr], axis: int) -> relax.Expr:
+def _stacked(bb: relax.BlockBuilder, parts: list[relax.Expr], axis: int) -> relax.Expr:
     """``parts`` stacked on a new ``axis`` (not ``relax.stack``: its layout inference fails
     in ConvertLayout, "Index -1 out of bounds")."""
     return bb.emit(relax.op.concat([bb.emit(relax.op.expand_dims(e, [axis])) for e in parts],
@@ -222,7 +222,7 @@ def stacked(bb: relax.BlockBuilder, parts: list[relax.Expr], axis: int) -> relax
 
 
 def _recurrent(node: fx.Node, imp: Any) -> relax.Expr:
-    f = _layout(node)
+    f = _facts(node)
     if f is None:  # what torch's decomposition would give: TVM's own converter
         return imp._lstm(node) if node.target.__name__.startswith("lstm") else imp._gru(node)
     bb, kind = imp.block_builder, f["kind"]
@@ -242,13 +242,13 @@ def _recurrent(node: fx.Node, imp: Any) -> relax.Expr:
                 params[i * per + 2:i * per + 4] if f["has_biases"] else [None, None])
             states = [bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(
                 s, [0], [i], [i + 1])), [0])) for s in hx]
-            y, *last = direction(bb, kind, x, list(weights), states, reverse=d == 1)
+            y, *last = _direction(bb, kind, x, list(weights), states, reverse=d == 1)
             outs.append(y)
             for k, e in enumerate(last):
                 finals[k].append(e)
         x = outs[0] if len(outs) == 1 else bb.emit(relax.op.concat(outs, axis=2))
     y = x if f["batch_first"] else bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-    return bb.emit(relax.Tuple([y, *(stacked(bb, s, 0) for s in finals)]))
+    return bb.emit(relax.Tuple([y, *(_stacked(bb, s, 0) for s in finals)]))
 
 
 #: The converters, by aten overload.
@@ -338,15 +338,15 @@ def onnx_recurrent(kind: str, bb: relax.BlockBuilder, inputs: list[Any],
         states = [pick(s) if s is not None else relax.const(np.zeros((batch, hidden),
                                                                        "float32"))
                   for s in ((h0, c0) if kind == "lstm" else (h0,))]
-        y, *last = direction(bb, kind, x, [w_ih, w_hh, b_ih, b_hh], states,
+        y, *last = _direction(bb, kind, x, [w_ih, w_hh, b_ih, b_hh], states,
                              reverse=direction_ == "reverse" or d == 1)
         outs.append(y)
         for k, e in enumerate(last):
             finals[k].append(e)
     if layout == 0:  # Y (steps, dirs, batch, hidden); Y_h (dirs, batch, hidden)
-        seq = stacked(bb, [bb.emit(relax.op.permute_dims(y, [1, 0, 2])) for y in outs], 1)
-        last_states = [stacked(bb, f, 0) for f in finals]
+        seq = _stacked(bb, [bb.emit(relax.op.permute_dims(y, [1, 0, 2])) for y in outs], 1)
+        last_states = [_stacked(bb, f, 0) for f in finals]
     else:  # Y (batch, steps, dirs, hidden); Y_h (batch, dirs, hidden)
-        seq = stacked(bb, outs, 2)
-        last_states = [stacked(bb, f, 1) for f in finals]
+        seq = _stacked(bb, outs, 2)
+        last_states = [_stacked(bb, f, 1) for f in finals]
     return relax.Tuple([seq, *last_states])
