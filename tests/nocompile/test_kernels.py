@@ -588,3 +588,45 @@ def test_elementwise_keeps_a_step_whose_math_two_consumers_read():
     sch2 = schedule_elementwise(te.create_prim_func([x, y, out2]), resolve_target("x86"))
     assert [sch2.get(b).name_hint for b in sch2.get_child_blocks(sch2.get_sblock("root"))] \
         == ["out2"]  # a multiply costs less than a round trip through memory
+
+
+def test_only_half_width_vectors_dividing_n_pads_to_full_width_tiles():
+    # RegNetX's 152 channels: 19 x 8 lanes divide them, 16 do not. The tiles ran 8-lane
+    # vectors, one a row (half the AVX-512 FMA width: a 1x1 conv at 14 x 14 at 99 GF/s where
+    # 160 channels ran 221); N is padded to 160 in 16-lane vectors instead, in the matmul
+    # rule and the conv rule alike. A classifier's GEMV (M = 1) keeps its 3-vector tiles.
+    import tvm
+    from tvm import tirx
+    from tvm_ffi.structural import structural_walk
+
+    from opsdk.schedules._conv import schedule_conv2d
+    from opsdk.schedules._gemm import schedule_matmul
+
+    avx512 = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
+                                "mcpu": "skylake-avx512"})
+
+    def vector_extents(mod) -> set[int]:
+        loops: list = []
+        structural_walk(mod["main"], [(tirx.For, lambda n: loops.append(n))])
+        return {int(lp.extent.value) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED}
+
+    def matmul(m: int, n: int):
+        a, b = te.placeholder((m, 64), name="a"), te.placeholder((64, n), name="b")
+        k = te.reduce_axis((0, 64), name="k")
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+        return te.create_prim_func([a, b, c])
+
+    for m, n in ((196, 152), (784, 56), (1, 1000)):
+        with avx512:
+            sch = schedule_matmul(matmul(m, n), avx512, acc_regs=24)
+        assert 16 in vector_extents(sch.mod), (m, n, vector_extents(sch.mod))
+    from opsdk.kernels import tvm_conv2d
+
+    x = te.placeholder((1, 14, 14, 64), name="x")
+    w = te.placeholder((1, 1, 64, 152), name="w")
+    y = tvm_conv2d.compute(x, w, None, None, layout="NHWC", channels=152, kernel=1, stride=1,
+                           padding=0)
+    with avx512:
+        sch = schedule_conv2d(te.create_prim_func([x, w, y]), avx512, acc_regs=24)
+    # the tile's 16-lane vectors (an 8-lane one is only the copy of channels 144..151 out)
+    assert 16 in vector_extents(sch.mod), vector_extents(sch.mod)
