@@ -25,6 +25,7 @@ that keeps the decomposition) is imported as torch decomposes it.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +52,18 @@ def _lanes(n: int, most: int) -> int:
     return v
 
 
+@T.macro
+def _recurrent_product(acc, g, hn, w, b, jo, hidden, v):
+    """Gate block ``jo`` of a step: ``acc`` (holding its addend) plus ``h @ W_hh``, into
+    ``g``: one broadcast of ``h[k]`` and one streamed row of the block per ``k``."""
+    for k in range(hidden):
+        for ji in T.vectorized(v):
+            acc[ji] = acc[ji] + hn[b, k] * w[jo, k, ji]
+    for ji in T.vectorized(v):
+        g[jo * v + ji] = acc[ji]
+
+
+@functools.lru_cache(maxsize=32)
 def _lstm_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
     gates = 4 * hidden
     v, vh = _lanes(gates, _BLOCK), _lanes(hidden, 16)
@@ -75,11 +88,7 @@ def _lstm_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.Pri
                 for jo in range(blocks):
                     for ji in T.vectorized(v):
                         acc[ji] = xp[b, s + (steps - 1 - 2 * s) * rev, jo * v + ji]
-                    for k in range(hidden):
-                        for ji in T.vectorized(v):
-                            acc[ji] = acc[ji] + hn[b, k] * w[jo, k, ji]
-                    for ji in T.vectorized(v):
-                        g[jo * v + ji] = acc[ji]
+                    _recurrent_product(acc, g, hn, w, b, jo, hidden, v)
                 for jo in range(hidden // vh):
                     for ji in T.vectorized(vh):
                         cn[b, jo * vh + ji] = (
@@ -92,6 +101,7 @@ def _lstm_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.Pri
     return lstm_recurrence
 
 
+@functools.lru_cache(maxsize=32)
 def _gru_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
     gates = 3 * hidden
     v, vh = _lanes(gates, _BLOCK), _lanes(hidden, 16)
@@ -114,11 +124,7 @@ def _gru_kernel(steps: int, batch: int, hidden: int, reverse: bool) -> tirx.Prim
                 for jo in range(blocks):  # W_hh h + b_hh: the n gate needs it apart from x's
                     for ji in T.vectorized(v):
                         acc[ji] = bh[jo * v + ji]
-                    for k in range(hidden):
-                        for ji in T.vectorized(v):
-                            acc[ji] = acc[ji] + hn[b, k] * w[jo, k, ji]
-                    for ji in T.vectorized(v):
-                        g[jo * v + ji] = acc[ji]
+                    _recurrent_product(acc, g, hn, w, b, jo, hidden, v)
                 for jo in range(hidden // vh):
                     for ji in T.vectorized(vh):
                         # r -> g[j], z -> g[H + j], n -> g[2H + j]

@@ -361,27 +361,9 @@ def _grid_sample(node: fx.Node, imp: Any) -> relax.Expr:
 
 
 def _var_mean(node: fx.Node, imp: Any) -> relax.Expr:
-    """``var_mean(x, dim, correction=, keepdim=)`` (no converter in TVM 0.27): the mean, and
-    the squared deviations from it summed and divided by ``n - correction``."""
-    x = imp.env[node.args[0]]
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    correction = node.kwargs.get("correction")
-    keep = bool(node.kwargs.get("keepdim", False))
-    shape = [int(d) for d in x.ty.shape.values]
-    axes = list(range(len(shape))) if dim is None else [dim] if isinstance(dim, int) else dim
-    axes = [a % len(shape) for a in axes]
-    n = 1
-    for a in axes:
-        n *= shape[a]
-    bb, dt = imp.block_builder, x.ty.dtype
-    mean = bb.emit(relax.op.mean(x, axes, keepdims=True))
-    dev = bb.emit(relax.op.subtract(x, mean))
-    sq = bb.emit(relax.op.sum(bb.emit(relax.op.multiply(dev, dev)), axes, keepdims=keep))
-    denom = max(n - (1 if correction is None else correction), 0)
-    var = bb.emit(relax.op.divide(sq, relax.const(float(denom), dt)))
-    if not keep:
-        mean = bb.emit(relax.op.squeeze(mean, axes))
-    return bb.emit(relax.Tuple([var, mean]))
+    """``var_mean(x, dim, correction=, keepdim=)``: no converter in TVM 0.27, but its
+    ``var.correction`` and ``mean`` converters read the same arguments."""
+    return imp.block_builder.emit(relax.Tuple([imp._var(node), imp._mean(node)]))
 
 
 def _exp2(node: fx.Node, imp: Any) -> relax.Expr:

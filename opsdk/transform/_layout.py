@@ -57,6 +57,7 @@ values, and elementwise ops it carries the layout through.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -194,10 +195,7 @@ class _TransposedConvAsConv(relax.PyExprMutator):
         wt = relax.op.reshape(norm(wt), [ci, co] + [v for d in dims for v in (taps[d], s[d])])
         wt = relax.op.permute_dims(norm(wt), [1] + [3 + 2 * d for d in dims] + [0]
                                    + [2 + 2 * d for d in dims])
-        rs = 1
-        for d in dims:
-            rs *= s[d]
-        wt = relax.op.reshape(norm(wt), [co * rs, ci, *taps])
+        wt = relax.op.reshape(norm(wt), [co * math.prod(s), ci, *taps])
         for d in dims:
             if taps[d] > 1:
                 wt = relax.op.flip(norm(wt), 2 + d)
