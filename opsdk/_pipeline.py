@@ -62,7 +62,7 @@ from ._asm import (
     kernel_work,
     loop_kinds,
 )
-from ._kernelcache import open_kernel_cache
+from ._kernelcache import kernel_builder, open_kernel_cache
 from ._modelcache import open_cache
 from ._timings import record_phases
 from ._tir import tir_pipeline
@@ -521,7 +521,11 @@ _NO_LOWERING = dict.fromkeys(
 def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]
            ) -> tuple[tuple[Any, Any], Any]:
     """((executable, library file or None), the kernel cache's record or None): through the
-    kernel cache when there is one, else ``tvm.compile`` (kept in memory)."""
+    kernel cache when there is one, else its build keeping nothing (kernels compiled in
+    parallel; for another machine, the library linked with its cross compiler), else
+    ``tvm.compile`` (kept in memory)."""
+    if kcache is None:
+        kcache = kernel_builder(tgt)
     if kcache is not None:
         work = Path(tempfile.mkdtemp(prefix="opsdk-model-"))
         try:

@@ -134,7 +134,9 @@ def _export_harness(func: Any, name: str, n_in: int, target: Any, path: Path,
     def work() -> None:
         mod, _ = kernel_harness(func, name, n_in)
         cm = compile_model(mod, target, tuning=list(records), cache=False)
-        if cc is None:
+        if cm.library is not None:  # linked at compile time (a loaded library: not again)
+            shutil.copyfile(cm.library, path)
+        elif cc is None:
             cm.ex.export_library(str(path))
         else:
             cm.ex.export_library(str(path), cc=cc)

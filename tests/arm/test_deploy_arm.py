@@ -232,3 +232,41 @@ def test_recurrent_layers_and_3d_convs_under_qemu_match_the_host_and_torch(tmp_p
     assert res["ok"], res["outputs"]
     for o in res["outputs"]:
         assert o["vs_host"]["ok"] and o["vs_torch"]["ok"], o
+
+
+def test_cross_compile_links_kernels_built_apart_and_runs_like_the_host(tmp_path, monkeypatch):
+    # for another machine the kernels are compiled in chunks, in parallel, and linked with
+    # the cross compiler at compile time: the model is a library (nothing kept in a cache)
+    # that runs under qemu exactly as the same kernels' host build runs on x86
+    from tvm import relax
+
+    from opsdk._kernelcache import LinkedLibrary
+    from opsdk.model import compile_model
+    from opsdk.runners import EmulatedRunner, LocalRunner
+
+    monkeypatch.setenv("OPSDK_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8, 3, 3)).astype("float32")
+    d = rng.standard_normal((32, 16)).astype("float32")
+    x = relax.Var("x", relax.TensorType((1, 8, 10, 10), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.silu(relax.op.nn.conv2d(x, relax.const(w), padding=1)))
+            y = bb.emit(relax.op.mean(y, axis=[2, 3]))
+            y = bb.emit_output(relax.op.nn.gelu(relax.op.matmul(y, relax.const(d.T.copy()))))
+        bb.emit_func_output(y)
+    cm = compile_model(bb.get(), "arm")
+    assert isinstance(cm.ex, LinkedLibrary) and cm.library == cm.ex.path
+    assert cm.ex.path.read_bytes()[18] == 183  # e_machine: EM_AARCH64
+    assert cm.kernel_build.hits == [] and len(cm.kernel_build.misses) >= 3
+    assert not (tmp_path / "cache" / ".kernels").exists()
+    assert all(k["rule"].startswith("neon.") for k in cm.kernels)
+    inp = rng.standard_normal((1, 8, 10, 10)).astype("float32")
+    with EmulatedRunner(cpu="cortex-a72") as emu:
+        (got,) = emu.run(cm.ex, [inp])
+    with LocalRunner() as host:
+        (want,) = host.run(compile_model(bb.get(), "x86").ex, [inp])
+    # NEON and AVX-512 sum the 72 + 16 products in other orders: float32 rounding of
+    # K = 88 terms, K * 2**-23 ~ 1e-5 of the values' scale (about 1 here)
+    np.testing.assert_allclose(got, want, rtol=0, atol=88 * 2.0**-23 * np.abs(want).max())
