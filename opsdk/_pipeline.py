@@ -509,13 +509,14 @@ def _refuse_unlowered(lowered: tvm.IRModule, tgt: Any) -> None:
             "torch/ONNX mapping (docs/authoring.md)")
 
 
-#: Relax ops with no legalization that TVM's own pipelines hand to a library call of
-#: ``libtvm_runtime_extra`` (``DispatchSortScan``), which the deployed runtime does not
-#: have; each with what to do instead.
+#: Relax ops that opsdk's legalization leaves in place in some forms (TVM's own pipelines
+#: hand them to ``libtvm_runtime_extra``, which the deployed runtime does not have); each
+#: with what to do instead.
 _NO_LOWERING = dict.fromkeys(
     ("relax.sort", "relax.argsort", "relax.topk"),
-    "opsdk has no sort kernel (torch.sort, argsort, topk; ONNX TopK): compute them on the "
-    "model's outputs after it runs (a detector's top scores, a sampler's top-k)")
+    "opsdk's sort kernel (torch.sort, argsort, topk; ONNX TopK) needs a static shape and "
+    "this input has a symbolic dimension: export the model with static shapes, or rank the "
+    "model's outputs after it runs")
 
 
 def _build(lowered: tvm.IRModule, tgt: Any, kcache: Any, seconds: dict[str, float]

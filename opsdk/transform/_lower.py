@@ -20,6 +20,7 @@ from ..registry import get_op, is_registered
 from ..schedules import apply_schedule, deferred_scheduling, kernel_for, rebuild_memo, remember
 from ..targets import target as _resolve
 from ._rewrite import op_counts
+from ._sort import SORT_LEGALIZATIONS
 
 __all__ = ["MISSING_LEGALIZATIONS", "LegalizeOpsDeferred", "LegalizeOpsOnce", "LowerOps",
            "ScheduleKernels"]
@@ -288,7 +289,8 @@ def _legalize_log_probabilities(bb: relax.BlockBuilder, call: relax.Call) -> rel
 
 #: Legalizations TVM 0.27 lacks (or gets wrong) for ops its frontends emit.
 MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
-                     "relax.cumprod": _legalize_scan(True),
-                     "relax.nn.log_softmax": _legalize_log_probabilities}
+                         "relax.cumprod": _legalize_scan(True),
+                         "relax.nn.log_softmax": _legalize_log_probabilities,
+                         **SORT_LEGALIZATIONS}
 
 

@@ -237,7 +237,7 @@ def test_recurrent_layers_and_3d_convs_under_qemu_match_the_host_and_torch(tmp_p
 def test_cross_compile_links_kernels_built_apart_and_runs_like_the_host(tmp_path, monkeypatch):
     # for another machine the kernels are compiled in chunks, in parallel, and linked with
     # the cross compiler at compile time: the model is a library (nothing kept in a cache)
-    # that runs under qemu exactly as the same kernels' host build runs on x86
+    # that runs under qemu as the host build runs on x86 (the sort kernel's top-k exactly)
     from tvm import relax
 
     from opsdk._kernelcache import LinkedLibrary
@@ -255,7 +255,8 @@ def test_cross_compile_links_kernels_built_apart_and_runs_like_the_host(tmp_path
             y = bb.emit(relax.op.nn.silu(relax.op.nn.conv2d(x, relax.const(w), padding=1)))
             y = bb.emit(relax.op.mean(y, axis=[2, 3]))
             y = bb.emit_output(relax.op.nn.gelu(relax.op.matmul(y, relax.const(d.T.copy()))))
-        bb.emit_func_output(y)
+            top = bb.emit_output(relax.op.topk(x, 3, axis=1, dtype="int32"))  # the sort kernel
+        bb.emit_func_output(relax.Tuple([y, top[0], top[1]]))
     cm = compile_model(bb.get(), "arm")
     assert isinstance(cm.ex, LinkedLibrary) and cm.library == cm.ex.path
     assert cm.ex.path.read_bytes()[18] == 183  # e_machine: EM_AARCH64
@@ -264,9 +265,13 @@ def test_cross_compile_links_kernels_built_apart_and_runs_like_the_host(tmp_path
     assert all(k["rule"].startswith("neon.") for k in cm.kernels)
     inp = rng.standard_normal((1, 8, 10, 10)).astype("float32")
     with EmulatedRunner(cpu="cortex-a72") as emu:
-        (got,) = emu.run(cm.ex, [inp])
+        got, values, indices = emu.run(cm.ex, [inp])
     with LocalRunner() as host:
-        (want,) = host.run(compile_model(bb.get(), "x86").ex, [inp])
+        want, *top = host.run(compile_model(bb.get(), "x86").ex, [inp])
+    order = np.argsort(-inp, axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(indices, order.astype("int32"))
+    np.testing.assert_array_equal(values, np.take_along_axis(inp, order, axis=1))
+    np.testing.assert_array_equal(top[1], indices)
     # NEON and AVX-512 sum the 72 + 16 products in other orders: float32 rounding of
     # K = 88 terms, K * 2**-23 ~ 1e-5 of the values' scale (about 1 here)
     np.testing.assert_allclose(got, want, rtol=0, atol=88 * 2.0**-23 * np.abs(want).max())
