@@ -65,7 +65,7 @@ from ._asm import (
 from ._kernelcache import kernel_builder, open_kernel_cache
 from ._modelcache import open_cache
 from ._timings import record_phases
-from ._tir import tir_pipeline
+from ._tir import GuardIntegerDivision, tir_pipeline
 from ._walk import calls_of
 from .errors import UnloweredOpError
 from .frontend import bind_params
@@ -140,6 +140,7 @@ def fusion_passes(*, winograd: bool = False) -> list[tvm.transform.Pass]:
         custom["relax.nn.conv2d"] = legalize_conv2d
     return [
         LegalizeOpsOnce(custom),
+        GuardIntegerDivision,  # before any build of a kernel: the folds run them too
         relax.transform.AnnotateTIROpPattern(),
         InjectiveWhenShapesChange(),  # a pad is no conv epilogue
         FoldConstantsAtOnce(),

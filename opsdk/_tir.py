@@ -1,5 +1,6 @@
 """The TIR pipeline opsdk's kernels are compiled with: TVM's ``s_tir`` pipeline, then every
-small ``local`` buffer (a register tile's accumulators) kept on the stack.
+small ``local`` buffer (a register tile's accumulators) kept on the stack. And
+:func:`GuardIntegerDivision`, which the model pipeline runs on every kernel once legalized.
 
 TVM's ``LowerTVMBuiltin`` turns an allocation over 1 KB into a ``TVMBackendAllocWorkspace``
 call: a register tile of more than 16 AVX-512 vectors (8 pixels x 3 vectors is 1.5 KB) then
@@ -17,7 +18,7 @@ import tvm
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
-__all__ = ["MAX_STACK_BYTES", "StackLocalTiles", "tir_pipeline"]
+__all__ = ["MAX_STACK_BYTES", "GuardIntegerDivision", "StackLocalTiles", "tir_pipeline"]
 
 #: Largest ``local`` buffer kept on the stack (a worker thread's stack can be small: musl's
 #: default is 128 KB); a register tile is at most 32 vectors (2 KB of AVX-512).
@@ -67,6 +68,82 @@ def StackLocalTiles(func: tirx.PrimFunc, mod: tvm.IRModule, ctx: tvm.transform.P
         return tirx.AllocBuffer(node.buffer, ann, node.span)
 
     body = structural_mutate(func.body, [(tirx.AllocBuffer, alloc)])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+_DIVISIONS = (tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod)
+
+
+def _reads_memory(e: tirx.PrimExpr) -> bool:
+    from tvm_ffi.structural import structural_walk  # heavy: TVM
+
+    found: list[int] = []
+    # a load is a tvm.ir.TensorLoad (tirx.BufferLoad is its constructor function)
+    structural_walk(e, [(tvm.ir.expr.TensorLoad, lambda _n: found.append(1))])
+    return bool(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="opsdk.GuardIntegerDivision")
+def GuardIntegerDivision(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Put an assertion before every store whose value divides integers by a value read from
+    a tensor (``floor_divide``, ``remainder`` of int tensors): the x86 ``idiv`` of a zero
+    divisor traps (SIGFPE), which killed the process that compiled a model (a constant
+    divided at compile time) or ran it. The kernel now fails with an error the VM raises,
+    as torch raises ``ZeroDivisionError`` (a constant's: at compile time, when it is
+    folded). Divisors that are constants or index arithmetic are left alone; such a
+    kernel's loop runs scalar anyway (no vector ``idiv``). Run once per kernel, right after
+    legalization (:func:`opsdk._pipeline.fusion_passes`), so every build of it, the
+    constant folds' included, carries the check.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> from opsdk._tir import GuardIntegerDivision
+    >>> a = te.placeholder((8,), "int32", name="a")
+    >>> b = te.placeholder((8,), "int32", name="b")
+    >>> f = te.create_prim_func([a, b, te.compute((8,), lambda i: a[i] // b[i])])
+    >>> "assert" in GuardIntegerDivision(tvm.IRModule({"main": f}))["main"].script()
+    True
+    """
+    updates = {gv: _guarded(f, gv.name_hint) for gv, f in mod.functions.items()
+               if isinstance(f, tirx.PrimFunc)}
+    updates = {gv: f for gv, f in updates.items() if not f.same_as(mod[gv])}
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, f in updates.items():
+        mod[gv] = f
+    return mod
+
+
+def _guarded(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
+    from tvm_ffi.structural import structural_mutate, structural_walk  # heavy: TVM
+
+    def store(node: tirx.BufferStore, mut) -> tirx.Stmt:
+        node = mut.default_mutate(node)
+        divisors: list[tirx.PrimExpr] = []
+
+        def division(e) -> None:
+            if str(e.ty).startswith(("int", "uint")) and not isinstance(e.b, tirx.IntImm) \
+                    and _reads_memory(e.b):
+                divisors.append(e.b)
+
+        structural_walk(node.value, [(_DIVISIONS, division)])
+        if not divisors:
+            return node
+        cond = divisors[0] != 0
+        for d in divisors[1:]:
+            cond = tirx.And(cond, d != 0)
+        where = f" in {name}" if name else ""
+        # (TVM 0.27's Python wrapper documents (kind, condition); its constructor takes
+        # (condition, kind))
+        check = tirx.AssertStmt(cond, tvm.ir.StringImm("RuntimeError"), [tvm.ir.StringImm(
+            f"integer division by zero{where}: a divisor read from a tensor is 0 (torch "
+            "raises ZeroDivisionError here too); make the divisor nonzero")])
+        return tirx.SeqStmt([check, node])
+
+    body = structural_mutate(func.body, [(tirx.BufferStore, store)])
     return func if body.same_as(func.body) else func.with_body(body)
 
 

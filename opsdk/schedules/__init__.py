@@ -28,7 +28,7 @@ from .._opdef import defined_op_names, install_handler
 from .._vecmath import polynomial_math
 from ..ops import BUILTIN_OPS
 from ..targets import target_features
-from ._core import bool_compares_as_int8, vector_lanes, vectorize_loop
+from ._core import bool_compares_as_int8, serial_asserts, vector_lanes, vectorize_loop
 from ._kernels import KERNEL_KINDS, WINOGRAD_TAG, Kernel, classify, kernel_for
 from ._memo import (
     memoized,
@@ -513,7 +513,7 @@ def apply_schedule(op, func: tirx.PrimFunc, target: Target | None) -> tirx.PrimF
         out = out.with_attr("tir.is_scheduled", True)
         # exp / sigmoid / tanh / erf as vectorizable polynomials: TVM's lowering calls libm
         # once per vector lane, whatever the rule vectorized (an epilogue, a softmax).
-        out = bool_compares_as_int8(polynomial_math(out))
+        out = serial_asserts(bool_compares_as_int8(polynomial_math(out)))
         # A body with Let bindings (exp_f32, erf_f32, bind) that a rule inlined into two
         # blocks, or split into a main loop and a tail, binds one variable twice: renamed
         # here, so the function stays well-formed TIR (a new Schedule of it would refuse it).

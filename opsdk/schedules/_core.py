@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.target import Target
-from tvm_ffi.structural import structural_mutate
+from tvm_ffi.structural import structural_mutate, structural_walk
 
 from ..targets import vector_bits, vector_registers
 
@@ -259,6 +259,28 @@ def vectorize_loop(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV,
 def _pow2_pieces(n: int) -> list[int]:
     """``n`` as decreasing powers of two: 7 -> [4, 2, 1]; 0 -> []."""
     return [1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
+
+
+def serial_asserts(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every vectorized loop that holds an assertion run serially: a rule
+    that vectorized it made the assertion's condition a vector, which LLVM's verifier
+    rejects as a branch condition (``opsdk._tir.GuardIntegerDivision``'s checks of an
+    integer ``floor_divide``; integer division has no vector instruction anyway)."""
+
+    def has_assert(body) -> bool:
+        found: list[int] = []
+        structural_walk(body, [(tirx.AssertStmt, lambda _n: found.append(1))])
+        return bool(found)
+
+    def loop(node, mut):
+        node = mut.default_mutate(node)
+        if node.kind != tirx.ForKind.VECTORIZED or not has_assert(node.body):
+            return node
+        return tirx.For(node.loop_var, node.min, node.extent, tirx.ForKind.SERIAL, node.body,
+                        node.thread_binding, node.annotations, node.step, node.span)
+
+    body = structural_mutate(func.body, [(tirx.For, loop)])
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 def bool_compares_as_int8(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -1115,3 +1115,36 @@ def test_a_failing_tvm_baseline_import_costs_its_column_only(monkeypatch):
                              budget_ms=2.0)
     assert "failed" not in row and row["opsdk_ms"] > 0
     assert "TVM's own import failed" in row["errors"]["tvm_default"]
+
+
+def test_integer_division_by_zero_is_an_error_not_a_crash():
+    # x86's idiv traps on a zero divisor: SIGFPE killed the compiling process (a constant
+    # folded) or the one running the model; now the kernel asserts, as torch raises
+    class Const(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.tensor([1, 2, 3]) // torch.tensor([0, 1, 1])
+
+    ones = torch.ones(2, 3, dtype=torch.int64)
+    mod = opsdk.frontend.from_torch(torch.export.export(Const(), (ones,)))
+    with pytest.raises(ValueError, match=r"integer division by zero in floor_divide.*nonzero"):
+        opsdk.model.compile_model(mod, "x86")
+
+    class Data(torch.nn.Module):
+        def forward(self, a, b):
+            return a // b, torch.remainder(a, b)
+
+    a = torch.tensor([[7, -7, 9], [5, 0, -3]], dtype=torch.int32)
+    b = torch.tensor([[2, 2, -4], [1, 3, 2]], dtype=torch.int32)
+    ep = torch.export.export(Data(), (a, b))
+    cm = opsdk.model.compile_model(opsdk.frontend.from_torch(ep), "x86")
+    vm = relax.VirtualMachine(cm.ex, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(b.numpy()))
+    for g, w in zip(got, Data()(a, b)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    zero = b.numpy().copy()
+    zero[1, 1] = 0
+    with pytest.raises(RuntimeError, match=r"integer division by zero in .*divisor"):
+        vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(zero))
+    # the process and the VM carry on
+    again = vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(b.numpy()))
+    np.testing.assert_array_equal(again[0].numpy(), (a // b).numpy())
