@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import tvm
+from tvm import relax
 
 from .. import ops as op_library  # the explicit op list, read when used
 from .._userfile import load_onnx_file
@@ -175,7 +176,8 @@ _LOCK = threading.Lock()
 
 def _fixes() -> dict[str, type]:
     """Converters for ONNX operators TVM 0.27's importer lacks: ``LSTM`` and ``GRU`` on the
-    recurrence kernels (:func:`._recurrent.onnx_recurrent`)."""
+    recurrence kernels (:func:`._recurrent.onnx_recurrent`), ``Celu``; and ``TopK`` with
+    ``sorted=0``, which it refuses."""
     from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter  # heavy: onnx
 
     def converter(kind: str) -> type:
@@ -184,7 +186,27 @@ def _fixes() -> dict[str, type]:
 
         return type(f"_Opsdk_{kind}", (OnnxOpConverter,), {"_impl_v7": classmethod(impl)})
 
-    return {"LSTM": converter("lstm"), "GRU": converter("gru")}
+    def celu(cls, bb, inputs, attr, params):
+        # max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) (ONNX's definition)
+        x = inputs[0]
+        alpha = relax.const(float(attr.get("alpha", 1.0)), x.ty.dtype)
+        neg = relax.op.multiply(alpha, relax.op.subtract(
+            relax.op.exp(relax.op.divide(x, alpha)), relax.const(1.0, x.ty.dtype)))
+        zero = relax.const(0.0, x.ty.dtype)
+        return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(neg, zero))
+
+    def topk(cls, bb, inputs, attr, params):
+        # TVM's converter refuses sorted=0; the sort kernel's order is one such order
+        attr = dict(attr)
+        attr["sorted"] = 1
+        return fe.TopK._impl_v11(bb, inputs, attr, params)
+
+    from tvm.relax.frontend.onnx import onnx_frontend as fe  # heavy: onnx
+
+    return {"LSTM": converter("lstm"), "GRU": converter("gru"),
+            "Celu": type("_Opsdk_celu", (OnnxOpConverter,), {"_impl_v12": classmethod(celu)}),
+            "TopK": type("_Opsdk_topk", (OnnxOpConverter,), {
+                "_impl_v1": fe.TopK._impl_v1, "_impl_v11": classmethod(topk)})}
 
 
 def _converter(d: Any, op_type: str, fn: Any, build: Any, hits: dict[str, int]) -> type:

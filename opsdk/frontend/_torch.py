@@ -372,6 +372,44 @@ def _exp2(node: fx.Node, imp: Any) -> relax.Expr:
     return imp.block_builder.emit(relax.op.power(relax.const(2.0, x.ty.dtype), x))
 
 
+def _hypot(node: fx.Node, imp: Any) -> relax.Expr:
+    """``hypot`` (no converter in TVM 0.27): ``m * sqrt((x/m)^2 + (y/m)^2)`` with ``m`` the
+    larger magnitude, so that ``1e30`` does not overflow where ``sqrt(x^2 + y^2)`` would
+    (``m = 0``: 0)."""
+    bb = imp.block_builder
+    x, y = imp.env[node.args[0]], imp.env[node.args[1]]
+    ax, ay = bb.emit(relax.op.abs(x)), bb.emit(relax.op.abs(y))
+    m = bb.emit(relax.op.maximum(ax, ay))
+    zero = relax.const(0.0, x.ty.dtype)
+    safe = bb.emit(relax.op.where(relax.op.equal(m, zero), relax.const(1.0, x.ty.dtype), m))
+    r = relax.op.add(relax.op.square(relax.op.divide(ax, safe)),
+                     relax.op.square(relax.op.divide(ay, safe)))
+    return bb.emit(relax.op.multiply(m, relax.op.sqrt(r)))
+
+
+def _adaptive_max_pool2d(node: fx.Node, imp: Any) -> relax.Expr:
+    """``adaptive_max_pool2d`` (no converter in TVM 0.27) where the output size divides the
+    input's: a max pool with window and stride ``in / out`` (a global max pool, a 2x
+    reduction). The op also returns the argmax positions, which only a use refuses."""
+    x = imp.env[node.args[0]]
+    out = node.args[1]
+    out = [out, out] if isinstance(out, int) else list(out)
+    hw = [int(d) for d in x.ty.shape.values[-2:]]
+    out = [hw[i] if o is None else int(o) for i, o in enumerate(out)]
+    where = f"aten.adaptive_max_pool2d ({node.name})"
+    if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
+        raise ValueError(f"{where}: its argmax indices are used, which opsdk does not "
+                         "compute; use the pooled values only (or torch.nn.MaxPool2d with "
+                         "return_indices outside the model)")
+    if any(o <= 0 or h % o for h, o in zip(hw, out)):
+        raise ValueError(f"{where}: output size {out} does not divide the input's {hw}, "
+                         "which opsdk pools only in equal windows; pick an output size that "
+                         "divides it, or pad the input")
+    k = [h // o for h, o in zip(hw, out)]
+    y = imp.block_builder.emit(relax.op.nn.max_pool2d(x, k, k))
+    return imp.block_builder.emit(relax.Tuple([y, y]))  # [1]: never read (checked above)
+
+
 def _extreme(reduce: Callable[..., relax.Expr]) -> Converter:
     """``amax`` / ``amin`` (a reduction over ``dim``, all dims when empty): TVM 0.27's
     importer has no converter ("Unsupported function types ['amax.default']"), so a
@@ -432,6 +470,8 @@ _ATEN_FIXES: dict[str, Converter] = {
     "amax.default": _extreme(relax.op.max),
     "elu.default": _elu,
     "exp2.default": _exp2,
+    "hypot.default": _hypot,
+    "adaptive_max_pool2d.default": _adaptive_max_pool2d,
     "var_mean.correction": _var_mean,
     "grid_sampler_2d.default": _grid_sample,
     "clamp.default": _integer_clamp("clamp"),

@@ -426,6 +426,58 @@ def test_activations_torch_decomposes_or_tvm_cannot_lower_match_torch(name):
     _close(got, ref, 1e-6)
 
 
+def test_hypot_and_adaptive_max_pool_convert_and_refuse_what_they_cannot():
+    # neither had a converter in TVM 0.27; hypot stays finite at 1e30 (x^2 would overflow)
+    class M(nn.Module):
+        def forward(self, x, y):
+            img = x.reshape(1, 2, 4, 6)
+            return (torch.hypot(x, y), nn.functional.adaptive_max_pool2d(img, (2, 3)),
+                    nn.functional.adaptive_max_pool2d(img, 1))
+
+    x, y = torch.randn(48), torch.randn(48)
+    x[0] = y[0] = 1e30
+    x[1] = y[1] = 0.0
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x, y)))
+    got = _run(mod, x.numpy(), y.numpy())
+    want = M()(x.double(), y.double())
+    # hypot: one float32 rounding of each quotient, the sum, the sqrt and the product
+    np.testing.assert_allclose(got[0], want[0].numpy(), rtol=4 * 2.0**-23, atol=0)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(g, w.float().numpy())  # a max is exact
+
+    class Indices(nn.Module):
+        def forward(self, x):
+            v, i = nn.functional.adaptive_max_pool2d(x, (2, 3), return_indices=True)
+            return v + i
+
+    class Uneven(nn.Module):
+        def forward(self, x):
+            return nn.functional.adaptive_max_pool2d(x, (3, 3))
+
+    img = torch.randn(1, 2, 4, 6)
+    with pytest.raises(ValueError, match=r"adaptive_max_pool2d.*argmax indices are used"):
+        opsdk.frontend.from_torch(torch.export.export(Indices(), (img,)))
+    with pytest.raises(ValueError, match=r"adaptive_max_pool2d.*\[3, 3\] does not divide"):
+        opsdk.frontend.from_torch(torch.export.export(Uneven(), (img,)))
+
+
+def test_onnx_celu_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Celu", ["x"], ["y"], alpha=0.7)], "celu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 25])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 25])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9  # what onnxruntime 1.30 reads
+    x = np.linspace(-6, 6, 100, dtype="float32").reshape(4, 25)
+    (got,) = _run(opsdk.frontend.from_onnx(model), x)
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    # exp_f32's 1.41 u on the negative side, relative to alpha
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-23 * 0.7)
+
+
 @pytest.mark.parametrize(("mode", "padding", "align"), [
     ("bilinear", "zeros", False), ("bilinear", "border", True), ("nearest", "zeros", False)])
 def test_grid_sample_reads_torchs_grid_layout(mode, padding, align):

@@ -71,13 +71,16 @@ def test_long_rows_cut_to_k_match_a_full_sort(n, k, largest):
     assert _same(v, np.take_along_axis(x, order, axis=-1))
 
 
-def test_integer_input_and_onnx_topk():
+@pytest.mark.parametrize("is_sorted", [1, 0])
+def test_integer_input_and_onnx_topk(is_sorted):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     x = np.random.default_rng(0).integers(-50, 50, (3, 64)).astype("int32")
     graph = helper.make_graph(
-        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0)], "topk",
+        # sorted=0 (any order; TVM's converter refused it): the kernel's sorted order is one
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0,
+                          sorted=is_sorted)], "topk",
         [helper.make_tensor_value_info("x", TensorProto.INT32, list(x.shape))],
         [helper.make_tensor_value_info("v", TensorProto.INT32, [3, 10]),
          helper.make_tensor_value_info("i", TensorProto.INT64, [3, 10])],
