@@ -145,7 +145,8 @@ def kernel_builder(target: Any) -> KernelCache | None:
 class LinkedLibrary(os.PathLike):
     """A model linked into a shared library for another machine: what a runner or an
     artifact takes (a path, :func:`os.fspath`), and ``export_library`` copies it (where an
-    executable is expected). The library's folder goes with this object.
+    executable is expected). The file lives as long as the compiled model that holds it
+    (its temporary folder goes with that model).
 
     Examples
     --------
@@ -221,9 +222,9 @@ class KernelCache:
             # by structural equality (no TVMScript text to print: 0.2 s for YOLOv8n)
             same = self._seen.setdefault(tvm_ffi.structural_hash(canon), [])
             key = next((k for f, k in same if tvm_ffi.structural_equal(f, canon)), None)
-            if key is None:
-                key = hashlib.sha256(f"{id(self)}:{len(self._seen)}:{len(same)}:"
-                                     f"{tvm_ffi.structural_hash(canon)}".encode()).hexdigest()
+            if key is None:  # unique: the hash and the place among its equals
+                h = tvm_ffi.structural_hash(canon)
+                key = hashlib.sha256(f"{h}:{len(same)}".encode()).hexdigest()
                 same.append((canon, key))
             return key, func.with_attr("global_symbol", f"opsdk_k{key[:32]}")
         h = hashlib.sha256(f"shash:{tvm_ffi.structural_hash(canon)}\0".encode())
