@@ -18,6 +18,8 @@ import tvm
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
+from ._walk import with_functions
+
 __all__ = ["MAX_STACK_BYTES", "GuardIntegerDivision", "StackLocalTiles", "tir_pipeline"]
 
 #: Largest ``local`` buffer kept on the stack (a worker thread's stack can be small: musl's
@@ -108,13 +110,7 @@ def GuardIntegerDivision(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> 
     """
     updates = {gv: _guarded(f, gv.name_hint) for gv, f in mod.functions.items()
                if isinstance(f, tirx.PrimFunc)}
-    updates = {gv: f for gv, f in updates.items() if not f.same_as(mod[gv])}
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gv, f in updates.items():
-        mod[gv] = f
-    return mod
+    return with_functions(mod, {gv: f for gv, f in updates.items() if not f.same_as(mod[gv])})
 
 
 def _guarded(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:

@@ -5,7 +5,8 @@ dims inside each ``ShapeExpr`` and the shapes of every call's struct info includ
 VM shape lowering a weight-transform function of ResNet-50 has 96 000 such nodes for 814
 bindings: each walk with a callback cost 0.03-0.1 s, and a model build walked its modules
 some 80 times. :func:`relax_exprs` visits the Relax expressions only (a ``ShapeExpr`` is
-one leaf), each occurrence once, in the same post order.
+one leaf), each occurrence once, in the same post order. And :func:`with_functions`, the
+module passes' way to replace some functions.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-__all__ = ["calls_of", "relax_exprs"]
+__all__ = ["calls_of", "relax_exprs", "with_functions"]
 
 
 def relax_exprs(root: Any) -> list[Any]:
@@ -89,3 +90,24 @@ def calls_of(root: Any, *ops: str) -> Iterator[relax.Call]:
         if type(e) is relax.Call and isinstance(e.op, tvm.ir.Op) \
                 and (not wanted or e.op.name in wanted):
             yield e
+
+
+def with_functions(mod: tvm.IRModule, updates: dict[Any, Any]) -> tvm.IRModule:
+    """``mod`` with the functions of ``updates`` (global var -> function) replaced, in a
+    copy (item assignment mutates: the caller's module stays as it was); ``mod`` itself
+    when there is nothing to replace.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from opsdk._walk import with_functions
+    >>> mod = tvm.IRModule()
+    >>> with_functions(mod, {}) is mod
+    True
+    """
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, f in updates.items():
+        mod[gv] = f
+    return mod

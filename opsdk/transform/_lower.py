@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.target import Target
 
+from .._walk import with_functions
 from ..registry import get_op, is_registered
 from ..schedules import apply_schedule, deferred_scheduling, kernel_for, rebuild_memo, remember
 from ..targets import target as _resolve
@@ -198,11 +199,7 @@ def ScheduleKernels(target: str | dict | Target) -> tvm.transform.Pass:
                     kernel = kernel_for(gv.name_hint, func)
                     updates[gv] = apply_schedule(kernel, func, tgt).with_attr(
                         "opsdk.kind", kernel.kind)
-        if updates:
-            mod = mod.clone()  # the caller's module stays as it was
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        return with_functions(mod, updates)
 
     return _pass
 

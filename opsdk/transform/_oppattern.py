@@ -17,6 +17,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .._walk import with_functions
+
 __all__ = ["InjectiveWhenShapesChange"]
 
 _ELEMWISE, _BROADCAST, _INJECTIVE = 0, 1, 2
@@ -77,12 +79,7 @@ def InjectiveWhenShapesChange() -> tvm.transform.Pass:
             if pattern is not None and int(pattern) in (_ELEMWISE, _BROADCAST) \
                     and _shape_changes(f):
                 updates[gv] = f.with_attr("op_pattern", _INJECTIVE)
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, f in updates.items():
-            mod[gv] = f
-        return mod
+        return with_functions(mod, updates)
 
     return _pass
 
