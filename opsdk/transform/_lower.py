@@ -9,8 +9,10 @@ order the model pipeline runs them in is :mod:`opsdk._pipeline`'s."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
@@ -284,10 +286,40 @@ def _legalize_log_probabilities(bb: relax.BlockBuilder, call: relax.Call) -> rel
                       primfunc_name_hint="log_softmax")
 
 
+def _legalize_division(op: str, floor: bool):
+    """``relax.divide`` / ``floor_divide`` by a scalar constant 0: TVM's legalization folds
+    the constant into the kernel's expression, where its constant folder stops the build
+    with "Check failed: fb->value != 0 : Divide by zero" (``x / (n - n)`` of a shape). A
+    float zero multiplies by its reciprocal, ``inf`` with the zero's sign (exactly IEEE's
+    ``x / 0``: ``inf``, ``-inf``, or NaN for ``0`` and NaN); an integer one is refused in
+    words. Any other divisor takes TVM's own legalization."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        b = call.args[1]
+        value = b.value.numpy() if isinstance(b, tvm.ir.expr.GenericConst) and \
+            isinstance(b.value, tvm.runtime.Tensor) and len(b.value.shape) == 0 else None
+        if value is None or value != 0:
+            return tvm.ir.Op.get(op).get_attr("FLegalize")(bb, call)
+        if value.dtype.kind != "f":
+            raise ValueError(f"{op}: the model divides integers by the constant 0 (torch "
+                             "raises ZeroDivisionError there); make the divisor nonzero")
+        inf = math.copysign(math.inf, float(np.copysign(1.0, value)))
+
+        def by_zero(x):
+            y = topi.multiply(x, tirx.const(inf, str(x.dtype)))
+            return topi.floor(y) if floor else y
+
+        return bb.call_te(by_zero, call.args[0], primfunc_name_hint="divide_by_zero")
+
+    return legalize
+
+
 #: Legalizations TVM 0.27 lacks (or gets wrong) for ops its frontends emit.
 MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
                          "relax.cumprod": _legalize_scan(True),
                          "relax.nn.log_softmax": _legalize_log_probabilities,
+                         "relax.divide": _legalize_division("relax.divide", False),
+                         "relax.floor_divide": _legalize_division("relax.floor_divide", True),
                          **SORT_LEGALIZATIONS}
 
 

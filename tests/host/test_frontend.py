@@ -1200,3 +1200,29 @@ def test_integer_division_by_zero_is_an_error_not_a_crash():
     # the process and the VM carry on
     again = vm["main"](tvm.runtime.tensor(a.numpy()), tvm.runtime.tensor(b.numpy()))
     np.testing.assert_array_equal(again[0].numpy(), (a // b).numpy())
+
+
+def test_division_by_a_scalar_constant_zero_is_ieee_not_a_tvm_check_failure():
+    # TVM's legalization folded the scalar 0 into the kernel, and its constant folder
+    # stopped the build ("Check failed: fb->value != 0 : Divide by zero")
+    class M(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[0]
+            return x / (n - n), torch.floor_divide(x, 0.0)
+
+    x = torch.tensor([[1, -2, 0], [float("nan"), float("inf"), -float("inf")]])
+    mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
+    got = _run(mod, x.numpy())
+    for g, w in zip(got, M()(x)):
+        np.testing.assert_array_equal(g, w.numpy())  # inf, -inf and NaN where torch has them
+
+    class Ints(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[0]
+            return x // (n - n)
+
+    mod = opsdk.frontend.from_torch(torch.export.export(
+        Ints(), (torch.ones(2, 3, dtype=torch.int32),)))
+    with pytest.raises(ValueError, match=r"floor_divide: the model divides integers by the "
+                                         r"constant 0"):
+        opsdk.model.compile_model(mod, "x86")
