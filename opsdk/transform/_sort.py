@@ -4,8 +4,8 @@ no legalization for them on CPUs (its own pipelines call ``tvm.contrib.sort``, w
 scores, a ``torch.sort`` or an ONNX ``TopK`` stopped the compile.
 
 Each row along the sorted axis is copied into a scratch pair (integer sort keys, positions),
-sorted by a bottom-up merge sort that ping-pongs between two such pairs, ``ceil(log2 n)`` passes of
-``n`` steps (``n log n``: 8400 anchors take 14 passes), and its first ``k`` positions and
+sorted by a bottom-up merge sort that ping-pongs between two such pairs, ``ceil(log2 n)``
+passes of ``n`` steps (``n log n``: 8400 anchors take 14 passes), and its first ``k`` positions and
 their values are written out; the rows run in parallel. For a top-k every run is cut to its
 first ``k``, so a pass over runs longer than ``k`` moves ``k`` per pair (``n (log2 k + 2)``
 steps in all). It is written as loops, like the recurrence kernels
@@ -44,11 +44,9 @@ def _key(v, dtype: str):
 
 
 def _key_dtype(dtype: str) -> str:
-    if dtype == "float64" or dtype in ("int64", "uint32", "uint64"):
-        return "int64" if dtype != "uint64" else "uint64"
-    if dtype.startswith(("float", "bfloat")):
-        return "int32"
-    return dtype
+    if dtype in ("float64", "uint32"):  # uint32: its values in a signed type
+        return "int64"
+    return "int32" if dtype.startswith(("float", "bfloat")) else dtype
 
 
 @functools.lru_cache(maxsize=64)
