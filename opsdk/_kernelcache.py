@@ -220,10 +220,10 @@ class KernelCache:
         canon = func.with_attr("global_symbol", "opsdk_kernel")
         if self.store is None:  # nothing kept: only this build's kernels are told apart,
             # by structural equality (no TVMScript text to print: 0.2 s for YOLOv8n)
-            same = self._seen.setdefault(tvm_ffi.structural_hash(canon), [])
+            h = tvm_ffi.structural_hash(canon)
+            same = self._seen.setdefault(h, [])
             key = next((k for f, k in same if tvm_ffi.structural_equal(f, canon)), None)
             if key is None:  # unique: the hash and the place among its equals
-                h = tvm_ffi.structural_hash(canon)
                 key = hashlib.sha256(f"{h}:{len(same)}".encode()).hexdigest()
                 same.append((canon, key))
             return key, func.with_attr("global_symbol", f"opsdk_k{key[:32]}")

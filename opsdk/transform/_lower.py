@@ -9,10 +9,8 @@ order the model pipeline runs them in is :mod:`opsdk._pipeline`'s."""
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
-import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
@@ -286,13 +284,13 @@ def _legalize_log_probabilities(bb: relax.BlockBuilder, call: relax.Call) -> rel
                       primfunc_name_hint="log_softmax")
 
 
-def _legalize_division(op: str, floor: bool):
-    """``relax.divide`` / ``floor_divide`` by a scalar constant 0: TVM's legalization folds
-    the constant into the kernel's expression, where its constant folder stops the build
-    with "Check failed: fb->value != 0 : Divide by zero" (``x / (n - n)`` of a shape). A
-    float zero multiplies by its reciprocal, ``inf`` with the zero's sign (exactly IEEE's
-    ``x / 0``: ``inf``, ``-inf``, or NaN for ``0`` and NaN); an integer one is refused in
-    words. Any other divisor takes TVM's own legalization."""
+def _legalize_division(op: str, te_func: Any):
+    """``relax.divide`` / ``floor_divide`` / ``mod`` / ``floor_mod`` by a scalar constant 0:
+    TVM's legalization turns a scalar constant into an immediate of the kernel's expression,
+    where its constant folder stops the build with "Check failed: fb->value != 0 : Divide by
+    zero" (``x / (n - n)`` of a shape). A float zero stays a tensor the kernel reads, so the
+    division is IEEE's at run time (``inf``, ``-inf``, NaN, as torch gives); an integer one
+    is refused in words. Any other divisor takes TVM's own legalization."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         b = call.args[1]
@@ -303,13 +301,7 @@ def _legalize_division(op: str, floor: bool):
         if value.dtype.kind != "f":
             raise ValueError(f"{op}: the model divides integers by the constant 0 (torch "
                              "raises ZeroDivisionError there); make the divisor nonzero")
-        inf = math.copysign(math.inf, float(np.copysign(1.0, value)))
-
-        def by_zero(x):
-            y = topi.multiply(x, tirx.const(inf, str(x.dtype)))
-            return topi.floor(y) if floor else y
-
-        return bb.call_te(by_zero, call.args[0], primfunc_name_hint="divide_by_zero")
+        return bb.call_te(te_func, call.args[0], b)
 
     return legalize
 
@@ -318,8 +310,9 @@ def _legalize_division(op: str, floor: bool):
 MISSING_LEGALIZATIONS = {"relax.cumsum": _legalize_scan(False),
                          "relax.cumprod": _legalize_scan(True),
                          "relax.nn.log_softmax": _legalize_log_probabilities,
-                         "relax.divide": _legalize_division("relax.divide", False),
-                         "relax.floor_divide": _legalize_division("relax.floor_divide", True),
+                         **{f"relax.{name}": _legalize_division(f"relax.{name}",
+                                                                getattr(topi, name))
+                            for name in ("divide", "floor_divide", "mod", "floor_mod")},
                          **SORT_LEGALIZATIONS}
 
 

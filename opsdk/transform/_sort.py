@@ -20,6 +20,7 @@ the top-k largest); the merge is stable, so equal values keep their positions' o
 from __future__ import annotations
 
 import functools
+import math
 
 from tvm import relax, tirx
 from tvm.script import tirx as T
@@ -138,8 +139,7 @@ def _sorted_rows(bb: relax.BlockBuilder, x: relax.Expr, axis: int, k: int | None
     axis = axis % len(dims)
     n = dims[axis]
     k = n if k is None or k < 0 else min(k, n)
-    pre = int(functools.reduce(lambda a, b: a * b, dims[:axis], 1))
-    post = int(functools.reduce(lambda a, b: a * b, dims[axis + 1:], 1))
+    pre, post = math.prod(dims[:axis]), math.prod(dims[axis + 1:])
     kernel = _sort_kernel(pre, n, post, k, str(ty.dtype), index_dtype, bool(descending))
     gv = bb.add_func(kernel, "sort_rows")
     out = [*dims[:axis], k, *dims[axis + 1:]]

@@ -1204,11 +1204,13 @@ def test_integer_division_by_zero_is_an_error_not_a_crash():
 
 def test_division_by_a_scalar_constant_zero_is_ieee_not_a_tvm_check_failure():
     # TVM's legalization folded the scalar 0 into the kernel, and its constant folder
-    # stopped the build ("Check failed: fb->value != 0 : Divide by zero")
+    # stopped the build ("Check failed: fb->value != 0 : Divide by zero"); NaN for the
+    # remainders
     class M(torch.nn.Module):
         def forward(self, x):
             n = x.shape[0]
-            return x / (n - n), torch.floor_divide(x, 0.0)
+            return (x / (n - n), torch.floor_divide(x, 0.0), torch.remainder(x, 0.0),
+                    torch.fmod(x, 0.0))
 
     x = torch.tensor([[1, -2, 0], [float("nan"), float("inf"), -float("inf")]])
     mod = opsdk.frontend.from_torch(torch.export.export(M(), (x,)))
