@@ -20,7 +20,8 @@ from tvm.tirx import compilation_pipeline
 
 from ._walk import with_functions
 
-__all__ = ["MAX_STACK_BYTES", "GuardIntegerDivision", "StackLocalTiles", "tir_pipeline"]
+__all__ = ["DIVISION_BY_ZERO", "MAX_STACK_BYTES", "GuardIntegerDivision", "StackLocalTiles",
+           "tir_pipeline"]
 
 #: Largest ``local`` buffer kept on the stack (a worker thread's stack can be small: musl's
 #: default is 128 KB); a register tile is at most 32 vectors (2 KB of AVX-512).
@@ -74,6 +75,8 @@ def StackLocalTiles(func: tirx.PrimFunc, mod: tvm.IRModule, ctx: tvm.transform.P
 
 
 _DIVISIONS = (tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod)
+#: How :func:`GuardIntegerDivision`'s failure message starts (the folds recognize it).
+DIVISION_BY_ZERO = "integer division by zero"
 
 
 def _reads_memory(e: tirx.PrimExpr) -> bool:
@@ -135,7 +138,7 @@ def _guarded(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
         # (TVM 0.27's Python wrapper documents (kind, condition); its constructor takes
         # (condition, kind))
         check = tirx.AssertStmt(cond, tvm.ir.StringImm("RuntimeError"), [tvm.ir.StringImm(
-            f"integer division by zero{where}: a divisor read from a tensor is 0 (torch "
+            f"{DIVISION_BY_ZERO}{where}: a divisor read from a tensor is 0 (torch "
             "raises ZeroDivisionError here too); make the divisor nonzero")])
         return tirx.SeqStmt([check, node])
 

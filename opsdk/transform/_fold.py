@@ -32,6 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .._kernelcache import _alpha_text
 from .._modelcache import _versions
+from .._tir import DIVISION_BY_ZERO
 from .._walk import calls_of
 
 __all__ = ["FoldConstantsAtOnce", "FoldStats", "fold_cache", "fold_constants"]
@@ -259,7 +260,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
                 try:
                     lib[c.args[0].name_hint](*args, *res)
                 except Exception as e:  # left in place, as TVM's FoldConstant leaves what fails
-                    if "integer division by zero" in str(e):  # opsdk._tir's guard: the
+                    if DIVISION_BY_ZERO in str(e):  # opsdk._tir's guard: the
                         # model's constants divide by zero, which no run can get past
                         raise ValueError(f"the model's constants: {e}") from None
                     failed.add(c.args[0].name_hint)
